@@ -1,0 +1,3 @@
+from fuselab.cli import main
+
+raise SystemExit(main())

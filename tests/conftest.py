@@ -1,0 +1,23 @@
+"""Test setup: GPU tests are marked `gpu`; without a CUDA GPU they are skipped with a reason, never passed."""
+
+import pytest
+import torch
+
+import fuselab  # noqa: F401  (sets TRITON_INTERPRET=1 when there is no GPU, before any kernel is defined)
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; run `pytest -m gpu` on the GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> str:
+    """The device tests run on: the GPU when there is one, else the CPU."""
+    return "cuda" if HAS_CUDA else "cpu"
