@@ -1,0 +1,20 @@
+"""The measuring harness: timer, statistics, sweeps, device ceilings, results out. It knows nothing of ops."""
+
+from fuselab.bench.ceilings import get_ceilings, measure_ceilings
+from fuselab.bench.compiled import WatchedCompile
+from fuselab.bench.env import environment
+from fuselab.bench.sweep import grid, load_records, run_sweep
+from fuselab.bench.timer import PITFALLS, Measurement, benchmark
+
+__all__ = [
+    "PITFALLS",
+    "Measurement",
+    "WatchedCompile",
+    "benchmark",
+    "environment",
+    "get_ceilings",
+    "grid",
+    "load_records",
+    "measure_ceilings",
+    "run_sweep",
+]

@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except (ValueError, LookupError, FileNotFoundError, ImportError) as exc:
+        print(f"fuselab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted; finished results are kept", file=sys.stderr)
         return 130

@@ -1,0 +1,103 @@
+"""The device's measured limits: copy bandwidth, matmul rates, launch overhead; cached per device and driver.
+
+Every GB/s and TFLOP/s that fuselab prints is set against these measured ceilings, never the datasheet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from fuselab.bench.env import environment
+from fuselab.bench.timer import Measurement, benchmark
+
+GPU_COPY_BYTES = 2 * 2**30  # source size; the copy moves twice this (read + write)
+CPU_COPY_BYTES = 256 * 2**20
+GPU_MATMUL_N = 8192
+CPU_MATMUL_N = 1024
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FUSELAB_CACHE", Path.home() / ".cache" / "fuselab")) / "ceilings"
+
+
+def cache_key(device: str) -> str:
+    env = environment(device)
+    parts = [env["gpu"] or env["cpu"] or "cpu", env.get("driver") or "", env["torch"]]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(str(p) for p in parts if p)).strip("_")
+
+
+def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[str, object]:
+    """Measure the limits of `device` (default: the GPU if any). quick: smaller sizes, for tests and --quick.
+
+    Returns copy_gbps (bytes read + written per second / 1e9), matmul_tflops per dtype (fp32, tf32, bf16;
+    random data), launch_us (host time to issue a tiny kernel), tiny_kernel_us (its device time), the
+    environment, and how each was measured.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = torch.device(device).type == "cuda"
+    copy_bytes = (GPU_COPY_BYTES if on_gpu else CPU_COPY_BYTES) // (16 if quick else 1)
+    n = (GPU_MATMUL_N if on_gpu else CPU_MATMUL_N) // (4 if quick else 1)
+    timing = {"warmup_ms": 50.0 if quick else 300.0, "rep_ms": 100.0 if quick else 400.0, "min_reps": 5}
+
+    copy = _time_copy(copy_bytes, device, timing)
+
+    matmul_tflops: dict[str, float] = {}
+    matmul_modes = {"fp32": (torch.float32, False), "tf32": (torch.float32, True), "bf16": (torch.bfloat16, False)}
+    for name, (dtype, tf32) in matmul_modes.items():
+        if name == "tf32" and not on_gpu:
+            continue  # tf32 is a GPU tensor-core mode
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            m = benchmark(lambda a=a, b=b: a @ b, label=f"matmul {name}", device=device, flush_l2=False, **timing)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+        matmul_tflops[name] = 2 * n**3 / (m.median_ms * 1e-3) / 1e12
+        del a, b
+
+    tiny = torch.ones(1, device=device)
+    launch = benchmark(lambda: tiny.add_(1), label="tiny kernel", device=device, flush_l2=False, host_dispatch=True)
+
+    return {
+        "key": cache_key(device),
+        "env": environment(device),
+        "copy_gbps": 2 * copy_bytes / (copy.median_ms * 1e-3) / 1e9,
+        "copy": {"bytes_moved": 2 * copy_bytes, **copy.summary()},
+        "matmul_tflops": matmul_tflops,
+        "matmul_n": n,
+        "launch_us": (launch.host_ms or 0.0) * 1e3,
+        "tiny_kernel_us": launch.median_ms * 1e3,
+        "quick": quick,
+    }
+
+
+def _time_copy(nbytes: int, device: str, timing: dict) -> Measurement:
+    src = torch.rand(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    return benchmark(lambda: dst.copy_(src), label="copy", device=device, **timing)
+
+
+def get_ceilings(device: str | None = None, *, refresh: bool = False, measure: bool = True) -> dict | None:
+    """The cached ceilings of `device`, measured (and cached) when missing or when refresh is set.
+
+    measure=False returns None instead of measuring when nothing is cached.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    path = cache_dir() / f"{cache_key(device)}.json"
+    if path.exists() and not refresh:
+        cached = json.loads(path.read_text())
+        if not cached.get("quick"):
+            return cached
+    if not measure:
+        return None
+    ceilings = measure_ceilings(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(ceilings, indent=1))
+    return ceilings

@@ -1,0 +1,121 @@
+"""Results out: rich tables in the terminal, CSV and JSON files, and plots of a metric against size."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+Column = tuple[str, str, Callable[[object], str]]  # (field, header, formatter)
+
+
+def fmt_float(digits: int = 3) -> Callable[[object], str]:
+    return lambda v: "" if v is None else f"{v:.{digits}g}" if isinstance(v, float) else str(v)
+
+
+def fmt_fixed(digits: int) -> Callable[[object], str]:
+    return lambda v: "" if v is None else f"{v:.{digits}f}" if isinstance(v, int | float) else str(v)
+
+
+def fmt_plain(v: object) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, list | tuple):
+        return "x".join(str(x) for x in v)
+    return str(v)
+
+
+def make_table(records: Sequence[dict], columns: Sequence[Column], title: str = "") -> Table:
+    """A rich Table of the given columns; a row with an error shows it in place of the measurements."""
+    table = Table(title=title or None, header_style="bold")
+    for _, header, _ in columns:
+        table.add_column(header, overflow="fold")
+    for record in records:
+        if record.get("error"):
+            cells = [fmt(record.get(field)) for field, _, fmt in columns[:3]]
+            cells.append(f"[red]error: {str(record['error']).splitlines()[0][:100]}[/red]")
+            cells += [""] * (len(columns) - len(cells))
+            table.add_row(*cells[: len(columns)])
+        else:
+            table.add_row(*(fmt(record.get(field)) for field, _, fmt in columns))
+    return table
+
+
+def print_table(records: Sequence[dict], columns: Sequence[Column], title: str = "", console: Console | None = None):
+    (console or Console()).print(make_table(records, columns, title))
+
+
+def write_json(records: Sequence[dict], path: str | Path, meta: dict | None = None) -> Path:
+    """{"meta": ..., "records": [...]} with indentation, for committing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta or {}, "records": list(records)}, indent=1, default=str) + "\n")
+    return path
+
+
+def write_csv(records: Sequence[dict], path: str | Path) -> Path:
+    """Flat columns; nested values (lists, dicts) are written as JSON."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields: list[str] = []
+    for record in records:
+        fields += [k for k in record if k not in fields]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for record in records:
+            writer.writerow({k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in record.items()})
+    return path
+
+
+def plot_metric(
+    records: Iterable[dict],
+    path: str | Path,
+    *,
+    x: str,
+    y: str,
+    series: str = "impl",
+    panel: str | None = "dtype",
+    ceiling: float | None = None,
+    ceiling_label: str = "copy ceiling",
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    title: str = "",
+    logx: bool = True,
+    logy: bool = False,
+) -> Path:
+    """One line per `series` value of `y` against `x`, one panel per `panel` value; failed rows are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if not r.get("error") and r.get(y) is not None and r.get(x) is not None]
+    panels = sorted({str(r.get(panel)) for r in rows}) if panel else [""]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], panels or [""], strict=False):
+        mine = [r for r in rows if not panel or str(r.get(panel)) == name]
+        for label in sorted({str(r.get(series)) for r in mine}):
+            points = sorted((r[x], r[y]) for r in mine if str(r.get(series)) == label)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        if ceiling:
+            ax.axhline(ceiling, color="black", linestyle="--", linewidth=1, label=ceiling_label)
+        if logx:
+            ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel or x)
+        ax.set_ylabel(ylabel or y)
+        ax.set_title(f"{title} {name}".strip())
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

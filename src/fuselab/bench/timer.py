@@ -1,0 +1,283 @@
+"""Timing a callable correctly on the GPU (or the CPU): `benchmark(fn) -> Measurement`.
+
+On CUDA: warm-up (by count and by time, so clocks ramp and compilation happens before timing), synchronize,
+then per repetition an L2 flush (outside the timed region) followed by CUDA events around the call. On the
+CPU the same API times with perf_counter. A CUDA-graph mode removes launch gaps for tiny kernels; the
+`pitfall` modes time the wrong ways on purpose, so a study can show how wrong they are.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import torch
+
+Pitfall = Literal["no_warmup", "no_sync"]
+PITFALLS: tuple[str, ...] = ("no_warmup", "no_sync")
+
+NOISY_IQR_FRACTION = 0.1  # warn when IQR / median exceeds this, as torch.utils.benchmark does
+
+
+@dataclass
+class Measurement:
+    """Times of repeated calls, in milliseconds, and what they were measured with.
+
+    samples_ms: every repetition's time. host_ms: median host-side time for one call to return (no sync),
+    when asked for. mode: "events", "cuda_graph", "perf_counter" or a pitfall name.
+    """
+
+    samples_ms: list[float]
+    mode: str
+    device: str
+    label: str = ""
+    host_ms: float | None = None
+    flushed_l2: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.samples_ms:
+            raise ValueError("a Measurement needs at least one sample")
+
+    @property
+    def n(self) -> int:
+        return len(self.samples_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.samples_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.samples_ms)
+
+    def quantile_ms(self, q: float) -> float:
+        """Linear-interpolated quantile, q in [0, 1]."""
+        s = sorted(self.samples_ms)
+        pos = q * (len(s) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(s) - 1)
+        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+    @property
+    def iqr_ms(self) -> float:
+        return self.quantile_ms(0.75) - self.quantile_ms(0.25)
+
+    @property
+    def warnings(self) -> list[str]:
+        out = list(self.notes)
+        if self.n < 5:
+            out.append(f"only {self.n} sample(s): the statistics are rough")
+        if self.median_ms > 0 and self.iqr_ms / self.median_ms > NOISY_IQR_FRACTION:
+            out.append(
+                f"IQR is {100 * self.iqr_ms / self.median_ms:.0f}% of the median: noisy; "
+                "close other work, repeat longer, or use cuda_graph for tiny kernels"
+            )
+        if self.mode in PITFALLS:
+            out.append(f"measured with pitfall {self.mode!r} on purpose: this number is wrong")
+        return out
+
+    def summary(self) -> dict[str, object]:
+        """The statistics without the samples (for tables and result rows)."""
+        return {
+            "median_ms": self.median_ms,
+            "mean_ms": self.mean_ms,
+            "min_ms": self.min_ms,
+            "max_ms": self.max_ms,
+            "iqr_ms": self.iqr_ms,
+            "n": self.n,
+            "mode": self.mode,
+            "host_ms": self.host_ms,
+            "flushed_l2": self.flushed_l2,
+            "warnings": self.warnings,
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), **self.summary()}
+
+    def __str__(self) -> str:
+        text = f"{self.label or 'fn'}: median {_fmt(self.median_ms)} (IQR {_fmt(self.iqr_ms)}, {self.n} runs"
+        text += f", {self.mode})"
+        if self.host_ms is not None:
+            text += f"; host returns after {_fmt(self.host_ms)}"
+        return "\n  ! ".join([text, *self.warnings])
+
+
+def _fmt(ms: float) -> str:
+    return f"{ms * 1000:.2f} us" if ms < 1 else f"{ms:.3f} ms"
+
+
+class L2Flusher:
+    """Evicts the L2 cache by writing a buffer twice its size (one kernel, ~tens of us on an H200)."""
+
+    def __init__(self, device: torch.device) -> None:
+        props = torch.cuda.get_device_properties(device)
+        l2_bytes = getattr(props, "L2_cache_size", 0) or 64 * 2**20
+        self.buffer = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
+
+    def __call__(self) -> None:
+        self.buffer.zero_()
+
+
+def benchmark(
+    fn: Callable[[], object],
+    *,
+    label: str = "",
+    device: str | torch.device | None = None,
+    warmup_ms: float = 200.0,
+    min_warmup: int = 3,
+    rep_ms: float = 500.0,
+    min_reps: int = 10,
+    max_reps: int = 1000,
+    flush_l2: bool = True,
+    cuda_graph: bool = False,
+    host_dispatch: bool = False,
+    pitfall: Pitfall | None = None,
+) -> Measurement:
+    """Time `fn()` (no arguments: bind them with a lambda or functools.partial).
+
+    warmup_ms / min_warmup: warm up for at least this long and this many calls.
+    rep_ms / min_reps / max_reps: repeat for about rep_ms, within these counts.
+    flush_l2: evict L2 before each repetition, outside the timed region (CUDA only).
+    cuda_graph: capture 10 calls in a CUDA graph and time its replays (launch-bound kernels; no L2 flush).
+    host_dispatch: also record how long one call takes to return on the host, before the GPU is done.
+    pitfall: "no_warmup" times from the first call on; "no_sync" reads a host clock around the call without
+    synchronizing, so it times the launch only. Both are wrong on purpose.
+    """
+    if pitfall is not None and pitfall not in PITFALLS:
+        raise ValueError(f"unknown pitfall {pitfall!r}; known: {', '.join(PITFALLS)}")
+    dev = torch.device(device) if device is not None else _default_device()
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+
+    if pitfall == "no_sync":
+        for _ in range(min_warmup):
+            fn()
+        sync()
+        samples = _host_times(fn, max(min_reps, 10))
+        sync()
+        return Measurement(samples, mode="no_sync", device=str(dev), label=label)
+
+    if pitfall == "no_warmup":
+        return Measurement(_timed_with_sync(fn, sync, min_reps), mode="no_warmup", device=str(dev), label=label)
+
+    per_call_ms = _warm_up(fn, sync, warmup_ms, min_warmup)
+    reps = int(min(max_reps, max(min_reps, rep_ms / max(per_call_ms, 1e-6))))
+    host_ms = statistics.median(_host_times_synced(fn, sync, min(reps, 50))) if host_dispatch else None
+
+    if dev.type != "cuda":
+        samples = _timed_with_sync(fn, sync, reps)
+        return Measurement(samples, mode="perf_counter", device=str(dev), label=label, host_ms=host_ms)
+    with torch.cuda.device(dev):
+        if cuda_graph:
+            samples = _graph_times(fn, reps)
+            return Measurement(samples, mode="cuda_graph", device=str(dev), label=label, host_ms=host_ms)
+        flusher = L2Flusher(dev) if flush_l2 else None
+        samples = _event_times(fn, reps, flusher)
+    return Measurement(samples, mode="events", device=str(dev), label=label, host_ms=host_ms, flushed_l2=flush_l2)
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _warm_up(fn: Callable[[], object], sync: Callable[[], None], warmup_ms: float, min_warmup: int) -> float:
+    """Call fn until both min_warmup calls and warmup_ms have passed; return the last calls' mean time (ms)."""
+    sync()
+    start = time.perf_counter()
+    calls = 0
+    while True:
+        fn()
+        calls += 1
+        if calls >= min_warmup:
+            sync()
+            if (time.perf_counter() - start) * 1e3 >= warmup_ms:
+                break
+    # estimate from a short synced burst, now that clocks and caches are warm
+    burst = _timed_with_sync(fn, sync, 3)
+    return statistics.median(burst)
+
+
+def _timed_with_sync(fn: Callable[[], object], sync: Callable[[], None], reps: int) -> list[float]:
+    samples = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def _host_times(fn: Callable[[], object], reps: int) -> list[float]:
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def _host_times_synced(fn: Callable[[], object], sync: Callable[[], None], reps: int) -> list[float]:
+    """Host time for one call to return, each call starting on an idle device."""
+    samples = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    sync()
+    return samples
+
+
+def _event_times(fn: Callable[[], object], reps: int, flusher: L2Flusher | None) -> list[float]:
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    torch.cuda.synchronize()
+    for start, end in zip(starts, ends, strict=True):
+        if flusher is not None:
+            flusher()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+GRAPH_CALLS = 10
+
+
+def _graph_times(fn: Callable[[], object], reps: int) -> list[float]:
+    """Capture GRAPH_CALLS calls of fn in one graph; each sample is one replay's time / GRAPH_CALLS."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # side-stream warm-up, as torch.cuda.graphs requires
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    replays = max(3, reps // GRAPH_CALLS)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for start, end in zip(starts, ends, strict=True):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / GRAPH_CALLS for s, e in zip(starts, ends, strict=True)]

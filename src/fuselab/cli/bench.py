@@ -1,0 +1,72 @@
+"""`fuselab bench OP`: sweep impls x dtypes x shapes with the harness; table, JSON, CSV and a plot."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from fuselab.bench.ceilings import get_ceilings
+from fuselab.bench.env import environment
+from fuselab.bench.results import fmt_fixed, fmt_float, fmt_plain, make_table, plot_metric, write_csv, write_json
+from fuselab.cli._args import add_op_arguments, resolve
+from fuselab.ops.evaluate import bench_op
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark an op's implementations (or your function) side by side")
+    add_op_arguments(p)
+    p.add_argument("--out", type=Path, help="results: FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl")
+    p.add_argument("--csv", type=Path, help="also write the rows as CSV")
+    p.add_argument("--plot", type=Path, help="also plot GB/s against size (PNG)")
+    p.add_argument("--rep-ms", type=float, default=500.0, help="time to spend repeating each case (ms)")
+    p.add_argument("--warmup-ms", type=float, default=200.0, help="minimum warm-up per case (ms)")
+    p.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (launch-bound kernels)")
+    p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    op, kwargs = resolve(args)
+    log = args.out.with_suffix(".jsonl") if args.out and args.out.suffix == ".json" else args.out
+    timing = {
+        "rep_ms": args.rep_ms,
+        "warmup_ms": args.warmup_ms,
+        "cuda_graph": args.cuda_graph,
+        "flush_l2": not args.no_flush,
+    }
+    rows = bench_op(op, out=log, timing=timing, **kwargs)
+    console = Console()
+    console.print(make_table(rows, columns(op.baseline, list(op.options)), title=f"bench {op.name}"))
+    device = rows[0]["device"] if rows and rows[0].get("device") else kwargs["device"]
+    ceilings = get_ceilings(device, measure=False)
+    if args.out and args.out.suffix == ".json":
+        meta = {"env": environment(device or ("cuda" if rows and rows[0].get("gpu") else "cpu")), "ceilings": ceilings}
+        write_json(rows, args.out, meta=meta)
+        console.print(f"wrote {args.out} (log: {log})")
+    if args.csv:
+        write_csv(rows, args.csv)
+    if args.plot:
+        ceiling = ceilings["copy_gbps"] if ceilings else None
+        plot_metric(rows, args.plot, x="numel", y="gbps", ceiling=ceiling, ylabel="GB/s", title=op.name)
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        console.print(f"[yellow]{len(failed)} case(s) failed or were unavailable (see the error column)[/yellow]")
+    return 0
+
+
+def columns(baseline: str, options: list[str]) -> list:
+    return [
+        ("impl", "impl", fmt_plain),
+        ("dtype", "dtype", fmt_plain),
+        ("shape", "shape", fmt_plain),
+        *[(k, k, fmt_plain) for k in options],
+        ("median_ms", "median ms", fmt_float(4)),
+        ("iqr_ms", "IQR ms", fmt_float(2)),
+        ("gbps", "GB/s", fmt_fixed(0)),
+        ("pct_copy", "% copy", fmt_fixed(1)),
+        (f"speedup_vs_{baseline}", f"vs {baseline}", fmt_fixed(2)),
+        ("rel_err", "rel err", fmt_float(2)),
+        ("compile_s", "compile s", fmt_fixed(1)),
+    ]

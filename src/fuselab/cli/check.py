@@ -1,0 +1,74 @@
+"""`fuselab check OP`: every available impl against the float64 reference; exit 1 when any fails."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from fuselab.bench.results import fmt_float, fmt_plain, make_table
+from fuselab.cli._args import add_op_arguments, resolve
+from fuselab.ops.evaluate import check_op
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="check every implementation of an op against its float64 reference")
+    add_op_arguments(p)
+    p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
+    p.add_argument("--out", type=Path, help="write the rows as JSON")
+    p.add_argument("--all", action="store_true", help="list every case, not one row per impl and dtype")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    op, kwargs = resolve(args)
+    rows = check_op(op, seed=args.seed, **kwargs)
+    console = Console()
+    shown = rows if args.all else summarize(rows)
+    columns = [
+        ("impl", "impl", fmt_plain),
+        ("dtype", "dtype", fmt_plain),
+        *[(k, k, fmt_plain) for k in op.options],
+        ("cases", "cases", fmt_plain),
+        ("rel_err", "max rel err", fmt_float(2)),
+        ("grad_rel_err", "max grad rel err", fmt_float(2)),
+        ("tolerance", "tolerance", fmt_float(2)),
+        ("status", "status", fmt_plain),
+        ("reason", "reason", fmt_plain),
+    ]
+    if args.all:
+        columns.insert(2, ("shape", "shape", fmt_plain))
+    console.print(make_table(shown, columns, title=f"check {op.name} on {rows[0]['device'] if rows else '-'}"))
+    failed = [r for r in rows if r["status"] == "FAIL"]
+    passed = sum(r["status"] == "pass" for r in rows)
+    console.print(f"{passed} passed, {len(failed)} failed, {len(rows) - passed - len(failed)} unavailable")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    return 1 if failed else 0
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per impl, dtype and option values: the worst errors, FAIL if any case failed."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = tuple((k, row[k]) for k in row if k not in _PER_CASE)
+        groups.setdefault(key, []).append(row)
+    out = []
+    for members in groups.values():
+        first = members[0]
+        worst = [m for m in members if m["status"] == "FAIL"] or members
+        summary = {k: v for k, v in first.items() if k not in _PER_CASE}
+        summary["cases"] = len(members)
+        for err in ("rel_err", "grad_rel_err"):
+            values = [m[err] for m in members if m.get(err) is not None]
+            summary[err] = max(values) if values else None
+        summary["status"] = worst[0]["status"]
+        summary["reason"] = worst[0].get("reason")
+        out.append(summary)
+    return out
+
+
+_PER_CASE = {"shape", "key", "rel_err", "grad_rel_err", "status", "reason", "seed", "error", "tolerance"}

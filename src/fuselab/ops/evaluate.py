@@ -1,0 +1,256 @@
+"""Check and benchmark any registered op: every impl against the float64 reference, then timed side by side.
+
+`check_op` answers "is it right on every input?"; `bench_op` answers "how fast, and how far from the
+limit?" through the harness (fuselab.bench), one JSON row per case.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from fuselab.bench import ceilings as ceilings_mod
+from fuselab.bench.compiled import WatchedCompile
+from fuselab.bench.env import environment
+from fuselab.bench.sweep import grid, run_sweep
+from fuselab.bench.timer import benchmark
+from fuselab.ops.registry import Impl, Op, Shape, format_shape
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+SHORT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
+
+
+class Unavailable(RuntimeError):
+    """An impl that cannot run here; the message says why."""
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    key = SHORT_DTYPE.get(name.lower(), name.lower().removeprefix("torch."))
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; accepted: {', '.join([*DTYPES, *SHORT_DTYPE])}")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| over finite reference entries (float64).
+
+    Non-finite reference entries must be matched exactly (same NaN, same signed inf), else the error is inf.
+    A shape mismatch is inf. An all-zero reference gives the absolute error.
+    """
+    if out.shape != ref.shape:
+        return float("inf")
+    out = out.detach().to(torch.float64)
+    ref = ref.detach().to(device=out.device, dtype=torch.float64)
+    finite = torch.isfinite(ref)
+    if not bool(finite.all()):
+        bad = ~finite
+        same_nan = torch.isnan(ref[bad]) & torch.isnan(out[bad])
+        same_inf = ref[bad] == out[bad]
+        if not bool((same_nan | same_inf).all()):
+            return float("inf")
+        out, ref = out[finite], ref[finite]
+    if not bool(torch.isfinite(out).all()):
+        return float("inf")
+    diff = torch.linalg.vector_norm(out - ref).item()
+    norm = torch.linalg.vector_norm(ref).item()
+    return diff / norm if norm > 0 else diff
+
+
+def poison_allocator(nbytes: int, device: str | torch.device) -> None:
+    """Fill memory that the next allocations will likely reuse with NaN, so unwritten outputs show as NaN."""
+    if nbytes > 0:
+        block = torch.empty(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+        block.fill_(float("nan"))
+        del block
+
+
+def option_grid(op: Op, options: dict[str, object] | None) -> list[dict[str, object]]:
+    """Every combination of the op's options, or just the one given (validated)."""
+    if options:
+        return [op.resolve_options(options)]
+    keys = list(op.options)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(op.options[k] for k in keys))]
+
+
+def prepare(impl: Impl, device: str) -> Callable[..., torch.Tensor]:
+    """The callable to run: the impl's fn, or a fresh watched torch.compile of it for compiled impls."""
+    reason = impl.unavailable(device)
+    if reason:
+        raise Unavailable(reason)
+    return WatchedCompile(impl.fn) if impl.compiled else impl.fn
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+# ---------------------------------------------------------------------------------------------- check
+
+
+def check_case(
+    op: Op, impl: Impl, shape: Shape, dtype: torch.dtype, device: str, options: dict, seed: int, grad: bool = True
+) -> dict[str, object]:
+    """One impl on one fresh random input against the float64 reference (and its gradient, if it has one)."""
+    fn = prepare(impl, device)
+    inputs = op.make_inputs(shape, dtype, device, seed)
+    ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
+    poison_allocator(ref.numel() * inputs[0].element_size(), device)
+    out = fn(*inputs, **options)
+    if out.dtype != inputs[0].dtype:
+        raise TypeError(f"{impl.name} returned {dtype_name(out.dtype)} for {dtype_name(inputs[0].dtype)} input")
+    row: dict[str, object] = {"rel_err": relative_error(out, ref), "grad_rel_err": None}
+    if grad and impl.backward and shape and all(shape):
+        gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+        dy = torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(device)
+        xs = [x.detach().requires_grad_(True) for x in inputs]
+        fn(*xs, **options).backward(dy.to(dtype))
+        xs64 = [x.detach().to(torch.float64).requires_grad_(True) for x in inputs]
+        op.reference(*xs64, **options).backward(dy)
+        row["grad_rel_err"] = max(relative_error(a.grad, b.grad) for a, b in zip(xs, xs64, strict=True))
+    return row
+
+
+def check_op(
+    op: Op,
+    *,
+    impls: Sequence[str] | None = None,
+    dtypes: Sequence[torch.dtype] | None = None,
+    shapes: Sequence[Shape] | None = None,
+    options: dict[str, object] | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+    show_progress: bool = True,
+) -> list[dict]:
+    """Rows (impl, dtype, shape, options, rel_err, grad_rel_err, tolerance, status) for every combination.
+
+    status: "pass", "FAIL" (error over tolerance, or an exception), or "unavailable" (with the reason).
+    Triton under the CPU interpreter is checked in float32 only (the interpreter is weak below fp32).
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    names = list(impls or op.impls)
+    for name in names:
+        op.get_impl(name)  # unknown names fail before any work
+    dtypes = list(dtypes or op.dtypes)
+    seed = fresh_seed() if seed is None else seed
+    cases = grid(impl=names, dtype=[dtype_name(d) for d in dtypes], shape=[list(s) for s in shapes or op.check_shapes])
+    cases = [{**c, **opts} for c in cases for opts in option_grid(op, options)]
+
+    def run(case: dict) -> dict:
+        impl = op.get_impl(case["impl"])
+        dtype = DTYPES[case["dtype"]]
+        reason = impl.unavailable(device)
+        if not reason and device == "cpu" and "triton" in impl.name and dtype != torch.float32:
+            reason = "the Triton interpreter is checked in float32 only"
+        tolerance = op.tolerance[dtype]
+        if reason:
+            return {"status": "unavailable", "reason": reason, "tolerance": tolerance}
+        opts = {k: case[k] for k in op.options}
+        case_seed = seed + len(case["shape"]) * 7919 + sum(case["shape"])
+        try:
+            row = check_case(op, impl, tuple(case["shape"]), dtype, device, opts, case_seed)
+        except Exception as exc:
+            return {"status": "FAIL", "reason": f"{type(exc).__name__}: {exc}"[:500], "tolerance": tolerance}
+        errors = [e for e in (row["rel_err"], row["grad_rel_err"]) if e is not None]
+        ok = all(e <= tolerance for e in errors)
+        return {**row, "tolerance": tolerance, "status": "pass" if ok else "FAIL", "seed": case_seed}
+
+    rows = run_sweep(cases, run, out=None, description=f"check {op.name}", show_progress=show_progress)
+    return [{"op": op.name, "device": device, **row} for row in rows]
+
+
+# ---------------------------------------------------------------------------------------------- bench
+
+
+def bench_case(
+    op: Op, impl: Impl, shape: Shape, dtype: torch.dtype, device: str, options: dict, timing: dict
+) -> dict[str, object]:
+    """Time one impl at one shape; also its error against the reference on the same input."""
+    fn = prepare(impl, device)
+    inputs = op.make_inputs(shape, dtype, device, fresh_seed())
+    out = fn(*inputs, **options)
+    ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
+    rel_err = relative_error(out, ref)
+    del out, ref
+    m = benchmark(lambda: fn(*inputs, **options), label=f"{op.name}/{impl.name}", device=device, **timing)
+    seconds = m.median_ms * 1e-3
+    row: dict[str, object] = {
+        **m.summary(),
+        "rel_err": rel_err,
+        "numel": inputs[0].numel(),
+        "bytes": op.bytes_moved(shape, dtype),
+        "gbps": op.bytes_moved(shape, dtype) / seconds / 1e9 if seconds > 0 else None,
+        "tflops": op.flops(shape) / seconds / 1e12 if seconds > 0 else None,
+    }
+    if isinstance(fn, WatchedCompile):
+        row.update(compile_s=fn.compile_s, compile_graphs=fn.graphs, compile_flags=fn.flags)
+        row["warnings"] = [*row["warnings"], *fn.flags]
+    return row
+
+
+def bench_op(
+    op: Op,
+    *,
+    impls: Sequence[str] | None = None,
+    dtypes: Sequence[torch.dtype] | None = None,
+    shapes: Sequence[Shape] | None = None,
+    options: dict[str, object] | None = None,
+    device: str | None = None,
+    out: str | Path | None = None,
+    timing: dict | None = None,
+    show_progress: bool = True,
+) -> list[dict]:
+    """Sweep impls x dtypes x shapes (x option values), one row per case, appended to `out` (JSON lines).
+
+    Rows carry the environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling, the
+    speed-up against the op's baseline impl measured in the same run, and the error against the reference.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    names = list(impls or op.impls)
+    for name in names:
+        op.get_impl(name)
+    dtypes = list(dtypes or [torch.float32, torch.bfloat16])
+    cases = grid(impl=names, dtype=[dtype_name(d) for d in dtypes], shape=[list(s) for s in shapes or op.bench_shapes])
+    cases = [{"op": op.name, **c, **opts} for c in cases for opts in option_grid(op, options)]
+    env = environment(device)
+    ceilings = ceilings_mod.get_ceilings(device)
+    copy_gbps = ceilings["copy_gbps"] if ceilings else None
+
+    def run(case: dict) -> dict:
+        impl = op.get_impl(case["impl"])
+        opts = {k: case[k] for k in op.options}
+        row = bench_case(op, impl, tuple(case["shape"]), DTYPES[case["dtype"]], device, opts, timing or {})
+        return {**row, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
+
+    rows = run_sweep(cases, run, out=out, description=f"bench {op.name}", show_progress=show_progress)
+    return add_derived(rows, op.baseline, copy_gbps, peer_fields=("op", "dtype", "shape", *op.options))
+
+
+def add_derived(rows: list[dict], baseline: str, copy_gbps: float | None, peer_fields: Sequence[str]) -> list[dict]:
+    """Add pct_copy (GB/s as % of the copy ceiling) and speedup_vs_<baseline> (baseline median / this median).
+
+    peer_fields: the fields that must match for two rows to be the same case run by different impls.
+    """
+
+    def peer(row: dict) -> str:
+        return repr([row.get(k) for k in peer_fields])
+
+    base = {peer(r): r["median_ms"] for r in rows if r["impl"] == baseline and not r.get("error")}
+    for row in rows:
+        if row.get("error"):
+            continue
+        row["pct_copy"] = 100 * row["gbps"] / copy_gbps if copy_gbps and row.get("gbps") else None
+        reference_ms = base.get(peer(row))
+        row[f"speedup_vs_{baseline}"] = reference_ms / row["median_ms"] if reference_ms else None
+    return rows
+
+
+def describe_case(row: dict) -> str:
+    return f"{row['impl']} {row['dtype']} {format_shape(tuple(row['shape']))}"

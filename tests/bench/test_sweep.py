@@ -1,0 +1,58 @@
+import json
+
+import pytest
+
+from fuselab.bench.sweep import grid, load_records, run_sweep
+
+
+def test_grid_is_the_cartesian_product():
+    cases = grid(impl=["a", "b"], n=[1, 2, 3])
+    assert len(cases) == 6
+    assert {"impl": "b", "n": 3} in cases
+
+
+def test_each_case_is_appended_as_it_finishes_and_a_rerun_resumes(tmp_path):
+    out = tmp_path / "r.jsonl"
+    cases = grid(n=[1, 2, 3, 4])
+    calls = []
+
+    def interrupted(case):
+        if case["n"] == 3:
+            raise KeyboardInterrupt
+        calls.append(case["n"])
+        return {"double": 2 * case["n"]}
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cases, interrupted, out, show_progress=False)
+    assert [r["n"] for r in load_records(out)] == [1, 2]
+
+    def counting(case):
+        calls.append(case["n"])
+        return {"double": 2 * case["n"]}
+
+    rows = run_sweep(cases, counting, out, show_progress=False)
+    assert calls == [1, 2, 3, 4]  # 1 and 2 were not run again
+    assert [r["double"] for r in rows] == [2, 4, 6, 8]
+    assert len(load_records(out)) == 4
+
+
+def test_a_failing_case_becomes_an_error_row_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "r.jsonl"
+
+    def flaky(case):
+        if case["n"] == 2:
+            raise RuntimeError("compile error in case 2")
+        return {"ok": True}
+
+    rows = run_sweep(grid(n=[1, 2, 3]), flaky, out, show_progress=False)
+    assert [r["error"] is None for r in rows] == [True, False, True]
+    assert "compile error in case 2" in rows[1]["error"]
+
+    rows = run_sweep(grid(n=[1, 2, 3]), lambda case: {"ok": True}, out, show_progress=False)
+    assert all(r["error"] is None for r in rows)  # failed cases are retried on a rerun, done ones kept
+
+
+def test_a_torn_last_line_is_ignored(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text(json.dumps({"n": 1, "key": "x", "error": None}) + "\n" + '{"n": 2, "ke')
+    assert len(load_records(out)) == 1

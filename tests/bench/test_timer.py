@@ -1,0 +1,82 @@
+import time
+
+import pytest
+import torch
+
+from fuselab.bench import Measurement, benchmark
+
+
+def test_statistics_of_known_samples():
+    m = Measurement([5.0, 1.0, 3.0, 2.0, 4.0], mode="events", device="cuda:0")
+    assert m.median_ms == 3.0
+    assert m.mean_ms == 3.0
+    assert (m.min_ms, m.max_ms) == (1.0, 5.0)
+    assert m.quantile_ms(0.25) == 2.0 and m.quantile_ms(0.75) == 4.0
+    assert m.iqr_ms == 2.0
+    assert m.summary()["n"] == 5
+
+
+def test_noisy_measurement_warns_and_tight_one_does_not():
+    tight = Measurement([1.0, 1.01, 0.99, 1.0, 1.0, 1.02], mode="events", device="cuda:0")
+    noisy = Measurement([1.0, 2.0, 1.0, 2.0, 1.0, 2.0], mode="events", device="cuda:0")
+    assert tight.warnings == []
+    assert any("IQR" in w for w in noisy.warnings)
+    assert "IQR" in str(noisy)
+
+
+def test_empty_measurement_is_an_error():
+    with pytest.raises(ValueError):
+        Measurement([], mode="events", device="cpu")
+
+
+def test_cpu_benchmark_times_the_call():
+    m = benchmark(lambda: time.sleep(0.002), warmup_ms=5, rep_ms=40, min_reps=5)
+    assert m.mode == "perf_counter"
+    assert 1.9 <= m.median_ms <= 6.0
+    assert m.n >= 5
+
+
+def test_warmup_keeps_a_slow_first_call_out_and_no_warmup_shows_it():
+    def make():
+        calls = []
+
+        def fn():
+            time.sleep(0.05 if not calls else 0.001)
+            calls.append(1)
+
+        return fn
+
+    proper = benchmark(make(), warmup_ms=1, min_warmup=2, rep_ms=10, min_reps=5)
+    cold = benchmark(make(), pitfall="no_warmup", min_reps=5)
+    assert proper.median_ms < 10
+    assert cold.samples_ms[0] > 40  # the first, cold call is in the pitfall's samples
+    assert cold.mode == "no_warmup" and any("pitfall" in w for w in cold.warnings)
+
+
+def test_host_dispatch_is_recorded():
+    x = torch.randn(1000)
+    m = benchmark(lambda: x * 2, warmup_ms=1, rep_ms=5, host_dispatch=True)
+    assert m.host_ms is not None and m.host_ms > 0
+
+
+def test_unknown_pitfall_is_rejected():
+    with pytest.raises(ValueError, match="no_sync"):
+        benchmark(lambda: None, pitfall="no_clock")
+
+
+@pytest.mark.gpu
+def test_no_sync_pitfall_underreports_gpu_time():
+    a = torch.randn(4096, 4096, device="cuda")
+    right = benchmark(lambda: a @ a, rep_ms=100)
+    wrong = benchmark(lambda: a @ a, pitfall="no_sync")
+    assert right.mode == "events" and right.flushed_l2
+    assert wrong.median_ms < right.median_ms / 3
+
+
+@pytest.mark.gpu
+def test_cuda_graph_mode_and_events_agree_for_a_large_kernel():
+    x = torch.randn(2**26, device="cuda")
+    events = benchmark(lambda: x.mul_(1.0), flush_l2=False, rep_ms=100)
+    graph = benchmark(lambda: x.mul_(1.0), cuda_graph=True, rep_ms=100)
+    assert graph.mode == "cuda_graph"
+    assert abs(graph.median_ms - events.median_ms) / events.median_ms < 0.1
