@@ -33,7 +33,7 @@ def load_function(spec: str) -> Callable:
         module = importlib.import_module(where)
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise AttributeError(f"{where} has no function {name!r}")
+        raise LookupError(f"{where} has no function {name!r}")
     return fn
 
 

@@ -1,0 +1,34 @@
+# fuselab: the two commands of the quick start, and a few more.
+#   make report   set up .venv and run the report (on the CPU when there is no GPU) into report/
+#   make test     set up .venv and run the tests (GPU tests are skipped without a GPU)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned to the CPU build that lies on this machine's disk; an unpinned torch would pull a CUDA build
+TORCH ?= torch==2.13.0
+TRITON ?= triton==3.6.0
+
+.PHONY: setup report test lint gpu-test clean
+
+$(BIN)/fuselab: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)" "$(TRITON)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/fuselab
+
+report: setup
+	$(BIN)/fuselab report --out report
+
+test: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/pytest -q
+
+gpu-test: setup
+	$(BIN)/pytest -q -m gpu
+
+clean:
+	rm -rf $(VENV) report .pytest_cache

@@ -1,0 +1,107 @@
+"""The CLI end to end on the CPU, through `python -m fuselab` as users (and the GPU machine) run it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+USERFN = ROOT / "tests" / "data" / "userfn.py"
+
+
+def fuselab(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "FUSELAB_CACHE": str(cache)}
+    return subprocess.run(
+        [sys.executable, "-m", "fuselab", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_help_lists_the_commands(tmp_path):
+    out = fuselab("--help", cache=tmp_path)
+    assert out.returncode == 0
+    for command in ("device", "check", "bench"):
+        assert command in out.stdout
+
+
+def test_device_quick_writes_json(tmp_path):
+    out = fuselab("device", "--quick", "--out", str(tmp_path / "device.json"), cache=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "device.json").read_text())
+    assert result["copy_gbps"] > 0 and result["matmul_tflops"]["fp32"] > 0
+    assert result["env"]["torch"]
+
+
+def test_bench_a_user_function_writes_json_csv_plot_and_resumes(tmp_path):
+    # a cached (fake, tiny) ceiling so the bench does not spend time measuring this CPU
+    from fuselab.bench import ceilings
+
+    os.environ["FUSELAB_CACHE"] = str(tmp_path)
+    try:
+        key = ceilings.cache_key("cpu")
+        path = ceilings.cache_dir() / f"{key}.json"
+    finally:
+        del os.environ["FUSELAB_CACHE"]
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"copy_gbps": 10.0, "matmul_tflops": {}, "quick": False}))
+
+    args = ["bench", f"{USERFN}:scaled_tanh", "--shape", "1000", "--shape", "2^12", "--dtype", "fp32"]
+    args += ["--rep-ms", "5", "--warmup-ms", "1", "--out", str(tmp_path / "r.json")]
+    args += ["--csv", str(tmp_path / "r.csv"), "--plot", str(tmp_path / "r.png")]
+    out = fuselab(*args, cache=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    rows = result["records"]
+    assert [r["shape"] for r in rows] == [[1000], [4096]]
+    assert all(r["error"] is None and r["median_ms"] > 0 and r["gbps"] > 0 for r in rows)
+    assert all(r["rel_err"] < 1e-6 for r in rows)  # the float32 run against the same function in float64
+    assert rows[0]["pct_copy"] == pytest.approx(10 * rows[0]["gbps"])
+    assert result["meta"]["env"]["torch"]
+    assert (tmp_path / "r.csv").read_text().startswith("op,")
+    assert (tmp_path / "r.png").stat().st_size > 5000
+
+    again = fuselab(*args, cache=tmp_path)  # everything is done: nothing is measured again
+    assert again.returncode == 0
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_failing_function_is_an_error_row_not_a_crash(tmp_path):
+    out = fuselab(
+        "bench",
+        f"{USERFN}:broken",
+        "--shape",
+        "10",
+        "--dtype",
+        "fp32",
+        "--rep-ms",
+        "1",
+        "--out",
+        str(tmp_path / "r.jsonl"),
+        cache=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    (row,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert "always fails" in row["error"]
+
+
+def test_check_a_user_function(tmp_path):
+    out = fuselab("check", f"{USERFN}:add", "--nargs", "2", "--shape", "333", "--dtype", "fp32", cache=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "1 passed, 0 failed" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "nosuchop"], "unknown op 'nosuchop'"),
+        (["bench", "tests/data/userfn.py:missing"], "has no function 'missing'"),
+        (["bench", f"{USERFN}:add", "--dtype", "int7"], "unknown dtype 'int7'"),
+        (["bench", f"{USERFN}:add", "--shape", "12xq"], "bad shape"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(tmp_path, args, message):
+    out = fuselab(*args, cache=tmp_path)
+    assert out.returncode == 2
+    assert message in out.stderr
