@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import platform
 
 import torch
@@ -30,6 +31,7 @@ def environment(device: str = "cuda" if torch.cuda.is_available() else "cpu") ->
         "device": torch.device(device).type,
         "gpu": device_name(device) if torch.device(device).type == "cuda" else None,
         "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "triton": triton_version(),
         "cuda": torch.version.cuda,

@@ -43,7 +43,7 @@ def ceilings_table(c: dict) -> Table:
         table.add_row(f"matmul {name} ({c['matmul_n']}³)", f"{tflops:.1f} TFLOP/s")
     table.add_row("launch (host)", f"{c['launch_us']:.1f} us")
     table.add_row("tiny kernel (device)", f"{c['tiny_kernel_us']:.1f} us")
-    for key in ("sm_count", "l2_bytes", "memory_bytes", "driver"):
+    for key in ("cpu_count", "sm_count", "l2_bytes", "memory_bytes", "driver"):
         if env.get(key) is not None:
             table.add_row(key, str(env[key]))
     table.add_row("torch / triton", f"{env['torch']} / {env['triton']}")
