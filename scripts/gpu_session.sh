@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Everything the H200 run needs, in one command, from the repository root on the GPU machine:
+#   bash scripts/gpu_session.sh STAGE...      stages: env tests check bench harness profile report
+# Results go to benchmarks/results/h200/ (committed afterwards); logs and a tarball of the results to $OUT.
+set -uo pipefail
+export PYTHONPATH=src PYTHONUNBUFFERED=1 FUSELAB_EXT_DIR=${FUSELAB_EXT_DIR:-/tmp/fuselab-ext} MAX_JOBS=16
+OUT=${OUT:-/tmp/out}
+RES=benchmarks/results/h200
+mkdir -p "$OUT" "$RES"
+py() { python3 "$@"; }
+stage() { echo; echo "=== $1 ($(date +%T))"; }
+
+for s in "$@"; do
+  case "$s" in
+    env)
+      stage env
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+      py -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
+      py -m fuselab device --refresh --out "$RES/device.json" ;;
+    tests)
+      stage "gpu tests"
+      py -m pytest -q -m gpu -x -p no:cacheprovider --timeout 600 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40 ;;
+    check)
+      stage check
+      py -m fuselab check gelu --out "$RES/check_gelu.json" | tail -30
+      py -m fuselab check softmax --out "$RES/check_softmax.json" | tail -30 ;;
+    bench)
+      stage "bench gelu"
+      py -m fuselab bench gelu --shape 2^24 --shape 2^26 --shape 2^28 --dtype fp32 --dtype bf16 \
+        --opt approximate=tanh --out "$RES/gelu.json" --plot "$RES/gelu.png"
+      stage "bench softmax"
+      py -m fuselab bench softmax --dtype fp32 --dtype bf16 --rep-ms 200 --out "$RES/softmax.json" --plot "$RES/softmax.png" ;;
+    harness)
+      stage "timer cross-check"
+      py benchmarks/crosscheck_timers.py --out "$RES/harness.json" ;;
+    profile)
+      stage profile
+      bash scripts/gpu_profile.sh "$RES/profile" ;;
+    report)
+      stage report
+      py -m fuselab report --out "$RES/report" ;;
+    *) echo "unknown stage $s"; exit 2 ;;
+  esac
+done
+tar czf "$OUT/results.tgz" "$RES" 2>/dev/null
+echo "=== done ($(date +%T))"

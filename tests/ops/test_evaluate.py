@@ -1,0 +1,114 @@
+"""check_op and bench_op on a toy op, so the machinery is tested apart from any real kernel."""
+
+import math
+
+import pytest
+import torch
+
+from fuselab.ops.evaluate import add_derived, bench_op, check_op, parse_dtype, relative_error
+from fuselab.ops.registry import Op, UnknownName, parse_shape
+
+
+def make_toy() -> Op:
+    def make_inputs(shape, dtype, device, seed):
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(shape, generator=gen).to(device, dtype),)
+
+    op = Op(
+        name="toy_square",
+        reference=lambda x: x * x,
+        make_inputs=make_inputs,
+        bytes_moved=lambda shape, dtype: 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size(),
+        flops=lambda shape: math.prod(shape),
+        tolerance={torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2},
+        check_shapes=[(1,), (1023,), (3, 17)],
+        bench_shapes=[(4096,)],
+        baseline="torch",
+    )
+    op.impl("torch")(lambda x: x * x)
+    op.impl("wrong")(lambda x: x * x + 1e-3 * x.abs().max())
+    op.impl("lazy")(lambda x: torch.empty_like(x))  # never writes its output
+    op.impl("gpu_only", devices=("cuda",))(lambda x: x * x)
+    op.impl("missing_lib", requires=lambda device: "libfoo is not installed")(lambda x: x * x)
+    op.impl("compiled", compiled=True)(lambda x: x * x)
+    return op
+
+
+def test_relative_error_matches_hand_computation_and_nonfinite_rules():
+    ref = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    assert relative_error(torch.tensor([3.0, 4.5]), ref) == pytest.approx(0.5 / 5)
+    assert relative_error(torch.tensor([3.0]), ref) == math.inf  # shape mismatch
+    with_nan = torch.tensor([1.0, float("nan"), float("-inf")], dtype=torch.float64)
+    assert relative_error(with_nan.float(), with_nan) == 0.0
+    assert relative_error(torch.tensor([1.0, float("nan"), float("inf")]), with_nan) == math.inf
+    assert relative_error(torch.tensor([1.0, 2.0, float("-inf")]), with_nan) == math.inf
+    assert relative_error(torch.tensor([float("nan"), 4.0]), ref) == math.inf
+
+
+def test_check_passes_right_impls_fails_wrong_and_unwritten_ones_and_explains_unavailable():
+    rows = check_op(make_toy(), dtypes=[torch.float32], device="cpu", show_progress=False)
+    status = {}
+    for row in rows:
+        status.setdefault(row["impl"], set()).add(row["status"])
+    assert status["torch"] == {"pass"} and status["compiled"] == {"pass"}
+    assert status["wrong"] == {"FAIL"}
+    assert status["lazy"] == {"FAIL"}  # the poisoned allocator shows the unwritten output
+    assert status["gpu_only"] == {"unavailable"} and status["missing_lib"] == {"unavailable"}
+    reasons = {r["impl"]: r.get("reason") for r in rows}
+    assert "cuda only" in reasons["gpu_only"] and "libfoo" in reasons["missing_lib"]
+    assert all(r["rel_err"] < 1e-6 for r in rows if r["impl"] == "torch")
+
+
+def test_check_uses_fresh_inputs_unless_seeded():
+    op = make_toy()
+    a = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", show_progress=False)
+    b = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", show_progress=False)
+    assert [r["seed"] for r in a] != [r["seed"] for r in b]
+    c = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", seed=5, show_progress=False)
+    d = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", seed=5, show_progress=False)
+    assert [r["seed"] for r in c] == [r["seed"] for r in d]
+
+
+def test_bench_rows_carry_speed_errors_and_environment(tmp_path):
+    op = make_toy()
+    timing = {"warmup_ms": 1, "rep_ms": 5, "min_reps": 3}
+    rows = bench_op(
+        op,
+        impls=["torch", "compiled", "gpu_only"],
+        dtypes=[torch.float32],
+        device="cpu",
+        out=tmp_path / "r.jsonl",
+        timing=timing,
+        show_progress=False,
+    )
+    by_impl = {r["impl"]: r for r in rows}
+    assert by_impl["torch"]["median_ms"] > 0 and by_impl["torch"]["gbps"] > 0
+    assert by_impl["torch"]["speedup_vs_torch"] == pytest.approx(1.0)
+    assert by_impl["torch"]["torch"] == torch.__version__ and "triton" in by_impl["torch"]
+    assert by_impl["compiled"]["compile_s"] > 0 and by_impl["compiled"]["compile_graphs"] == 1
+    assert "cuda only" in by_impl["gpu_only"]["error"]
+
+
+def test_add_derived_compares_only_the_same_case():
+    rows = [
+        {"impl": "torch", "dtype": "float32", "shape": [8], "median_ms": 2.0, "gbps": 50.0},
+        {"impl": "fast", "dtype": "float32", "shape": [8], "median_ms": 1.0, "gbps": 100.0},
+        {"impl": "fast", "dtype": "bfloat16", "shape": [8], "median_ms": 1.0, "gbps": 100.0},
+    ]
+    add_derived(rows, "torch", 200.0, peer_fields=("dtype", "shape"))
+    assert rows[1]["speedup_vs_torch"] == 2.0 and rows[1]["pct_copy"] == 50.0
+    assert rows[2]["speedup_vs_torch"] is None
+
+
+def test_names_shapes_dtypes_options_are_validated():
+    op = make_toy()
+    with pytest.raises(UnknownName, match="known: torch, wrong"):
+        check_op(op, impls=["nope"], device="cpu")
+    assert parse_shape("2^10x3") == (1024, 3) and parse_shape("scalar") == ()
+    with pytest.raises(ValueError, match="bad shape"):
+        parse_shape("3x-")
+    assert parse_dtype("bf16") is torch.bfloat16
+    with pytest.raises(ValueError, match="accepted"):
+        parse_dtype("int8")
+    with pytest.raises(ValueError, match="no option"):
+        op.resolve_options({"approximate": "tanh"})
