@@ -32,6 +32,10 @@ def cuda_unavailable(device_type: str) -> str | None:
         return "this torch build has no CUDA support"
     if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
         return "nvcc was not found (install the CUDA toolkit or set CUDA_HOME)"
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        return "ninja was not found (pip install ninja); torch.utils.cpp_extension needs it to build"
     return None
 
 

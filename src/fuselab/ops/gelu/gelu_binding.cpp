@@ -1,0 +1,71 @@
+// Torch side of the GELU CUDA kernels: checks tensors, allocates the output, launches on the current stream.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "gelu.h"
+
+namespace {
+
+using fuselab::gelu::DType;
+using fuselab::gelu::Form;
+
+DType dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    default:
+      TORCH_CHECK_TYPE(false, "gelu cuda: dtype ", t.scalar_type(), " is not supported; accepted: float32, float16, bfloat16");
+  }
+  return DType::kFloat32;  // unreachable
+}
+
+void check_input(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), "gelu cuda: ", name, " is on ", t.device(), ", but this implementation runs on cuda only");
+  TORCH_CHECK(t.is_contiguous(), "gelu cuda: ", name, " must be contiguous");
+}
+
+void check_launch(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, "gelu cuda: ", what, " kernel launch failed: ", cudaGetErrorString(err));
+}
+
+Form form_of(bool tanh) { return tanh ? Form::kTanh : Form::kErf; }
+
+}  // namespace
+
+// y = gelu(x); x: contiguous CUDA tensor of any shape (float32/float16/bfloat16); y: same shape and dtype.
+at::Tensor forward(const at::Tensor& x, bool tanh) {
+  check_input(x, "x");
+  const DType dtype = dtype_of(x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty_like(x);
+  check_launch(fuselab::gelu::gelu_forward(x.data_ptr(), y.data_ptr(), x.numel(), dtype, form_of(tanh),
+                                           c10::cuda::getCurrentCUDAStream()),
+               "forward");
+  return y;
+}
+
+// dx = dy * gelu'(x); dy, x: contiguous CUDA tensors of the same shape, dtype and device.
+at::Tensor backward(const at::Tensor& dy, const at::Tensor& x, bool tanh) {
+  check_input(dy, "dy");
+  check_input(x, "x");
+  TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type() && dy.device() == x.device(),
+              "gelu cuda: dy and x must have the same shape, dtype and device");
+  const DType dtype = dtype_of(x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor dx = at::empty_like(x);
+  check_launch(fuselab::gelu::gelu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), x.numel(), dtype,
+                                            form_of(tanh), c10::cuda::getCurrentCUDAStream()),
+               "backward");
+  return dx;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "GELU forward (x, tanh: bool) -> y", pybind11::arg("x"), pybind11::arg("tanh"));
+  m.def("backward", &backward, "GELU backward (dy, x, tanh: bool) -> dx", pybind11::arg("dy"), pybind11::arg("x"),
+        pybind11::arg("tanh"));
+}

@@ -1,0 +1,34 @@
+"""fuselab.nn.GELU: a drop-in for torch.nn.GELU that runs any registered GELU implementation."""
+
+from __future__ import annotations
+
+import torch
+
+from fuselab.ops.gelu.spec import GELU as GELU_OP
+from fuselab.ops.gelu.spec import check_form
+from fuselab.ops.registry import UnknownName
+
+
+class GELU(torch.nn.Module):
+    """y = GELU(x) elementwise, any shape; like torch.nn.GELU(approximate) but computed by impl `impl`.
+
+    impl: a registered GELU impl (naive, torch, compile, triton, cuda); "compile" is wrapped in torch.compile here.
+    triton and cuda have fused backward kernels; naive, torch and compile differentiate through PyTorch.
+    """
+
+    def __init__(self, approximate: str = "tanh", impl: str = "triton") -> None:
+        super().__init__()
+        check_form(approximate)
+        try:
+            found = GELU_OP.get_impl(impl)
+        except UnknownName as e:
+            raise ValueError(str(e)) from None
+        self.approximate = approximate
+        self.impl = impl
+        self._fn = torch.compile(found.fn) if found.compiled else found.fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fn(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}, impl={self.impl!r}"

@@ -1,0 +1,35 @@
+"""GELU in PyTorch: the formula op by op (naive), F.gelu (torch), and the formula under torch.compile (compile)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fuselab.ops.backends import check_tensor
+from fuselab.ops.gelu.spec import GELU, KAPPA, SQRT1_2, SQRT_2_OVER_PI, check_form
+
+ANY_DEVICE = ("cpu", "cuda")
+
+
+@GELU.impl("naive", devices=ANY_DEVICE, backward=True)
+def gelu_naive(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """The formula as separate PyTorch ops in x's dtype: one kernel and one trip through memory per op."""
+    check_tensor(x, impl="gelu naive", devices=ANY_DEVICE)
+    check_form(approximate)
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + KAPPA * x * x * x)))
+    return 0.5 * x * (1.0 + torch.erf(x * SQRT1_2))
+
+
+@GELU.impl("torch", devices=ANY_DEVICE, backward=True)
+def gelu_torch(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """PyTorch's built-in F.gelu: one fused kernel (math in fp32 for fp16/bf16)."""
+    check_tensor(x, impl="gelu torch", devices=ANY_DEVICE)
+    check_form(approximate)
+    return F.gelu(x, approximate=approximate)
+
+
+@GELU.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True)
+def gelu_compile(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """The naive formula, which the harness wraps in torch.compile per case: Inductor fuses it into one kernel."""
+    return gelu_naive(x, approximate)

@@ -1,0 +1,74 @@
+"""GELU described once: float64 reference, inputs, cost model, tolerances.
+
+GELU(x) = x * Phi(x), Phi the standard normal CDF. Two forms, as in F.gelu:
+  exact ("none"):  0.5 * x * (1 + erf(x / sqrt(2)))
+  tanh  ("tanh"):  0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))   (the lecture's; the default)
+Special values follow F.gelu on the GPU: NaN -> NaN, +inf -> +inf, -inf -> NaN (the formula's -inf * 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fuselab.ops.registry import Op, Shape, register_op
+
+FORMS = ("tanh", "none")
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+KAPPA = 0.044715
+SQRT1_2 = math.sqrt(0.5)
+
+
+def check_form(approximate: str) -> None:
+    """Raise ValueError unless `approximate` names a GELU form."""
+    if approximate not in FORMS:
+        raise ValueError(f"gelu: approximate={approximate!r} is not a GELU form; accepted: 'tanh', 'none' (erf)")
+
+
+def reference(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """GELU in float64, written out (not F.gelu, which is an impl under test). x: any shape; same shape out."""
+    check_form(approximate)
+    x = x.double()
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + KAPPA * x * x * x)))
+    return 0.5 * x * (1.0 + torch.erf(x * SQRT1_2))
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int) -> tuple[torch.Tensor]:
+    """x ~ 3 * N(0, 1) of `shape`: covers both tails (GELU -> 0 and GELU -> x) and the curved middle."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 3.0
+    return (x.to(dtype),)
+
+
+def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
+    """Read x once, write y once: 2 * numel * itemsize bytes."""
+    return 2 * math.prod(shape) * dtype.itemsize
+
+
+def flops(shape: Shape) -> int:
+    """9 per element, counted on the tanh form: x*x, *x, *0.044715, +x, *sqrt(2/pi), tanh (as 1), +1, *x, *0.5."""
+    return 9 * math.prod(shape)
+
+
+GELU = register_op(
+    Op(
+        name="gelu",
+        reference=reference,
+        make_inputs=make_inputs,
+        bytes_moved=bytes_moved,
+        flops=flops,
+        # ||out - ref|| / ||ref||, measured on 3 * randn inputs. fp32: every impl ~3e-8 on the CPU (the GPU kernels'
+        # ex2/rcp approximations add ~1e-7), so 1e-5 still catches a wrong constant or form (the forms differ by
+        # 1e-4). fp16 / bf16: rounding the exact result to the dtype alone costs 1.1e-4 / 8.3e-4 (outputs) and
+        # 1.9e-4 / 1.5e-3 (gradients); the naive impl, rounding every intermediate, reaches 6.4e-4 / 4.1e-3 on
+        # its gradient. The tolerances are 3x the worst of these.
+        tolerance={torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2},
+        check_shapes=[(0,), (1,), (1023,), (4097,), (65537,), (3, 37, 129)],
+        bench_shapes=[(2**24,), (2**26,), (2**28,)],
+        options={"approximate": FORMS},
+        baseline="torch",
+        doc="GELU activation, y = x * Phi(x); option approximate='tanh' (default) or 'none' (erf), as F.gelu",
+    )
+)

@@ -1,0 +1,445 @@
+"""GELU: every impl against the float64 reference, both forms, odd and empty shapes, non-contiguous input,
+special values, gradients, errors, the nn.Module, and the custom ops under torch.compile.
+
+On the CPU: naive, torch, compile and triton (under Triton's interpreter, fp32, small sizes) run; cuda reports
+itself unavailable. GPU tests (`pytest -m gpu`) cover every impl x fp32/fp16/bf16 x form, and > 2^31 elements.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+from fuselab.ops import get_op
+from fuselab.ops.gelu import GELU
+from fuselab.ops.gelu.module import GELU as GELUModule
+from fuselab.ops.gelu.spec import FORMS, reference
+
+HAS_CUDA = torch.cuda.is_available()
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+IMPLS = ("naive", "torch", "compile", "triton", "cuda")
+CPU_IMPLS = ("naive", "torch", "compile", "triton")
+FUSED = ("triton", "cuda")  # the impls with their own backward kernels
+# The interpreter computes exp2 in numpy, which warns where exp2 overflows to inf (the kernel wants the inf).
+interpreter_quiet = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||, in float64; 0 for empty tensors."""
+    ref = ref.double()
+    if ref.numel() == 0:
+        return 0.0
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def run(name: str, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """impl `name` on x; the compiled impl is compiled afresh (static shapes), as the harness does per case."""
+    impl = GELU.get_impl(name)
+    if impl.compiled:
+        torch._dynamo.reset()
+        return torch.compile(impl.fn, dynamic=False)(x, approximate=approximate)
+    return impl(x, approximate=approximate)
+
+
+def poison_allocator(like: torch.Tensor) -> None:
+    """Free a NaN-filled block of like's size, which the CUDA caching allocator hands to the next allocation of
+    that size (the impl's output): an element the kernel forgets to write then shows as NaN."""
+    torch.full_like(like, float("nan"), memory_format=torch.contiguous_format)
+
+
+def check_against_reference(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str, form: str) -> None:
+    (x,) = GELU.make_inputs(shape, dtype, device, 0)
+    if device == "cuda":
+        poison_allocator(x)
+    out = run(name, x, form)
+    assert out.shape == x.shape and out.dtype == dtype and out.device == x.device
+    err = rel_err(out, reference(x, form))
+    assert err <= GELU.tolerance[dtype], f"{name} {form} {dtype} {shape}: rel err {err:.2e}"
+
+
+def reference_grad(x: torch.Tensor, dy: torch.Tensor, form: str) -> torch.Tensor:
+    """d(sum(dy * gelu(x)))/dx in float64."""
+    x64 = x.detach().double().requires_grad_()
+    (grad,) = torch.autograd.grad(reference(x64, form), x64, dy.double())
+    return grad
+
+
+def special_values(dtype: torch.dtype, device: str) -> torch.Tensor:
+    """NaN, +-inf, zeros and large values at scattered positions of 4097 random ones (vector bodies and tails)."""
+    (x,) = GELU.make_inputs((4097,), torch.float32, device, 1)
+    specials = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e4, -1e4, 100.0, -100.0, -12.0]
+    for i, v in enumerate(specials):
+        x[(i * 409 + 3) % 4097] = v
+    x[-1] = float("-inf")  # in the tail of any vectorized loop
+    return x.to(dtype)
+
+
+def assert_same_specials(out: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    for name, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        assert torch.equal(test(out), test(expected)), f"{what}: {name} at other positions than expected"
+
+
+# ---------------------------------------------------------------------------------------------- the spec
+
+
+def test_registered_impls() -> None:
+    assert get_op("gelu") is GELU
+    assert list(GELU.impls) == list(IMPLS)
+    assert [n for n, i in GELU.impls.items() if i.compiled] == ["compile"]
+    assert all(GELU.impls[n].backward for n in FUSED)
+    assert GELU.default_options() == {"approximate": "tanh"}
+
+
+def test_make_inputs_seeded_random_nonzero() -> None:
+    (a,) = GELU.make_inputs((3, 37, 129), torch.bfloat16, "cpu", 7)
+    (b,) = GELU.make_inputs((3, 37, 129), torch.bfloat16, "cpu", 7)
+    (c,) = GELU.make_inputs((3, 37, 129), torch.bfloat16, "cpu", 8)
+    assert a.shape == (3, 37, 129) and a.dtype == torch.bfloat16
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert (a != 0).float().mean() > 0.99 and a.float().std() > 2  # spread over both tails
+
+
+def test_cost_model() -> None:
+    assert GELU.bytes_moved((2**24,), torch.float32) == 2 * 4 * 2**24
+    assert GELU.bytes_moved((3, 5), torch.bfloat16) == 2 * 2 * 15
+    assert GELU.flops((4, 5)) == 9 * 20
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_reference_is_f_gelu_in_float64(form: str) -> None:
+    (x,) = GELU.make_inputs((10007,), torch.float64, "cpu", 3)
+    ref = reference(x, form)
+    assert ref.dtype == torch.float64
+    assert rel_err(F.gelu(x, approximate=form), ref) < 1e-14
+    assert rel_err(reference(x, "tanh"), reference(x, "none")) > 1e-5  # the forms differ
+
+
+# ---------------------------------------------------------------------------------------------- CPU runs
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", GELU.check_shapes, ids=str)
+@pytest.mark.parametrize("name", ["naive", "torch", "triton"])
+def test_cpu_fp32_matches_reference(name: str, shape: tuple[int, ...], form: str) -> None:
+    check_against_reference(name, shape, torch.float32, "cpu", form)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", [(1023,), (3, 37, 129)], ids=str)
+def test_cpu_compile_matches_reference(shape: tuple[int, ...], form: str) -> None:
+    check_against_reference("compile", shape, torch.float32, "cpu", form)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["naive", "torch"])
+def test_cpu_half_precision(name: str, dtype: torch.dtype) -> None:
+    for form in FORMS:
+        check_against_reference(name, (4097,), dtype, "cpu", form)
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("name", CPU_IMPLS)
+def test_cpu_non_contiguous(name: str) -> None:
+    (x,) = GELU.make_inputs((37, 129), torch.float32, "cpu", 2)
+    for view in (x.t(), x[:, ::3], x[1:, 5:-7]):
+        assert not view.is_contiguous()
+        for form in FORMS:
+            out = run(name, view, form)
+            assert out.shape == view.shape
+            assert rel_err(out, reference(view, form)) <= GELU.tolerance[torch.float32]
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("name", ["naive", "compile", "triton"])
+def test_cpu_special_values_as_f_gelu(name: str) -> None:
+    """NaN -> NaN, +inf -> +inf, -inf -> NaN: what F.gelu gives on the GPU and in float64 on the CPU. (F.gelu's
+    vectorized fp32 CPU kernel gives NaN for +inf too, so the torch impl is checked on the GPU only.)"""
+    x = special_values(torch.float32, "cpu")
+    for form in FORMS:
+        out = run(name, x, form)
+        assert_same_specials(out, reference(x, form), f"{name} {form}")
+        assert_same_specials(out, F.gelu(x.double(), approximate=form), f"{name} {form} vs F.gelu")
+        finite = torch.isfinite(x)
+        assert rel_err(out[finite], reference(x[finite], form)) <= GELU.tolerance[torch.float32]
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("name", ["naive", "torch", "triton"])
+def test_cpu_gradient_matches_reference(name: str, form: str) -> None:
+    (x,) = GELU.make_inputs((3, 37, 129), torch.float32, "cpu", 4)
+    (dy,) = GELU.make_inputs((3, 37, 129), torch.float32, "cpu", 5)
+    x.requires_grad_()
+    run(name, x, form).backward(dy)
+    assert rel_err(x.grad, reference_grad(x, dy, form)) <= GELU.tolerance[torch.float32]
+
+
+@interpreter_quiet
+def test_cpu_triton_gradient_non_contiguous_upstream() -> None:
+    """y.sum() sends back a stride-0 (expanded) gradient; the backward kernel must take it."""
+    (x,) = GELU.make_inputs((129, 37), torch.float32, "cpu", 6)
+    x = x.t().requires_grad_()
+    run("triton", x, "tanh").sum().backward()
+    assert rel_err(x.grad, reference_grad(x, torch.ones_like(x), "tanh")) <= GELU.tolerance[torch.float32]
+
+
+@interpreter_quiet
+def test_cpu_empty() -> None:
+    for name in ("naive", "torch", "triton"):
+        x = torch.empty(0, 5, requires_grad=True)
+        out = run(name, x, "tanh")
+        assert out.shape == (0, 5)
+        out.sum().backward()
+        assert x.grad.shape == (0, 5)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("name", CPU_IMPLS)
+def test_integer_dtype_is_rejected(name: str) -> None:
+    with pytest.raises(TypeError, match=r"dtype int64 is not supported; accepted: float32, float16, bfloat16"):
+        GELU.get_impl(name)(torch.arange(10), approximate="tanh")
+
+
+@pytest.mark.parametrize("name", CPU_IMPLS)
+def test_unknown_form_is_rejected(name: str) -> None:
+    with pytest.raises(ValueError, match=r"approximate='sigmoid'.*accepted: 'tanh', 'none'"):
+        GELU.get_impl(name)(torch.randn(10), approximate="sigmoid")
+
+
+def test_cuda_impl_on_cpu_tensor() -> None:
+    with pytest.raises(ValueError, match=r"gelu cuda: input is on cpu, but this implementation runs on cuda only"):
+        GELU.get_impl("cuda")(torch.randn(10))
+
+
+def test_non_tensor_is_rejected() -> None:
+    with pytest.raises(TypeError, match="expected a torch.Tensor, got list"):
+        GELU.get_impl("triton")([1.0, 2.0])
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks what a machine without a GPU reports")
+def test_cuda_impl_reports_why_unavailable() -> None:
+    cuda = GELU.get_impl("cuda")
+    assert "cuda only" in cuda.unavailable("cpu")
+    assert "no CUDA GPU" in cuda.unavailable("cuda")
+    assert GELU.get_impl("triton").unavailable("cpu") is None  # the interpreter
+    assert GELU.get_impl("naive").unavailable("cpu") is None
+
+
+def test_triton_without_interpreter_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    triton = GELU.get_impl("triton")
+    assert "TRITON_INTERPRET=1" in triton.unavailable("cpu")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        triton(torch.randn(10))
+
+
+# ---------------------------------------------------------------------------------------------- nn.GELU
+
+
+def test_module_rejects_unknown_impl_and_form() -> None:
+    with pytest.raises(ValueError, match=r"no impl 'fast'; known: naive, torch, compile, triton, cuda"):
+        GELUModule(impl="fast")
+    with pytest.raises(ValueError, match="accepted: 'tanh', 'none'"):
+        GELUModule(approximate="exact")
+    assert repr(GELUModule("none", impl="torch")) == "GELU(approximate='none', impl='torch')"
+
+
+def mlp(act: torch.nn.Module, device: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(33, 65), act, torch.nn.Linear(65, 7)).to(device)
+
+
+def check_drop_in(impl: str, device: str, dtype: torch.dtype = torch.float32) -> None:
+    """fuselab GELU(impl) in place of torch.nn.GELU: same outputs and parameter gradients."""
+    for form in FORMS:
+        x = torch.randn(17, 33, device=device, dtype=dtype)
+        outs, grads = [], []
+        for act in (torch.nn.GELU(approximate=form), GELUModule(form, impl=impl)):
+            model = mlp(act, device).to(dtype)
+            y = model(x)
+            y.square().sum().backward()
+            outs.append(y)
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        assert rel_err(outs[1], outs[0]) <= 4 * GELU.tolerance[dtype], f"{impl} {form}"
+        assert rel_err(grads[1], grads[0]) <= 4 * GELU.tolerance[dtype], f"{impl} {form}"
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_cpu_module_is_a_drop_in(impl: str) -> None:
+    if impl == "compile":
+        torch._dynamo.reset()
+    check_drop_in(impl, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------- custom ops
+
+
+@interpreter_quiet
+def test_cpu_custom_op_compiles_without_graph_breaks() -> None:
+    """A model using fuselab::gelu_triton (kernel under the interpreter) compiles with fullgraph=True and
+    Inductor on the CPU; forward and gradients equal eager mode's."""
+    model = mlp(GELUModule("tanh", impl="triton"), "cpu")
+    x = torch.randn(9, 33)
+    eager = model(x)
+    eager.sum().backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    out = compiled(x)
+    out.sum().backward()
+    assert rel_err(out, eager) < 1e-6
+    for p, g in zip(model.parameters(), eager_grads, strict=True):
+        assert rel_err(p.grad, g) < 1e-6
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+@interpreter_quiet
+def test_cpu_opcheck_triton_ops() -> None:
+    """torch.library.opcheck: schema, fake tensor, autograd registration and AOT dispatch of both ops."""
+    (x,) = GELU.make_inputs((5, 67), torch.float32, "cpu", 9)
+    (dy,) = GELU.make_inputs((5, 67), torch.float32, "cpu", 10)
+    for form in FORMS:
+        torch.library.opcheck(torch.ops.fuselab.gelu_triton.default, (x.requires_grad_(), form))
+        torch.library.opcheck(torch.ops.fuselab.gelu_triton_backward.default, (dy, x.detach(), form))
+
+
+def test_cuda_ops_trace_with_fake_tensors() -> None:
+    """The CUDA ops' fake impls give shape, dtype, device and (contiguous) strides without a GPU or a build, as
+    torch.compile needs; bad dtypes fail already while tracing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(3, 5, device="cuda", dtype=torch.bfloat16).t()
+        y = torch.ops.fuselab.gelu_cuda(x, "tanh")
+        dx = torch.ops.fuselab.gelu_cuda_backward(y, x, "none")
+        assert (y.shape, y.dtype, y.device.type, y.stride()) == ((5, 3), torch.bfloat16, "cuda", (3, 1))
+        assert dx.shape == (5, 3)
+        with pytest.raises(TypeError, match="accepted: float32"):
+            torch.ops.fuselab.gelu_cuda(torch.empty(3, device="cuda", dtype=torch.int32), "tanh")
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", IMPLS)
+def test_gpu_matches_reference(name: str, dtype: torch.dtype, form: str) -> None:
+    for shape in GELU.check_shapes:
+        check_against_reference(name, shape, dtype, "cuda", form)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", IMPLS)
+def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> None:
+    """Transposed and strided views, and a contiguous view 1 element into its storage (not 16-byte aligned)."""
+    (x,) = GELU.make_inputs((129, 371), dtype, "cuda", 2)
+    flat = x.flatten()
+    for view in (x.t(), x[:, ::3], x[1:, 5:-7], flat[1:], flat[3:-2]):
+        for form in FORMS:
+            out = run(name, view, form)
+            assert out.shape == view.shape and out.dtype == dtype
+            assert rel_err(out, reference(view, form)) <= GELU.tolerance[dtype], f"{name} {form}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", IMPLS)
+def test_gpu_special_values_as_f_gelu(name: str, dtype: torch.dtype) -> None:
+    for x in (special_values(dtype, "cuda"), special_values(dtype, "cuda")[1:]):  # aligned and misaligned
+        for form in FORMS:
+            out = run(name, x, form)
+            assert_same_specials(out, F.gelu(x, approximate=form), f"{name} {form} {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", IMPLS)
+def test_gpu_gradient_matches_reference(name: str, dtype: torch.dtype, form: str) -> None:
+    for shape in [(1,), (4097,), (3, 37, 129)]:
+        (x,) = GELU.make_inputs(shape, dtype, "cuda", 4)
+        (dy,) = GELU.make_inputs(shape, dtype, "cuda", 5)
+        x.requires_grad_()
+        run(name, x, form).backward(dy)
+        assert x.grad.dtype == dtype
+        err = rel_err(x.grad, reference_grad(x, dy, form))
+        assert err <= GELU.tolerance[dtype], f"{name} {form} {dtype} {shape}: grad rel err {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_module_is_a_drop_in(impl: str, dtype: torch.dtype) -> None:
+    if impl == "compile":
+        torch._dynamo.reset()
+    check_drop_in(impl, "cuda", dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", FUSED)
+def test_gpu_opcheck(backend: str) -> None:
+    op = getattr(torch.ops.fuselab, f"gelu_{backend}")
+    op_backward = getattr(torch.ops.fuselab, f"gelu_{backend}_backward")
+    for dtype in DTYPES:
+        (x,) = GELU.make_inputs((5, 67), dtype, "cuda", 9)
+        (dy,) = GELU.make_inputs((5, 67), dtype, "cuda", 10)
+        for form in FORMS:
+            torch.library.opcheck(op.default, (x.clone().requires_grad_(), form))
+            torch.library.opcheck(op_backward.default, (dy, x, form))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", FUSED)
+def test_gpu_compiles_without_graph_breaks(impl: str) -> None:
+    model = mlp(GELUModule("tanh", impl=impl), "cuda").to(torch.bfloat16)
+    x = torch.randn(64, 33, device="cuda", dtype=torch.bfloat16)
+    eager = model(x)
+    torch._dynamo.reset()
+    out = torch.compile(model, fullgraph=True)(x)
+    out.float().sum().backward()
+    assert rel_err(out, eager) < 1e-2
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", FUSED)
+def test_gpu_errors(name: str) -> None:
+    impl = GELU.get_impl(name)
+    with pytest.raises(TypeError, match="accepted: float32, float16, bfloat16"):
+        impl(torch.arange(10, device="cuda"))
+    if name == "cuda":
+        with pytest.raises(ValueError, match="runs on cuda only"):
+            impl(torch.randn(10))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FUSED)
+def test_gpu_past_2_pow_31_elements(name: str) -> None:
+    """2^31 + 17 bf16 elements (4 GiB): 64-bit offsets in forward and backward; checked on slices at the start,
+    across the 2^31 boundary, at the very end, and on a stride through the whole tensor."""
+    n = 2**31 + 17
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs ~30 GiB of GPU memory")
+    (x,) = GELU.make_inputs((n,), torch.bfloat16, "cuda", 11)
+    impl = GELU.get_impl(name)
+    op_backward = getattr(torch.ops.fuselab, f"gelu_{name}_backward")
+    y = impl(x, approximate="tanh")
+    dx = op_backward(torch.ones_like(x), x, "tanh")
+    tol = GELU.tolerance[torch.bfloat16]
+    for part in (slice(0, 4097), slice(2**31 - 4096, 2**31 + 4096), slice(n - 4097, n), slice(0, n, 65537)):
+        assert rel_err(y[part], reference(x[part], "tanh")) <= tol, f"forward at {part}"
+        ref_grad = reference_grad(x[part], torch.ones_like(x[part]), "tanh")
+        assert rel_err(dx[part], ref_grad) <= tol, f"backward at {part}"
