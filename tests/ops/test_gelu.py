@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
 from fuselab.ops import get_op
+from fuselab.ops.evaluate import poison_allocator
+from fuselab.ops.evaluate import relative_error as rel_err
 from fuselab.ops.gelu import GELU
 from fuselab.ops.gelu.module import GELU as GELUModule
 from fuselab.ops.gelu.spec import FORMS, reference
@@ -26,14 +28,6 @@ FUSED = ("triton", "cuda")  # the impls with their own backward kernels
 interpreter_quiet = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref||, in float64; 0 for empty tensors."""
-    ref = ref.double()
-    if ref.numel() == 0:
-        return 0.0
-    return ((out.double() - ref).norm() / ref.norm()).item()
-
-
 def run(name: str, x: torch.Tensor, approximate: str) -> torch.Tensor:
     """impl `name` on x; the compiled impl is compiled afresh (static shapes), as the harness does per case."""
     impl = GELU.get_impl(name)
@@ -43,16 +37,9 @@ def run(name: str, x: torch.Tensor, approximate: str) -> torch.Tensor:
     return impl(x, approximate=approximate)
 
 
-def poison_allocator(like: torch.Tensor) -> None:
-    """Free a NaN-filled block of like's size, which the CUDA caching allocator hands to the next allocation of
-    that size (the impl's output): an element the kernel forgets to write then shows as NaN."""
-    torch.full_like(like, float("nan"), memory_format=torch.contiguous_format)
-
-
 def check_against_reference(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str, form: str) -> None:
     (x,) = GELU.make_inputs(shape, dtype, device, 0)
-    if device == "cuda":
-        poison_allocator(x)
+    poison_allocator(x.numel() * x.element_size(), device)  # unwritten output elements would show as NaN
     out = run(name, x, form)
     assert out.shape == x.shape and out.dtype == dtype and out.device == x.device
     err = rel_err(out, reference(x, form))
@@ -217,7 +204,7 @@ def test_cuda_impl_on_cpu_tensor() -> None:
 
 
 def test_non_tensor_is_rejected() -> None:
-    with pytest.raises(TypeError, match="expected a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"expected a torch\.Tensor, got list"):
         GELU.get_impl("triton")([1.0, 2.0])
 
 

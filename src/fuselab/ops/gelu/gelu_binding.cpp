@@ -19,7 +19,8 @@ DType dtype_of(const at::Tensor& t) {
     case at::kBFloat16:
       return DType::kBFloat16;
     default:
-      TORCH_CHECK_TYPE(false, "gelu cuda: dtype ", t.scalar_type(), " is not supported; accepted: float32, float16, bfloat16");
+      TORCH_CHECK_TYPE(false, "gelu cuda: dtype ", t.scalar_type(),
+                       " is not supported; accepted: float32, float16, bfloat16");
   }
   return DType::kFloat32;  // unreachable
 }
@@ -38,7 +39,7 @@ Form form_of(bool tanh) { return tanh ? Form::kTanh : Form::kErf; }
 }  // namespace
 
 // y = gelu(x); x: contiguous CUDA tensor of any shape (float32/float16/bfloat16); y: same shape and dtype.
-at::Tensor forward(const at::Tensor& x, bool tanh) {
+at::Tensor forward_tensor(const at::Tensor& x, bool tanh) {
   check_input(x, "x");
   const DType dtype = dtype_of(x);
   const c10::cuda::CUDAGuard guard(x.device());
@@ -50,7 +51,7 @@ at::Tensor forward(const at::Tensor& x, bool tanh) {
 }
 
 // dx = dy * gelu'(x); dy, x: contiguous CUDA tensors of the same shape, dtype and device.
-at::Tensor backward(const at::Tensor& dy, const at::Tensor& x, bool tanh) {
+at::Tensor backward_tensor(const at::Tensor& dy, const at::Tensor& x, bool tanh) {
   check_input(dy, "dy");
   check_input(x, "x");
   TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type() && dy.device() == x.device(),
@@ -65,7 +66,8 @@ at::Tensor backward(const at::Tensor& dy, const at::Tensor& x, bool tanh) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward, "GELU forward (x, tanh: bool) -> y", pybind11::arg("x"), pybind11::arg("tanh"));
-  m.def("backward", &backward, "GELU backward (dy, x, tanh: bool) -> dx", pybind11::arg("dy"), pybind11::arg("x"),
+  m.def("forward", &forward_tensor, "GELU forward (x, tanh: bool) -> y", pybind11::arg("x"),
         pybind11::arg("tanh"));
+  m.def("backward", &backward_tensor, "GELU backward (dy, x, tanh: bool) -> dx", pybind11::arg("dy"),
+        pybind11::arg("x"), pybind11::arg("tanh"));
 }
