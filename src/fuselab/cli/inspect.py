@@ -1,0 +1,53 @@
+"""`fuselab inspect OP --impl triton|cuda`: PTX, SASS, registers, shared memory, spills, and a short summary
+(the widest global load and store: were loads vectorized?).
+
+    fuselab inspect gelu --impl triton --dtype float32 --out inspect/gelu-triton
+    fuselab inspect softmax --impl cuda --arch sm_90
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="PTX/SASS, registers, shared memory and spills of a Triton or CUDA implementation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("op", help="a registered op (gelu, softmax)")
+    p.add_argument("--impl", default="triton", help="triton or cuda (default triton)")
+    p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 (default float32)")
+    p.add_argument("--shape", help="input shape the Triton kernels are specialized for (default: smallest bench shape)")
+    p.add_argument("--arch", help="target, e.g. sm_90 (default: this GPU's, or sm_90 without one)")
+    p.add_argument("--out", type=Path, help="folder for the .ptx/.sass files, inspect.json, summary.txt")
+    p.add_argument("--show", choices=("ptx", "sass"), help="also print the PTX or SASS of each kernel")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fuselab.ops.evaluate import parse_dtype
+    from fuselab.profile.inspect import inspect_impl
+
+    console = Console(highlight=False)
+    try:
+        result = inspect_impl(args.op, args.impl, dtype=parse_dtype(args.dtype), shape=args.shape, arch=args.arch)
+    except (ValueError, LookupError, ImportError, RuntimeError) as exc:
+        console.print(f"[red]fuselab inspect: {exc}[/red]")
+        return 2
+    if args.show:
+        for k in result.kernels:
+            text = k.ptx if args.show == "ptx" else k.sass
+            console.print(f"[bold]{k.name}[/bold]")
+            console.print(text or f"(no {args.show.upper()})", markup=False)
+    console.print(result.summary(), markup=False)
+    out = args.out or Path("fuselab-inspect") / re.sub(r"[^\w.-]+", "_", f"{args.op}-{args.impl}-{args.dtype}")
+    files = result.write(out)
+    console.print(f"wrote {len(files)} files to {out}")
+    return 0 if result.kernels else 1

@@ -1,0 +1,129 @@
+"""`fuselab profile`: the kernel table, trace and timeline of an op's impl, a lecture case, a function or a script;
+`fuselab profile --runahead`: the CPU-runs-ahead-of-the-GPU study.
+
+    fuselab profile gelu --impl triton --shape 2^24 --dtype float32
+    fuselab profile --case matmul2048 --out prof/matmul2048
+    fuselab profile mymod:fn --shape 4096x4096 --nargs 2
+    fuselab profile --script train.py
+    fuselab profile --runahead --steps 20 --layers 4 --dim 2048 --batch 2048 --out prof/runahead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from fuselab.profile import build_table, impl_callable, profile_callable, render_timeline, script_callable
+from fuselab.profile.cases import CASES, get_case
+from fuselab.profile.table import SORT_KEYS
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="profile an op's impl, a lecture case, a function or a script: kernel table, trace, timeline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("target", nargs="?", help="a registered op (gelu, softmax) or MODULE:FUNCTION / FILE.py:FUNCTION")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--case", choices=list(CASES), help="one of the lecture's cases")
+    what.add_argument("--script", type=Path, help="a Python script, run as __main__")
+    what.add_argument("--runahead", action="store_true", help="the run-ahead study (MLP training loop, twice)")
+    p.add_argument("--impl", help="the op's implementation (default: the op's baseline)")
+    p.add_argument("--shape", help="input shape, e.g. 2^24 or 4096x1024 (default: the op's first bench shape)")
+    p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 (default float32)")
+    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="op option, e.g. approximate=none")
+    p.add_argument("--nargs", type=int, default=1, help="for MODULE:FUNCTION: how many input tensors it takes")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: the GPU if any)")
+    p.add_argument("--warmup", type=int, default=3, help="calls before profiling (default 3; 1 for --script)")
+    p.add_argument("--iters", type=int, default=5, help="calls profiled (default 5; 1 for --script)")
+    p.add_argument("--sort", choices=SORT_KEYS, help="sort rows by (default: gpu with a GPU, else cpu)")
+    p.add_argument("--limit", type=int, default=25, help="operators shown in the terminal (default 25)")
+    p.add_argument("--full-names", action="store_true", help="show kernels' full names")
+    p.add_argument("--stacks", action="store_true", help="also write collapsed stacks for flame graphs")
+    p.add_argument("--out", type=Path, help="folder for trace.json, table.json, table.txt, timeline.png")
+    study = p.add_argument_group("run-ahead study")
+    study.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    study.add_argument("--layers", type=int, default=4, help="Linear layers (default 4)")
+    study.add_argument("--dim", type=int, help="width (default 2048 on a GPU, 128 on the CPU)")
+    study.add_argument("--batch", type=int, help="batch size (default 2048 on a GPU, 128 on the CPU)")
+    p.set_defaults(func=run)
+
+
+def _device(args: argparse.Namespace) -> str:
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    try:
+        return _run(args, console)
+    except (ValueError, LookupError, FileNotFoundError, RuntimeError) as exc:  # bad input or impl unavailable
+        console.print(f"[red]fuselab profile: {exc}[/red]", highlight=False)
+        return 2
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    if args.runahead:
+        return _runahead(args, console)
+    device = _device(args)
+    warmup, iters = args.warmup, args.iters
+    if args.case:
+        label, fn = args.case, get_case(args.case).make(device)
+    elif args.script:
+        label, fn = args.script.stem, script_callable(args.script)
+        warmup = 1 if args.warmup == 3 else args.warmup
+        iters = 1 if args.iters == 5 else args.iters
+    elif args.target:
+        label, fn = _op_callable(args, device)
+    else:
+        console.print("[red]say what to profile: an OP (or MODULE:FUNCTION), --case, --script or --runahead[/red]")
+        return 2
+    out = args.out or Path("fuselab-profile") / label
+    cuda = torch.device(device).type == "cuda"
+    result = profile_callable(fn, label=label, warmup=warmup, iters=iters, out_dir=out, stacks=args.stacks, cuda=cuda)
+    table = build_table(result.trace, title=f"{label} on {device}: {iters} call(s) profiled").sorted(args.sort)
+    console.print(table.rich(limit=args.limit, full_names=args.full_names))
+    (out / "table.json").write_text(json.dumps(table.to_json(), indent=1) + "\n")
+    (out / "table.txt").write_text(table.to_text(full_names=args.full_names))
+    timeline = render_timeline(result.trace, out / "timeline.png", title=f"{label} on {device}")
+    files = [result.trace_path, out / "table.json", out / "table.txt", timeline, *result.stacks_paths]
+    console.print("wrote " + ", ".join(str(f) for f in files))
+    console.print(f"open {result.trace_path} in https://ui.perfetto.dev for the full trace")
+    return 0
+
+
+def _op_callable(args: argparse.Namespace, device: str) -> tuple[str, object]:
+    from fuselab.ops.evaluate import parse_dtype
+    from fuselab.ops.registry import format_shape, get_op, parse_shape
+    from fuselab.ops.user import user_op
+
+    op = user_op(args.target, args.nargs) if ":" in args.target else get_op(args.target)
+    impl = args.impl or op.baseline
+    shape = parse_shape(args.shape) if args.shape else tuple(op.bench_shapes[0])
+    dtype = parse_dtype(args.dtype)
+    options = dict(item.split("=", 1) for item in args.opt if "=" in item)
+    if len(options) != len(args.opt):
+        raise ValueError(f"--opt takes KEY=VALUE, got {args.opt}")
+    fn = impl_callable(op, impl, shape, dtype, device, {k.strip(): v.strip() for k, v in options.items()})
+    name = re.sub(r"[^\w.-]+", "_", op.name.rsplit(":", 1)[-1])
+    return f"{name}-{impl}-{format_shape(shape)}-{str(dtype).removeprefix('torch.')}", fn
+
+
+def _runahead(args: argparse.Namespace, console: Console) -> int:
+    from fuselab.profile.runahead import MLPConfig, run_runahead
+
+    cfg = MLPConfig(steps=args.steps, layers=args.layers, dim=args.dim, batch=args.batch, device=args.device)
+    out = args.out or Path("fuselab-profile") / "runahead"
+    study = run_runahead(cfg, out)
+    console.print(study.summary(), highlight=False)
+    for r in study.runs:
+        console.print(f"{r.name}: {r.timeline_path}, {r.trace_path}")
+    console.print(f"numbers in {out / 'runahead.json'}")
+    return 0
