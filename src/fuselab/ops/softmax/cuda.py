@@ -1,0 +1,47 @@
+"""Softmax in CUDA C++: kernels and launchers in softmax.cu, torch binding in softmax_binding.cpp, built on first use.
+
+The kernels (warp per row, block per row, looped online softmax; see softmax.cu) need no torch headers, so
+`nvcc -arch=sm_90 -c softmax.cu` checks them anywhere. The extension is built once per machine and cached in
+~/.cache/fuselab/ext/fuselab_softmax (FUSELAB_EXT_DIR overrides); the first call takes a minute or so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from fuselab.ops.backends import check_tensor, cuda_unavailable, load_cuda_extension
+from fuselab.ops.softmax._shared import define_custom_ops
+from fuselab.ops.softmax.spec import SOFTMAX
+
+CU_FILE: Path = Path(__file__).with_name("softmax.cu")
+BINDING_FILE: Path = Path(__file__).with_name("softmax_binding.cpp")
+
+
+def extension() -> ModuleType:
+    """The built extension: forward(x, y) and backward(y, dy, dx) on (rows, width) CUDA tensors."""
+    return load_cuda_extension("fuselab_softmax", (str(BINDING_FILE), str(CU_FILE)))
+
+
+def launch_forward(x: torch.Tensor, y: torch.Tensor) -> None:
+    extension().forward(x, y)
+
+
+def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
+    extension().backward(y, dy, dx)
+
+
+_softmax_cuda = define_custom_ops("cuda", launch_forward, launch_backward)
+
+
+@SOFTMAX.impl("cuda", devices=("cuda",), requires=cuda_unavailable, backward=True)
+def softmax_cuda(x: torch.Tensor) -> torch.Tensor:
+    """CUDA C++ kernels with warp and block reductions: a warp per short row, a block per row, or a looped pass.
+
+    x: (..., width) fp32/fp16/bf16 on a GPU; returns a new contiguous tensor of the same shape and dtype.
+    Differentiable (custom op `fuselab::softmax_cuda`, traceable by torch.compile).
+    """
+    check_tensor(x, impl="softmax cuda", devices=("cuda",))
+    return _softmax_cuda(x)

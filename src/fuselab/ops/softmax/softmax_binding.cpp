@@ -1,0 +1,61 @@
+// Torch binding of the CUDA softmax: checks the tensors, then calls the launchers of softmax.cu on the current stream
+// (c10::cuda::getCurrentCUDAStream, the same stream as at::cuda::getCurrentCUDAStream, from a lighter header).
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "softmax.h"
+
+namespace {
+
+fuselab::SoftmaxDType dtype_of(const torch::Tensor& t) {
+  const auto type = t.scalar_type();
+  TORCH_CHECK(type == torch::kFloat32 || type == torch::kFloat16 || type == torch::kBFloat16, "softmax cuda: dtype ",
+              type, " is not supported; accepted: float32, float16, bfloat16");
+  return type == torch::kFloat32   ? fuselab::SoftmaxDType::f32
+         : type == torch::kFloat16 ? fuselab::SoftmaxDType::f16
+                                   : fuselab::SoftmaxDType::bf16;
+}
+
+// A (rows, width) CUDA matrix with unit column stride, on the device and with the dtype of `like`.
+void check_rows(const torch::Tensor& t, const char* name, const torch::Tensor& like) {
+  TORCH_CHECK(t.is_cuda(), "softmax cuda: ", name, " must be a CUDA tensor, got one on ", t.device());
+  TORCH_CHECK(t.dim() == 2, "softmax cuda: ", name, " must be 2-d (rows, width), got shape ", t.sizes());
+  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, "softmax cuda: ", name, " needs unit stride along the width");
+  TORCH_CHECK(t.device() == like.device(), "softmax cuda: ", name, " is on ", t.device(), ", not ", like.device());
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), "softmax cuda: ", name, " has dtype ", t.scalar_type(),
+              ", not ", like.scalar_type());
+  TORCH_CHECK(t.sizes() == like.sizes(), "softmax cuda: ", name, " has shape ", t.sizes(), ", not ", like.sizes());
+}
+
+void check_launch(cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, "softmax cuda: kernel launch failed: ", cudaGetErrorString(err));
+}
+
+// y = softmax(x) over the width; x, y: (rows, width).
+void forward(const torch::Tensor& x, const torch::Tensor& y) {
+  check_rows(x, "x", x);
+  check_rows(y, "y", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  check_launch(fuselab::softmax_forward(x.data_ptr(), y.data_ptr(), x.size(0), x.size(1), x.stride(0), y.stride(0),
+                                        dtype_of(x), c10::cuda::getCurrentCUDAStream()));
+}
+
+// dx = y * (dy - sum(dy * y)) over the width; all (rows, width).
+void backward(const torch::Tensor& y, const torch::Tensor& dy, const torch::Tensor& dx) {
+  check_rows(y, "y", y);
+  check_rows(dy, "dy", y);
+  check_rows(dx, "dx", y);
+  const c10::cuda::CUDAGuard guard(y.device());
+  check_launch(fuselab::softmax_backward(y.data_ptr(), dy.data_ptr(), dx.data_ptr(), y.size(0), y.size(1),
+                                         y.stride(0), dy.stride(0), dx.stride(0), dtype_of(y),
+                                         c10::cuda::getCurrentCUDAStream()));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "y = softmax(x) over the rows of x (rows, width)", pybind11::arg("x"), pybind11::arg("y"));
+  m.def("backward", &backward, "dx = y * (dy - sum(dy * y)) row by row", pybind11::arg("y"), pybind11::arg("dy"),
+        pybind11::arg("dx"));
+}

@@ -1,0 +1,61 @@
+"""Softmax over the last dimension, described once: reference, inputs, cost model, tolerances, shapes."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fuselab.ops.registry import Op, Shape, register_op
+
+
+def reference(x: torch.Tensor) -> torch.Tensor:
+    """torch.softmax in float64 over the last dimension; any shape, any device."""
+    return torch.softmax(x.to(torch.float64), dim=-1)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int) -> tuple[torch.Tensor]:
+    """One tensor of `shape`, 4·N(0, 1): spread wide enough that the max subtraction matters, never all zeros."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * 4
+    return (x.to(dtype),)
+
+
+def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
+    """Read x once, write y once."""
+    return 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def flops(shape: Shape) -> int:
+    """Per element: compare (max), subtract, exp, add (sum), multiply (by 1/sum); each counted as one."""
+    return 5 * math.prod(shape)
+
+
+WIDTHS = [2**k for k in range(7, 19)]  # 128 ... 262144
+
+SOFTMAX = register_op(
+    Op(
+        name="softmax",
+        reference=reference,
+        make_inputs=make_inputs,
+        bytes_moved=bytes_moved,
+        flops=flops,
+        # fp32: fast exp and a reciprocal cost a few ulp; fp16/bf16: the output's rounding (2^-11, 2^-8).
+        tolerance={torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3},
+        check_shapes=[
+            (0, 7),  # no rows
+            (5, 0),  # empty rows: torch.softmax returns an empty (5, 0) tensor
+            (),  # a scalar is one row of one element: softmax is 1
+            (1, 1),
+            (3, 1),
+            (1000,),
+            (37, 129),
+            (70000, 3),  # more rows than a 65535 grid dimension
+            (4, 5, 300),
+            (2, 5000),
+            (3, 40000),  # wider than a row held whole by one program: the looped/split kernels
+        ],
+        bench_shapes=[(2**26 // w, w) for w in WIDTHS],
+        doc="softmax over the last dimension: y = exp(x - max) / sum(exp(x - max)), math in fp32",
+    )
+)
