@@ -1,0 +1,126 @@
+"""The roofline: each measured kernel placed by arithmetic intensity against the device's measured ceilings.
+
+A kernel doing F FLOPs while moving B bytes (the fewest it must) has arithmetic intensity AI = F / B FLOP/byte.
+On a device with bandwidth W (GB/s) and compute peak P (TFLOP/s) it can reach at most min(P, AI · W) — the
+memory roof left of the ridge point AI = P / W, the compute roof right of it. W is the measured copy bandwidth
+and P the measured matmul rate of the kernel's dtype (for kernels that are not matmuls, the fp32 matmul rate
+stands in for the plain-core compute roof).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+PEAK_FOR_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
+
+
+def attainable_tflops(ai: float, copy_gbps: float, peak_tflops: float) -> float:
+    """The roof at arithmetic intensity `ai` (FLOP/byte): min(peak, ai · bandwidth), in TFLOP/s."""
+    if ai < 0 or copy_gbps <= 0 or peak_tflops <= 0:
+        raise ValueError(f"need ai >= 0 and positive ceilings, got ai={ai}, {copy_gbps} GB/s, {peak_tflops} TFLOP/s")
+    return min(peak_tflops, ai * copy_gbps / 1e3)
+
+
+def ridge_point(copy_gbps: float, peak_tflops: float) -> float:
+    """FLOP/byte where the memory roof meets the compute roof: peak / bandwidth."""
+    return peak_tflops * 1e3 / copy_gbps
+
+
+def peak_for(dtype: str, kind: str, matmul_tflops: dict[str, float]) -> tuple[str, float]:
+    """(name, TFLOP/s) of the compute roof a kernel of `kind` ("matmul" or other) in `dtype` is held against."""
+    name = PEAK_FOR_DTYPE.get(dtype, "fp32") if kind == "matmul" else "fp32"
+    if name not in matmul_tflops:
+        name = "fp32"
+    return name, matmul_tflops[name]
+
+
+def place(point: dict, copy_gbps: float, matmul_tflops: dict[str, float]) -> dict:
+    """One kernel on the roofline. point: label, family, kind, dtype, flops, bytes, median_ms.
+
+    Adds ai (FLOP/byte), tflops and gbps achieved, the roof's name and value there, pct_of_roof (achieved /
+    attainable, %) and bound: "memory" left of the ridge point, "compute" right of it.
+    """
+    seconds = point["median_ms"] * 1e-3
+    if seconds <= 0 or point["bytes"] <= 0:
+        raise ValueError(f"cannot place {point.get('label')!r}: needs positive time and bytes")
+    ai = point["flops"] / point["bytes"]
+    peak_name, peak = peak_for(point.get("dtype", "float32"), point.get("kind", ""), matmul_tflops)
+    roof = attainable_tflops(ai, copy_gbps, peak)
+    tflops = point["flops"] / seconds / 1e12
+    return {
+        **point,
+        "ai": ai,
+        "tflops": tflops,
+        "gbps": point["bytes"] / seconds / 1e9,
+        "peak": peak_name,
+        "peak_tflops": peak,
+        "ridge_ai": ridge_point(copy_gbps, peak),
+        "roof_tflops": roof,
+        "pct_of_roof": 100 * tflops / roof if roof > 0 else None,
+        "bound": "memory" if ai < ridge_point(copy_gbps, peak) else "compute",
+    }
+
+
+def place_all(points: Iterable[dict], copy_gbps: float, matmul_tflops: dict[str, float]) -> list[dict]:
+    return [place(p, copy_gbps, matmul_tflops) for p in points]
+
+
+def plot_roofline(
+    placed: Sequence[dict], copy_gbps: float, matmul_tflops: dict[str, float], path: str | Path, title: str = ""
+) -> Path:
+    """Log-log chart: the memory roof, one compute roof per measured matmul dtype, each kernel a marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    ais = [p["ai"] for p in placed] or [1.0]
+    lo, hi = (
+        min(min(ais) / 4, 0.05),
+        max(max(ais) * 4, 4 * max(ridge_point(copy_gbps, p) for p in matmul_tflops.values())),
+    )
+    styles = {"fp32": "-", "tf32": "-.", "bf16": "--"}
+    for name, peak in sorted(matmul_tflops.items(), key=lambda kv: kv[1]):
+        ridge = ridge_point(copy_gbps, peak)
+        xs = [lo, ridge, hi]
+        ax.plot(
+            xs,
+            [attainable_tflops(x, copy_gbps, peak) for x in xs],
+            color="black",
+            linewidth=1.2,
+            linestyle=styles.get(name, ":"),
+            label=f"roof {name}: {peak:.3g} TFLOP/s, {copy_gbps:.0f} GB/s",
+        )
+    markers = {"matmul": "s", "gelu": "o", "softmax": "^"}
+    groups: dict[str, list[dict]] = {}
+    for p in placed:
+        groups.setdefault(p.get("group") or p["label"], []).append(p)
+    cmap = plt.get_cmap("tab20")
+    for i, (group, members) in enumerate(sorted(groups.items())):
+        ax.scatter(
+            [m["ai"] for m in members],
+            [m["tflops"] for m in members],
+            s=36,
+            color=cmap(i % 20),
+            marker=markers.get(members[0].get("family", ""), "D"),
+            label=group,
+            zorder=3,
+            edgecolors="black",
+            linewidths=0.4,
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(title or "roofline (measured ceilings)")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
