@@ -2,7 +2,8 @@
 special values, gradients, errors, the nn.Module, and the custom ops under torch.compile.
 
 On the CPU: naive, torch, compile and triton (under Triton's interpreter, fp32, small sizes) run; cuda reports
-itself unavailable. GPU tests (`pytest -m gpu`) cover every impl x fp32/fp16/bf16 x form, and > 2^31 elements.
+itself unavailable. GPU tests (`pytest -m gpu`) cover every impl x fp32/fp16/bf16 x form, and > 2^31 elements
+(marked slow too).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ HAS_CUDA = torch.cuda.is_available()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 IMPLS = ("naive", "torch", "compile", "triton", "cuda")
 CPU_IMPLS = ("naive", "torch", "compile", "triton")
+EAGER_IMPLS = ("naive", "torch", "triton", "cuda")  # GPU tests; the compiled impl has its own (compiling costs)
 FUSED = ("triton", "cuda")  # the impls with their own backward kernels
 # The interpreter computes exp2 in numpy, which warns where exp2 overflows to inf (the kernel wants the inf).
 interpreter_quiet = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -320,7 +322,7 @@ def test_cuda_ops_trace_with_fake_tensors() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_matches_reference(name: str, dtype: torch.dtype, form: str) -> None:
     for shape in GELU.check_shapes:
         check_against_reference(name, shape, dtype, "cuda", form)
@@ -328,7 +330,7 @@ def test_gpu_matches_reference(name: str, dtype: torch.dtype, form: str) -> None
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> None:
     """Transposed and strided views, and a contiguous view 1 element into its storage (not 16-byte aligned)."""
     (x,) = GELU.make_inputs((129, 371), dtype, "cuda", 2)
@@ -342,7 +344,7 @@ def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> Non
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_special_values_as_f_gelu(name: str, dtype: torch.dtype) -> None:
     for x in (special_values(dtype, "cuda"), special_values(dtype, "cuda")[1:]):  # aligned and misaligned
         for form in FORMS:
@@ -353,7 +355,7 @@ def test_gpu_special_values_as_f_gelu(name: str, dtype: torch.dtype) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_gradient_matches_reference(name: str, dtype: torch.dtype, form: str) -> None:
     for shape in [(1,), (4097,), (3, 37, 129)]:
         (x,) = GELU.make_inputs(shape, dtype, "cuda", 4)
@@ -366,11 +368,27 @@ def test_gpu_gradient_matches_reference(name: str, dtype: torch.dtype, form: str
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_compile_impl(dtype: torch.dtype, form: str) -> None:
+    """The compiled impl, with few compilations (each costs seconds): special values among random ones, forward
+    and gradient, then a transposed input. `fuselab check gelu` covers it at every check shape."""
+    x = special_values(dtype, "cuda").requires_grad_()
+    (dy,) = GELU.make_inputs(x.shape, dtype, "cuda", 5)
+    out = run("compile", x, form)
+    assert_same_specials(out, F.gelu(x, approximate=form), f"compile {form} {dtype}")
+    assert rel_err(out, reference(x, form)) <= GELU.tolerance[dtype]  # finite entries; non-finite must match
+    out.backward(dy)
+    finite = torch.isfinite(x)
+    assert rel_err(x.grad[finite], reference_grad(x, dy, form)[finite]) <= GELU.tolerance[dtype]
+    (y,) = GELU.make_inputs((37, 129), dtype, "cuda", 2)
+    assert rel_err(run("compile", y.t(), form), reference(y.t(), form)) <= GELU.tolerance[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", EAGER_IMPLS)
 def test_gpu_module_is_a_drop_in(impl: str, dtype: torch.dtype) -> None:
-    if impl == "compile":
-        torch._dynamo.reset()
     check_drop_in(impl, "cuda", dtype)
 
 
