@@ -121,3 +121,13 @@ def test_short_kernel_names(full, short):
 def test_long_names_are_cut_and_times_formatted():
     assert len(short_kernel_name("k" * 300, width=40)) == 40
     assert format_us(12.34) == "12.3 µs" and format_us(4567.0) == "4.57 ms" and format_us(2.5e6) == "2.50 s"
+
+
+def test_without_the_launch_event_kineto_s_external_id_links_the_kernel():
+    events = [
+        _event("cpu_op", "aten::linear", 0.0, 50.0, **{"External id": 1}),
+        _event("cpu_op", "aten::addmm", 5.0, 40.0, **{"External id": 2}),
+        _event("kernel", "sm90_gemm", 30.0, 20.0, pid=0, tid=7, correlation=99, **{"External id": 2}),
+    ]
+    (row,) = build_table(Trace.from_json({"traceEvents": events})).ops
+    assert row.name == "aten::linear" and row.kernels[0].launched_by == ["aten::addmm"]

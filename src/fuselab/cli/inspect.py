@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
         for k in result.kernels:
             text = k.ptx if args.show == "ptx" else k.sass
             console.print(f"[bold]{k.name}[/bold]")
-            console.print(text or f"(no {args.show.upper()})", markup=False)
-    console.print(result.summary(), markup=False)
+            print(text or f"(no {args.show.upper()})")
+    print(result.summary())
     out = args.out or Path("fuselab-inspect") / re.sub(r"[^\w.-]+", "_", f"{args.op}-{args.impl}-{args.dtype}")
     files = result.write(out)
     console.print(f"wrote {len(files)} files to {out}")

@@ -94,8 +94,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     (out / "table.txt").write_text(table.to_text(full_names=args.full_names))
     timeline = render_timeline(result.trace, out / "timeline.png", title=f"{label} on {device}")
     files = [result.trace_path, out / "table.json", out / "table.txt", timeline, *result.stacks_paths]
-    console.print("wrote " + ", ".join(str(f) for f in files))
-    console.print(f"open {result.trace_path} in https://ui.perfetto.dev for the full trace")
+    console.print("wrote " + ", ".join(str(f) for f in files), soft_wrap=True, highlight=False)
+    console.print(f"open {result.trace_path} in https://ui.perfetto.dev for the full trace", soft_wrap=True)
     return 0
 
 
@@ -113,7 +113,8 @@ def _op_callable(args: argparse.Namespace, device: str) -> tuple[str, object]:
         raise ValueError(f"--opt takes KEY=VALUE, got {args.opt}")
     fn = impl_callable(op, impl, shape, dtype, device, {k.strip(): v.strip() for k, v in options.items()})
     name = re.sub(r"[^\w.-]+", "_", op.name.rsplit(":", 1)[-1])
-    return f"{name}-{impl}-{format_shape(shape)}-{str(dtype).removeprefix('torch.')}", fn
+    parts = [name] if impl == name else [name, impl]
+    return "-".join([*parts, format_shape(shape), str(dtype).removeprefix("torch.")]), fn
 
 
 def _runahead(args: argparse.Namespace, console: Console) -> int:

@@ -14,6 +14,7 @@ moves 16 bytes per thread (vectorized), `ld.global.b32` only 4.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -23,7 +24,7 @@ import subprocess
 import tempfile
 import types
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -271,8 +272,8 @@ class Inspection:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         written = []
-        for k in self.kernels:
-            stem = re.sub(r"[^\w.-]+", "_", k.name)[:100]
+        for i, k in enumerate(self.kernels):
+            stem = f"{i:02d}-" + re.sub(r"[^\w.-]+", "_", k.name).strip("_")[:80]
             for suffix, text in (("ptx", k.ptx), ("sass", k.sass), *k.extra.items()):
                 if text:
                     path = out / f"{stem}.{suffix}"
@@ -454,6 +455,30 @@ def _as_jit(obj: object, memo: dict) -> object:
     return jit
 
 
+@contextlib.contextmanager
+def _compilable_language(memo: dict) -> Iterator[None]:
+    """Under the interpreter, triton.language's own @jit helpers (tl.max, tl.sum, tl.cdiv, ...) are interpreted
+    functions too; swap in compilable ones while compiling, and put the originals back after."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    modules = [tl, tl.core, tl.math, tl.standard, getattr(tl, "random", None)]
+    saved = [
+        (m, name, value)
+        for m in modules
+        if m is not None
+        for name, value in list(vars(m).items())
+        if isinstance(value, InterpretedFunction)
+    ]
+    try:
+        for m, name, value in saved:
+            setattr(m, name, _as_jit(value, memo))
+        yield
+    finally:
+        for m, name, value in saved:
+            setattr(m, name, value)
+
+
 def triton_compile_offline(kernels: list[object], run: Callable[[], object], arch: str) -> list[KernelAsm]:
     """Without a GPU: intercept the launches `run()` makes under the interpreter (they are not executed),
     specialize each as Triton's JIT would, and compile it for `arch`."""
@@ -493,7 +518,10 @@ def triton_compile_offline(kernels: list[object], run: Callable[[], object], arc
         if key in seen:
             continue
         seen.add(key)
-        compiled = triton.compile(ASTSource(jit, signature, constexprs, attrs), target=target, options=options.__dict__)
+        with _compilable_language(memo):
+            compiled = triton.compile(
+                ASTSource(jit, signature, constexprs, attrs), target=target, options=options.__dict__
+            )
         k = _triton_asm(compiled, "triton", f"triton.compile for {arch} without a GPU (launch intercepted)", arch)
         k.notes.append(f"specialization: {signature}, constexprs {dict(constexprs)}, attrs {dict(attrs)}")
         out.append(k)
@@ -545,8 +573,13 @@ def inspect_impl(
     inputs = op.make_inputs(shape, dtype, "cuda" if gpu else "cpu", 0)
     options = op.default_options()
 
-    def run() -> object:
-        return impl.fn(*inputs, **options)
+    def run() -> None:
+        if not impl.backward:
+            impl.fn(*inputs, **options)
+            return
+        leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+        out = impl.fn(*leaves, **options)
+        out.backward(torch.ones_like(out))  # the backward kernels get compiled too
 
     notes = [f"specialized for shape {shape}, {str(dtype).removeprefix('torch.')}"]
     if gpu:
@@ -556,8 +589,10 @@ def inspect_impl(
             raise RuntimeError("without a GPU, inspect needs TRITON_INTERPRET=1 (set by importing fuselab first)")
         asms = triton_compile_offline(kernels, run, arch)
         notes.append(f"no GPU here: compiled with triton.compile for {arch}, as the JIT would on that GPU")
-    if not asms:
-        notes.append("the implementation launched none of its TRITON_KERNELS at this shape")
+    launched = {k.name for k in asms}
+    idle = [name for name in (getattr(_unwrap(k), "__name__", "") for k in kernels) if name and name not in launched]
+    if idle:
+        notes.append(f"not launched at this shape, so not shown: {', '.join(idle)}")
     return Inspection(op_name, impl_name, arch, asms, notes)
 
 

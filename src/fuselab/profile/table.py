@@ -188,14 +188,23 @@ def build_table(trace: Trace, *, title: str = "") -> KernelTable:
 
 
 def _owner(trace: Trace, gpu_event: Event) -> tuple[Event | None, Event | None]:
-    """(top-level operator or innermost range, innermost operator) on the CPU thread at the launch of `gpu_event`."""
+    """(top-level operator or innermost range, innermost operator) on the CPU thread at the launch of `gpu_event`.
+
+    The launch is found through the correlation id; failing that, through the operator Kineto linked the GPU
+    work to ("External id").
+    """
     launch = trace.launch_of(gpu_event)
-    if launch is None:
-        return None, None
-    ops = trace.enclosing(CPU_OP, launch.thread, launch.ts)
+    if launch is not None:
+        thread, ts = launch.thread, launch.ts
+    else:
+        linked = trace.linked_cpu_event(gpu_event)
+        if linked is None:
+            return None, None
+        thread, ts = linked.thread, linked.ts
+    ops = trace.enclosing(CPU_OP, thread, ts)
     if ops:
         return ops[0], ops[-1]
-    ranges = trace.enclosing(RANGE, launch.thread, launch.ts)
+    ranges = trace.enclosing(RANGE, thread, ts)
     return (ranges[-1] if ranges else None), None
 
 

@@ -203,6 +203,15 @@ class Trace:
         corr = gpu_event.correlation
         return self._api_by_corr.get(corr) if corr is not None else None
 
+    @cached_property
+    def _cpu_by_external_id(self) -> dict[int, Event]:
+        return {e.args["External id"]: e for e in self.of(CPU_OP, RANGE) if "External id" in e.args}
+
+    def linked_cpu_event(self, gpu_event: Event) -> Event | None:
+        """The operator (or range) Kineto linked this GPU work to: the innermost one at its launch."""
+        ext = gpu_event.args.get("External id")
+        return self._cpu_by_external_id.get(ext) if ext else None
+
     def gpu_work_of(self, api_event: Event) -> list[Event]:
         corr = api_event.correlation
         return self._gpu_by_corr.get(corr, []) if corr is not None else []

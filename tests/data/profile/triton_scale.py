@@ -18,7 +18,6 @@ def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, _twice(tl.load(x_ptr + offs, mask=mask)), mask=mask)
 
 
-TRITON_KERNELS = (scale_kernel,)
 
 
 def scale(x: torch.Tensor) -> torch.Tensor:
@@ -26,3 +25,21 @@ def scale(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     scale_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
     return y
+
+
+@triton.jit
+def row_max_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+    """out[row] = max(x[row, :]): uses tl.max, itself a @jit function of triton.language."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=float("-inf"))
+    tl.store(out_ptr + row, tl.max(x, axis=0))
+
+
+def row_max(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
+    row_max_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+    return out
+
+
+TRITON_KERNELS = (scale_kernel, row_max_kernel)
