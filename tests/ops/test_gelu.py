@@ -8,6 +8,8 @@ itself unavailable. GPU tests (`pytest -m gpu`) cover every impl x fp32/fp16/bf1
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -223,7 +225,7 @@ def test_triton_without_interpreter_says_why(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     triton = GELU.get_impl("triton")
     assert "TRITON_INTERPRET=1" in triton.unavailable("cpu")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+    with pytest.raises(ValueError, match=r"input is on cpu; move it with \.to\('cuda'\)\. .*TRITON_INTERPRET=1"):
         triton(torch.randn(10))
 
 
@@ -426,6 +428,9 @@ def test_gpu_errors(name: str) -> None:
         impl(torch.arange(10, device="cuda"))
     if name == "cuda":
         with pytest.raises(ValueError, match="runs on cuda only"):
+            impl(torch.randn(10))
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        with pytest.raises(ValueError, match=r"input is on cpu; move it with \.to\('cuda'\)"):
             impl(torch.randn(10))
 
 

@@ -24,8 +24,9 @@ def _kernels() -> ModuleType:
 
 
 def _ready(x: torch.Tensor) -> None:
+    """On the CPU, raise ValueError unless Triton's interpreter is on."""
     if x.device.type == "cpu" and (reason := triton_unavailable("cpu")):
-        raise RuntimeError(f"gelu triton: {reason}")
+        raise ValueError(f"gelu triton: input is on cpu; move it with .to('cuda'). {reason}")
 
 
 def _forward(x: torch.Tensor, tanh: bool) -> torch.Tensor:
