@@ -460,6 +460,11 @@ QUESTIONS: list[Question] = [
 _MISSING = (NotMeasured, LookupError, TypeError, ValueError, ZeroDivisionError)
 
 
+def _why(exc: Exception) -> str:
+    """NotMeasured says why itself; anything else (a missing or malformed field) is named with its type."""
+    return str(exc) if isinstance(exc, NotMeasured) else f"{type(exc).__name__}: {exc}"
+
+
 def evaluate_claims(results: Results) -> list[dict]:
     """Every claim: text, section, criterion, figure, value, held (True / False / None = not measured here)."""
     out = []
@@ -467,7 +472,7 @@ def evaluate_claims(results: Results) -> list[dict]:
         try:
             figure, value, held = c.measure(results)
         except _MISSING as exc:
-            figure, value, held = f"not measured: {exc}", None, None
+            figure, value, held = f"not measured: {_why(exc)}", None, None
         out.append(
             {
                 "claim": c.text,
@@ -488,7 +493,7 @@ def answer_questions(results: Results) -> list[dict]:
         try:
             answer, value, held = q.answer(results)
         except _MISSING as exc:
-            answer, value, held = f"not measured in this run: {exc}", None, None
+            answer, value, held = f"not measured in this run: {_why(exc)}", None, None
         out.append({"question": q.text, "answer": answer, "criterion": q.criterion, "value": value, "held": held})
     return out
 

@@ -1,0 +1,134 @@
+"""The quick report, run for real on the CPU: sections, plots, claims, a failing section, resume."""
+
+import dataclasses
+import json
+import re
+import time
+
+import pytest
+
+from fuselab.cli import main
+from fuselab.report import run_full_report
+from fuselab.report.sections import SECTIONS
+
+PNG = b"\x89PNG\r\n\x1a\n"
+PLOTS = [
+    "pitfalls",
+    "matmul_time",
+    "matmul_tflops",
+    "mlp",
+    "gelu_gbps",
+    "gelu_time",
+    "softmax_gbps",
+    "roofline",
+    "runahead_plain",
+    "runahead_print",
+]
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    start = time.perf_counter()
+    records = run_full_report(out, device="cpu", quick=True, show_progress=False)
+    return out, records, time.perf_counter() - start
+
+
+def test_every_section_finishes_quickly(quick):
+    _, records, seconds = quick
+    failed = {name: r["error"] for name, r in records.items() if r["status"] != "ok"}
+    assert failed == {}
+    assert list(records) == [s.name for s in SECTIONS]
+    assert seconds < 150
+
+
+def test_markdown_and_html_have_every_section_in_order(quick):
+    out, _, _ = quick
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    positions = [md.index(f"## {s.title}") for s in SECTIONS]
+    assert positions == sorted(positions)
+    for s in SECTIONS:
+        assert f'<section id="sec-{s.name}">' in html
+        assert f'href="#sec-{s.name}"' in html  # the table of contents
+    assert "| impl \\ elements |" in md  # the GELU table
+    assert "`cuda`: " in md  # CUDA C++ listed as unavailable, with its reason
+
+
+def test_plots_exist_are_linked_and_embedded(quick):
+    out, _, _ = quick
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    for name in PLOTS:
+        path = out / "plots" / f"{name}.png"
+        assert path.read_bytes()[:8] == PNG, name
+        assert f"](plots/{name}.png)" in md
+    assert html.count('src="data:image/png;base64,') >= len(PLOTS)
+    assert 'src="plots/' not in html  # self-contained
+
+
+def test_claims_table_has_verdicts_and_the_five_questions(quick):
+    out, records, _ = quick
+    md = (out / "report.md").read_text()
+    claims_md = md[md.index("## Claims reproduced") :]
+    assert "| # | claim | measured in this run | criterion | verdict |" in claims_md
+    assert re.search(r"✅ held|❌ not held", claims_md)
+    for i in range(1, 6):
+        assert f"| Q{i} |" in claims_md
+    claims = records["claims"]["results"]["claims"]
+    measured = [c for c in claims if c["held"] is not None]
+    assert len(measured) >= 5  # on the CPU too, most claims get a figure from this run
+    assert records["claims"]["results"]["questions"][1]["held"] is not None  # naive GELU vs F.gelu, measured here
+
+
+def test_results_json_per_section(quick):
+    out, _, _ = quick
+    for s in SECTIONS:
+        saved = json.loads((out / "results" / f"{s.name}.json").read_text())
+        assert saved["status"] == "ok" and saved["mode"] == "quick"
+    gelu = json.loads((out / "results" / "gelu.json").read_text())["results"]
+    assert {r["impl"] for r in gelu["bench"]} >= {"naive", "torch", "compile", "cuda"}
+    assert all(r["status"] != "FAIL" for r in gelu["check"])
+    assert any(r["impl"] == "triton" and r["status"] == "pass" for r in gelu["check"])  # under the interpreter
+
+
+def test_a_rerun_resumes_from_the_results_written(quick):
+    out, records, _ = quick
+    calls = []
+
+    def counting(section):
+        def fn(ctx, doc):
+            calls.append(section.name)
+            return section.fn(ctx, doc)
+
+        return dataclasses.replace(section, fn=fn)
+
+    again = run_full_report(
+        out, device="cpu", quick=True, sections=[counting(s) for s in SECTIONS], show_progress=False
+    )
+    assert calls == ["roofline", "claims"]  # derived from the others, so redone; the rest resumed
+    assert again["gelu"]["finished"] == records["gelu"]["finished"]
+
+
+def test_a_failing_section_is_shown_and_the_rest_goes_on(tmp_path):
+    def broken(ctx, doc):
+        raise RuntimeError("the matmul study broke on purpose")
+
+    by_name = {s.name: s for s in SECTIONS}
+    sections = [by_name["device"], dataclasses.replace(by_name["matmul"], fn=broken), by_name["claims"]]
+    records = run_full_report(tmp_path, device="cpu", quick=True, sections=sections, show_progress=False)
+    assert records["matmul"]["status"] == "failed"
+    assert records["device"]["status"] == "ok" and records["claims"]["status"] == "ok"
+    md = (tmp_path / "report.md").read_text()
+    assert "**This section failed**" in md and "the matmul study broke on purpose" in md
+    assert "section 'matmul' did not finish" in md  # the claims that needed it say why they are n/a
+    assert '<section id="sec-matmul" class="failed">' in (tmp_path / "report.html").read_text()
+
+
+def test_cli_report_only_one_section(tmp_path, capsys):
+    assert main(["report", "--quick", "--device", "cpu", "--out", str(tmp_path), "--only", "device"]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "copy bandwidth" in md
+    assert "*Not run.*" in md  # the other sections
+    assert main(["report", "--quick", "--out", str(tmp_path), "--only", "nosuch"]) == 2
+    assert "unknown section" in capsys.readouterr().err

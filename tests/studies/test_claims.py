@@ -1,0 +1,182 @@
+import copy
+
+import pytest
+
+from fuselab.studies.claims import CLAIMS, QUESTIONS, answer_questions, evaluate_claims, verdict
+
+
+def gelu_rows(naive_ms: float, torch_ms: float, compile_ms: float, triton_ms: float, cuda_ms: float) -> list[dict]:
+    n = 2**28
+    rows = []
+    for impl, t in (
+        ("naive", naive_ms),
+        ("torch", torch_ms),
+        ("compile", compile_ms),
+        ("triton", triton_ms),
+        ("cuda", cuda_ms),
+    ):
+        gbps = 8 * n / (t * 1e-3) / 1e9
+        rows.append(
+            {
+                "impl": impl,
+                "dtype": "float32",
+                "shape": [n],
+                "numel": n,
+                "approximate": "tanh",
+                "median_ms": t,
+                "gbps": gbps,
+                "pct_copy": 100 * gbps / 4270,
+                "error": None,
+            }
+        )
+    return rows
+
+
+def softmax_rows() -> list[dict]:
+    rows = []
+    for w in (1024, 4096, 65536):
+        for impl, gbps in (("naive", 900.0), ("torch", 4000.0), ("compile", 4050.0), ("triton", 3950.0)):
+            t = 2 * 2**26 * 4 / (gbps * 1e9) * 1e3
+            rows.append(
+                {
+                    "impl": impl,
+                    "dtype": "float32",
+                    "shape": [2**26 // w, w],
+                    "numel": 2**26,
+                    "median_ms": t,
+                    "gbps": gbps,
+                    "error": None,
+                }
+            )
+    return rows
+
+
+def h200_like() -> dict:
+    """Results shaped as the report's sections write them, with figures like an H200's."""
+    return {
+        "pitfalls": {
+            "cases": [
+                {
+                    "label": "matmul 4096³ bf16",
+                    "first_call_ms": 3.0,
+                    "no_warmup_ms": 0.5,
+                    "no_sync_ms": 0.006,
+                    "correct_ms": 0.21,
+                    "no_warmup_ratio": 2.4,
+                    "no_sync_underreport": 35.0,
+                    "synchronous_device": False,
+                },
+                {
+                    "label": "gelu torch.compile 2^24 fp32",
+                    "first_call_ms": 4000.0,
+                    "no_warmup_ms": 400.0,
+                    "no_sync_ms": 0.01,
+                    "correct_ms": 0.04,
+                    "no_warmup_ratio": 10000.0,
+                    "no_sync_underreport": 4.0,
+                    "synchronous_device": False,
+                },
+            ]
+        },
+        "matmul": {
+            "rows": [
+                {
+                    "n": n,
+                    "dtype": "float32",
+                    "median_ms": t,
+                    "flops": 2 * n**3,
+                    "tflops": 2 * n**3 / (t * 1e-3) / 1e12,
+                    "error": None,
+                }
+                for n, t in ((64, 0.006), (128, 0.007), (256, 0.009), (1024, 0.06), (2048, 0.4), (4096, 3.0))
+            ],
+            "regimes": {
+                "float32": {"small_exponent": 0.3, "large_exponent": 2.9, "flat_until": 256, "cubic_from": 1024}
+            },
+        },
+        "mlp": {"fits": {"layers": {"r2": 0.999}, "steps": {"r2": 0.9999}}},
+        "gelu": {"bench": gelu_rows(5.49, 0.509, 0.589, 0.508, 1.009)},
+        "softmax": {"bench": softmax_rows()},
+        "profile": {
+            "facts": {
+                "gpu": True,
+                "cdist_kernels": 4,
+                "matmul_kernels": {"128": "gemm_small", "2048": "sm90_xmma_gemm"},
+            }
+        },
+        "runahead": {"facts": {"gpu": True, "lead_ms": 12.0, "sync_wait_ms": 30.0}},
+        "roofline": {
+            "points": [
+                {"label": "gelu torch fp32", "family": "gelu", "ai": 1.1, "bound": "memory", "pct_of_roof": 98.0},
+                {"label": "softmax torch fp32", "family": "softmax", "ai": 0.6, "bound": "memory", "pct_of_roof": 90.0},
+                {
+                    "label": "matmul 8192 bf16",
+                    "family": "matmul",
+                    "ai": 2730.0,
+                    "bound": "compute",
+                    "pct_of_roof": 80.0,
+                },
+            ]
+        },
+    }
+
+
+def by_text(claims: list[dict]) -> dict[str, dict]:
+    return {c["claim"]: c for c in claims}
+
+
+def test_every_claim_and_question_holds_on_h200_like_figures_except_the_plain_cuda_kernel():
+    claims = evaluate_claims(h200_like())
+    assert len(claims) == len(CLAIMS)
+    failing = [c["claim"] for c in claims if c["held"] is not True]
+    assert failing == ["A hand-written CUDA C++ GELU kernel is about as fast as F.gelu."]  # 1.98x F.gelu's time
+    answers = answer_questions(h200_like())
+    assert [a["question"] for a in answers] == [q.text for q in QUESTIONS]
+    assert all(a["held"] is True for a in answers)
+
+
+def test_figures_are_read_from_the_results_not_written_in():
+    results = h200_like()
+    naive = by_text(evaluate_claims(results))[
+        "The naive GELU (one kernel per op) is several times slower than the fused F.gelu."
+    ]
+    assert naive["value"] == pytest.approx(5.49 / 0.509)
+    assert "10.8×" in naive["figure"]
+    slower = copy.deepcopy(results)
+    slower["gelu"]["bench"] = gelu_rows(0.9, 0.509, 0.589, 0.508, 1.009)
+    naive = by_text(evaluate_claims(slower))[naive["claim"]]
+    assert naive["value"] == pytest.approx(0.9 / 0.509)
+    assert naive["held"] is False
+    answer = answer_questions(slower)[1]
+    assert "1.77×" in answer["answer"] and answer["held"] is False
+
+
+def test_a_gpu_claim_is_not_applicable_on_the_cpu():
+    results = h200_like()
+    for case in results["pitfalls"]["cases"]:
+        case["synchronous_device"] = True
+    sync = by_text(evaluate_claims(results))[
+        "Timing a GPU kernel without synchronize measures only its launch and under-reports its time."
+    ]
+    assert sync["held"] is None and "CPU" in sync["figure"]
+
+
+def test_missing_sections_are_not_measured_and_nothing_raises():
+    claims = evaluate_claims({})
+    assert all(c["held"] is None and c["figure"].startswith("not measured") for c in claims)
+    assert all(c["claim"] and not c["claim"].startswith("(") for c in claims)  # the claim text still reads
+    answers = answer_questions({"gelu": {"bench": []}})
+    assert all(a["held"] is None and "not measured" in a["answer"] for a in answers)
+
+
+def test_failed_rows_are_skipped():
+    results = h200_like()
+    results["gelu"]["bench"][3] = {**results["gelu"]["bench"][3], "error": "Triton compile error", "median_ms": None}
+    triton = by_text(evaluate_claims(results))["A hand-written Triton GELU kernel is about as fast as F.gelu."]
+    assert triton["held"] is None and "no gelu triton" in triton["figure"]
+
+
+def test_verdict_marks():
+    assert verdict(True) == "✅ held"
+    assert verdict(False) == "❌ not held"
+    assert verdict(None) == "– n/a"
