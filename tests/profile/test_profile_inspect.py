@@ -38,7 +38,11 @@ def test_ptx_and_sass_access_widths():
     loads, stores = ptx_global_accesses(PTX)
     assert [(a.instr, a.count, a.bytes) for a in loads] == [("ld.global.v4.b32", 1, 16), ("ld.global.nc.u16", 2, 2)]
     assert [(a.instr, a.bytes) for a in stores] == [("st.global.v4.b32", 16), ("st.global.b32", 4)]
-    sass = "@!P0 LDG.E.128 R8, desc[UR4][R14.64] ;\n LDG.E.U16.CONSTANT R2, desc[UR4][R4.64] ;\n STG.E desc[UR4][R2.64], R4 ;"
+    sass = (
+        "@!P0 LDG.E.128 R8, desc[UR4][R14.64] ;\n"
+        " LDG.E.U16.CONSTANT R2, desc[UR4][R4.64] ;\n"
+        " STG.E desc[UR4][R2.64], R4 ;"
+    )
     sloads, sstores = sass_global_accesses(sass)
     assert [(a.instr, a.bytes) for a in sloads] == [("LDG.E.128", 16), ("LDG.E.U16.CONSTANT", 2)]
     assert [(a.instr, a.bytes) for a in sstores] == [("STG.E", 4)]

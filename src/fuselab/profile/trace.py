@@ -119,7 +119,8 @@ class Trace:
         """Read a trace file (.json or .json.gz) as written by `prof.export_chrome_trace`."""
         path = Path(path)
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
+        # torch's Python tracer sometimes writes stray non-UTF-8 bytes into "Call stack" args
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
             data = json.load(f)
         return cls.from_json(data, path=path)
 
