@@ -2,7 +2,7 @@
 (the widest global load and store: were loads vectorized?).
 
     fuselab inspect gelu --impl triton --dtype float32 --out inspect/gelu-triton
-    fuselab inspect softmax --impl cuda --arch sm_90
+    fuselab inspect softmax --impl triton,cuda --dtype bfloat16 --out inspect   (inspect/softmax-triton-bfloat16, ...)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("op", help="a registered op (gelu, softmax)")
-    p.add_argument("--impl", default="triton", help="triton or cuda (default triton)")
+    p.add_argument("--impl", default="triton", help="triton, cuda, or both comma-separated (default triton)")
     p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 (default float32)")
     p.add_argument("--shape", help="input shape the Triton kernels are specialized for (default: smallest bench shape)")
     p.add_argument("--arch", help="target, e.g. sm_90 (default: this GPU's, or sm_90 without one)")
@@ -36,18 +36,24 @@ def run(args: argparse.Namespace) -> int:
     from fuselab.profile.inspect import inspect_impl
 
     console = Console(highlight=False)
-    try:
-        result = inspect_impl(args.op, args.impl, dtype=parse_dtype(args.dtype), shape=args.shape, arch=args.arch)
-    except (ValueError, LookupError, ImportError, RuntimeError) as exc:
-        console.print(f"[red]fuselab inspect: {exc}[/red]")
-        return 2
-    if args.show:
-        for k in result.kernels:
-            text = k.ptx if args.show == "ptx" else k.sass
-            console.print(f"[bold]{k.name}[/bold]")
-            print(text or f"(no {args.show.upper()})")
-    print(result.summary())
-    out = args.out or Path("fuselab-inspect") / re.sub(r"[^\w.-]+", "_", f"{args.op}-{args.impl}-{args.dtype}")
-    files = result.write(out)
-    console.print(f"wrote {len(files)} files to {out}")
-    return 0 if result.kernels else 1
+    impls = [i.strip() for i in args.impl.split(",") if i.strip()]
+    status = 0
+    for impl in impls:
+        label = re.sub(r"[^\w.-]+", "_", f"{args.op}-{impl}-{args.dtype}")
+        try:
+            result = inspect_impl(args.op, impl, dtype=parse_dtype(args.dtype), shape=args.shape, arch=args.arch)
+        except (ValueError, LookupError, ImportError, RuntimeError) as exc:
+            console.print(f"[red]fuselab inspect {label}: {exc}[/red]")
+            status = 2
+            continue
+        if args.show:
+            for k in result.kernels:
+                console.print(f"[bold]{k.name}[/bold]")
+                print((k.ptx if args.show == "ptx" else k.sass) or f"(no {args.show.upper()})")
+        print(result.summary())
+        base = args.out or Path("fuselab-inspect")
+        out = base / label if len(impls) > 1 or args.out is None else base
+        files = result.write(out)
+        console.print(f"wrote {len(files)} files to {out}")
+        status = max(status, 0 if result.kernels else 1)
+    return status

@@ -3,6 +3,8 @@
 
     fuselab profile gelu --impl triton --shape 2^24 --dtype float32
     fuselab profile --case matmul2048 --out prof/matmul2048
+    fuselab profile --case all --out prof                  (prof/add, prof/matmul2048, ...)
+    fuselab profile softmax --impl all --shape 4096x4096    (a folder per impl; unavailable ones say why)
     fuselab profile mymod:fn --shape 4096x4096 --nargs 2
     fuselab profile --script train.py
     fuselab profile --runahead --steps 20 --layers 4 --dim 2048 --batch 2048 --out prof/runahead
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,10 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("target", nargs="?", help="a registered op (gelu, softmax) or MODULE:FUNCTION / FILE.py:FUNCTION")
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--case", choices=list(CASES), help="one of the lecture's cases")
+    what.add_argument("--case", choices=[*CASES, "all"], help="one of the lecture's cases, or all of them")
     what.add_argument("--script", type=Path, help="a Python script, run as __main__")
     what.add_argument("--runahead", action="store_true", help="the run-ahead study (MLP training loop, twice)")
-    p.add_argument("--impl", help="the op's implementation (default: the op's baseline)")
+    p.add_argument("--impl", help="implementation(s), comma-separated, or all (default: the op's baseline)")
     p.add_argument("--shape", help="input shape, e.g. 2^24 or 4096x1024 (default: the op's first bench shape)")
     p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 (default float32)")
     p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="op option, e.g. approximate=none")
@@ -47,7 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=25, help="operators shown in the terminal (default 25)")
     p.add_argument("--full-names", action="store_true", help="show kernels' full names")
     p.add_argument("--stacks", action="store_true", help="also write collapsed stacks for flame graphs")
-    p.add_argument("--out", type=Path, help="folder for trace.json, table.json, table.txt, timeline.png")
+    p.add_argument(
+        "--out", type=Path, help="folder for trace.json, table.json, table.txt, timeline.png (one per label if several)"
+    )
     study = p.add_argument_group("run-ahead study")
     study.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     study.add_argument("--layers", type=int, default=4, help="Linear layers (default 4)")
@@ -69,23 +74,53 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+Job = tuple[str, Callable[[], Callable[[], object]]]  # (label, make the callable to profile)
+
+
 def _run(args: argparse.Namespace, console: Console) -> int:
     if args.runahead:
         return _runahead(args, console)
     device = _device(args)
     warmup, iters = args.warmup, args.iters
     if args.case:
-        label, fn = args.case, get_case(args.case).make(device)
+        names = list(CASES) if args.case == "all" else [args.case]
+        jobs: list[Job] = [(n, lambda n=n: get_case(n).make(device)) for n in names]
     elif args.script:
-        label, fn = args.script.stem, script_callable(args.script)
+        jobs = [(args.script.stem, lambda: script_callable(args.script))]
         warmup = 1 if args.warmup == 3 else args.warmup
         iters = 1 if args.iters == 5 else args.iters
     elif args.target:
-        label, fn = _op_callable(args, device)
+        jobs = _op_jobs(args, device)
     else:
         console.print("[red]say what to profile: an OP (or MODULE:FUNCTION), --case, --script or --runahead[/red]")
         return 2
-    out = args.out or Path("fuselab-profile") / label
+    failed = 0
+    for label, make in jobs:
+        base = args.out or Path("fuselab-profile")
+        out = base / label if len(jobs) > 1 or args.out is None else base
+        try:
+            fn = make()
+        except RuntimeError as exc:  # an impl that cannot run here says why; the other jobs go on
+            console.print(f"[yellow]{label}: skipped: {exc}[/yellow]", highlight=False)
+            failed += 1
+            continue
+        _profile_one(args, console, label, fn, device, warmup, iters, out)
+        del fn
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return 1 if failed == len(jobs) else 0
+
+
+def _profile_one(
+    args: argparse.Namespace,
+    console: Console,
+    label: str,
+    fn: Callable[[], object],
+    device: str,
+    warmup: int,
+    iters: int,
+    out: Path,
+) -> None:
     cuda = torch.device(device).type == "cuda"
     result = profile_callable(fn, label=label, warmup=warmup, iters=iters, out_dir=out, stacks=args.stacks, cuda=cuda)
     table = build_table(result.trace, title=f"{label} on {device}: {iters} call(s) profiled").sorted(args.sort)
@@ -96,25 +131,31 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     files = [result.trace_path, out / "table.json", out / "table.txt", timeline, *result.stacks_paths]
     console.print("wrote " + ", ".join(str(f) for f in files), soft_wrap=True, highlight=False)
     console.print(f"open {result.trace_path} in https://ui.perfetto.dev for the full trace", soft_wrap=True)
-    return 0
 
 
-def _op_callable(args: argparse.Namespace, device: str) -> tuple[str, object]:
+def _op_jobs(args: argparse.Namespace, device: str) -> list[Job]:
+    """One job per requested impl (comma-separated, or 'all') of the op or user function."""
     from fuselab.ops.evaluate import parse_dtype
     from fuselab.ops.registry import format_shape, get_op, parse_shape
     from fuselab.ops.user import user_op
 
     op = user_op(args.target, args.nargs) if ":" in args.target else get_op(args.target)
-    impl = args.impl or op.baseline
+    impls = list(op.impls) if args.impl == "all" else [i.strip() for i in (args.impl or op.baseline).split(",")]
+    for impl in impls:
+        op.get_impl(impl)  # unknown names fail here, with the known ones listed
     shape = parse_shape(args.shape) if args.shape else tuple(op.bench_shapes[0])
     dtype = parse_dtype(args.dtype)
     options = dict(item.split("=", 1) for item in args.opt if "=" in item)
     if len(options) != len(args.opt):
         raise ValueError(f"--opt takes KEY=VALUE, got {args.opt}")
-    fn = impl_callable(op, impl, shape, dtype, device, {k.strip(): v.strip() for k, v in options.items()})
+    options = {k.strip(): v.strip() for k, v in options.items()}
     name = re.sub(r"[^\w.-]+", "_", op.name.rsplit(":", 1)[-1])
-    parts = [name] if impl == name else [name, impl]
-    return "-".join([*parts, format_shape(shape), str(dtype).removeprefix("torch.")]), fn
+
+    def label(impl: str) -> str:
+        parts = [name] if impl == name else [name, impl]
+        return "-".join([*parts, format_shape(shape), str(dtype).removeprefix("torch.")])
+
+    return [(label(i), lambda i=i: impl_callable(op, i, shape, dtype, device, options)) for i in impls]
 
 
 def _runahead(args: argparse.Namespace, console: Console) -> int:
