@@ -224,6 +224,8 @@ def write_outputs(sections: Sequence[Section], records: dict[str, dict], ctx: Co
     """report.md, report.html (images embedded) and results.json (every section's record) in ctx.out."""
     title = "fuselab report: GPU kernels, measured"
     env_lines = environment_lines(ctx)
+    total = sum(r.get("elapsed_s", 0.0) for r in records.values())
+    env_lines.append(f"- the sections took {total / 60:.1f} minutes in all (resumed ones as first run)")
     head, rows = header(sections, records, ctx)
     overview = Doc(ctx.out)
     overview.text("\n".join(env_lines))

@@ -526,7 +526,7 @@ def _check_doc(doc: Doc, op: Op, rows: list[dict]) -> list[dict]:
 def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xlabel: str, title: str) -> None:
     ok = [r for r in rows if not r.get("error")]
     copy = ctx.results.get("device", {}).get("copy_gbps")
-    for dtype in sorted({r["dtype"] for r in rows}):
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
         mine = [r for r in rows if r["dtype"] == dtype]
         xs = sorted({r[x] for r in mine})
         impls = list(dict.fromkeys(r["impl"] for r in mine))

@@ -94,6 +94,10 @@ def fmt_x(value: float) -> str:
     return f"{value:.3g}×"
 
 
+def fmt_gbps(value: float) -> str:
+    return f"{value:.0f} GB/s" if value >= 100 else f"{value:.3g} GB/s"
+
+
 def fmt_ms(value: float) -> str:
     return f"{value * 1e3:.3g} µs" if value < 1 else f"{value:.4g} ms"
 
@@ -257,7 +261,7 @@ def gelu_copy(results: Results) -> Finding:
     row = gelu_row(results, "torch")
     if row.get("pct_copy") is None:
         raise NotMeasured("no copy ceiling to compare with")
-    figure = f"F.gelu fp32, {row['numel']:,} elements: {row['gbps']:.0f} GB/s = {row['pct_copy']:.0f}% of copy"
+    figure = f"F.gelu fp32, {row['numel']:,} elements: {fmt_gbps(row['gbps'])} = {row['pct_copy']:.0f}% of copy"
     return figure, row["pct_copy"], row["pct_copy"] >= NEAR_COPY_PCT
 
 
@@ -370,8 +374,8 @@ def _q_naive_gelu(results: Results) -> tuple[str, float | None, bool | None]:
     text = (
         "GELU is memory-bound: its arithmetic is cheap, moving the tensor is not. The naive version runs each op as "
         "its own kernel, each reading and writing the whole tensor; F.gelu reads x once and writes y once. Here "
-        f"naive {fmt_ms(naive['median_ms'])} ({naive['gbps']:.0f} GB/s of useful traffic) against F.gelu "
-        f"{fmt_ms(torch_['median_ms'])} ({torch_['gbps']:.0f} GB/s): {fmt_x(ratio)} slower."
+        f"naive {fmt_ms(naive['median_ms'])} ({fmt_gbps(naive['gbps'])} of useful traffic) against F.gelu "
+        f"{fmt_ms(torch_['median_ms'])} ({fmt_gbps(torch_['gbps'])}): {fmt_x(ratio)} slower."
     )
     return text, ratio, ratio >= NAIVE_SLOWER
 
@@ -382,7 +386,7 @@ def _q_small_matmul(results: Results) -> tuple[str, float | None, bool | None]:
     text = (
         f"At n = {small['n']} a matmul is {small['flops'] / 1e6:.3g} MFLOP, done in {fmt_ms(small['median_ms'])}: "
         "launch overhead and too few tiles to fill the device dominate. At "
-        f"n = {large['n']} ({large['flops'] / 1e9:.3g} GFLOP) every unit stays busy. Measured: "
+        f"n = {large['n']} ({large['flops'] / 1e9:.3g} GFLOP) there is work enough to keep every unit busy. Measured: "
         f"{small['tflops']:.3g} against {large['tflops']:.3g} TFLOP/s ({fmt_x(ratio)})."
     )
     return text, ratio, ratio >= SMALL_MATMUL_GAP

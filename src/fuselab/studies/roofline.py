@@ -75,7 +75,7 @@ def plot_roofline(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, ax = plt.subplots(figsize=(12, 6.5))
     ais = [p["ai"] for p in placed] or [1.0]
     lo, hi = (
         min(min(ais) / 4, 0.05),
@@ -117,7 +117,7 @@ def plot_roofline(
     ax.set_ylabel("achieved TFLOP/s")
     ax.set_title(title or "roofline (measured ceilings)")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1 if len(groups) < 18 else 2)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
