@@ -35,8 +35,11 @@ def test_table_of_a_cpu_profile(tmp_path):
     assert [op.name for op in table.sorted("name").ops] == sorted(rows)
     text = table.to_text()
     assert "aten::matmul" in text and "CPU total" in text and "GPU total" not in text.split("\n")[2]
+    (rng,) = table.ranges  # the range profile_callable put around each call
+    assert (rng.name, rng.calls) == ("fn", 3) and rng.cpu_us >= table.cpu_total_us
+    assert "ranges" in text
     data = json.loads(json.dumps(table.to_json()))
-    assert data["has_gpu"] is False and len(data["ops"]) == len(table.ops)
+    assert data["has_gpu"] is False and len(data["ops"]) == len(table.ops) and data["ranges"][0]["name"] == "fn"
     with pytest.raises(ValueError, match="accepted: gpu, cpu"):
         table.sorted("speed")
 
@@ -55,8 +58,10 @@ def test_table_of_the_gpu_like_trace_attributes_kernels_to_operators():
     assert copy.kind == "memcpy" and copy.calls == 3 and copy.launched_by == ["aten::_local_scalar_dense"]
     assert table.gpu_total_us == pytest.approx(9 * 150.0 + 3 * 2.0)
     assert table.share(mm) + table.share(item) == pytest.approx(1.0)
+    assert [(r.name, r.calls) for r in table.ranges] == [("step 0", 1), ("step 1", 1), ("step 2", 1)]
+    assert [r.gpu_us for r in table.ranges] == pytest.approx([452.0] * 3)  # 3 kernels + the copy, back to back
     text = table.to_text()
-    assert "└ vectorized_elementwise_kernel<CUDAFunctor_add>" in text and "GPU avg" in text
+    assert "└ vectorized_elementwise_kernel<CUDAFunctor_add>" in text and "GPU avg" in text and "GPU span" in text
     assert "void at::native" in table.to_text(full_names=True)
 
 

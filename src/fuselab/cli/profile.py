@@ -125,6 +125,8 @@ def _profile_one(
     result = profile_callable(fn, label=label, warmup=warmup, iters=iters, out_dir=out, stacks=args.stacks, cuda=cuda)
     table = build_table(result.trace, title=f"{label} on {device}: {iters} call(s) profiled").sorted(args.sort)
     console.print(table.rich(limit=args.limit, full_names=args.full_names))
+    if table.ranges:
+        console.print(table.rich_ranges(limit=args.limit))
     (out / "table.json").write_text(json.dumps(table.to_json(), indent=1) + "\n")
     (out / "table.txt").write_text(table.to_text(full_names=args.full_names))
     timeline = render_timeline(result.trace, out / "timeline.png", title=f"{label} on {device}")

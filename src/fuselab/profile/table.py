@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from rich.console import Console
 from rich.table import Table
 
-from fuselab.profile.trace import CPU_OP, RANGE, Event, Trace
+from fuselab.profile.trace import CPU_OP, GPU_RANGE, RANGE, Event, Trace
 
 SORT_KEYS = ("gpu", "cpu", "calls", "avg", "name")
 NO_OP = "(no operator or range)"
@@ -56,6 +56,17 @@ class OpStat:
 
 
 @dataclass
+class RangeStat:
+    """A named range (fuselab.profile.range, record_function): CPU time inside it, and the GPU time of the work
+    it enclosed (from Kineto's gpu_user_annotation events); µs."""
+
+    name: str
+    calls: int = 0
+    cpu_us: float = 0.0
+    gpu_us: float = 0.0
+
+
+@dataclass
 class KernelTable:
     """Rows of :class:`OpStat`; `gpu_total_us` is the GPU time of all work in the trace, `cpu_total_us` the CPU time
     of all top-level operators."""
@@ -65,6 +76,7 @@ class KernelTable:
     cpu_total_us: float
     has_gpu: bool
     title: str = ""
+    ranges: list[RangeStat] = field(default_factory=list)
 
     def share(self, op: OpStat | KernelStat) -> float:
         """Fraction of the total: GPU time when there is a GPU, else CPU time."""
@@ -85,7 +97,9 @@ class KernelTable:
             "name": lambda r: r.name,
         }[key]
         ops = [OpStat(o.name, o.kind, o.calls, o.cpu_us, o.gpu_us, sorted(o.kernels, key=order)) for o in self.ops]
-        return KernelTable(sorted(ops, key=order), self.gpu_total_us, self.cpu_total_us, self.has_gpu, self.title)
+        return KernelTable(
+            sorted(ops, key=order), self.gpu_total_us, self.cpu_total_us, self.has_gpu, self.title, self.ranges
+        )
 
     def to_json(self) -> dict:
         return {
@@ -94,6 +108,7 @@ class KernelTable:
             "gpu_total_us": self.gpu_total_us,
             "cpu_total_us": self.cpu_total_us,
             "ops": [{**asdict(o), "share": self.share(o)} for o in self.ops],
+            "ranges": [asdict(r) for r in self.ranges],
         }
 
     def rich(self, *, limit: int | None = None, full_names: bool = False) -> Table:
@@ -132,9 +147,24 @@ class KernelTable:
         )
         return table
 
+    def rich_ranges(self, *, limit: int | None = None) -> Table:
+        """The named ranges: calls, CPU time inside them and, with a GPU, the GPU time of what they enclosed."""
+        table = Table(title="ranges", title_justify="left")
+        table.add_column("range", overflow="fold")
+        table.add_column("calls", justify="right")
+        table.add_column("CPU total", justify="right")
+        if self.has_gpu:
+            table.add_column("GPU span", justify="right")
+        for r in self.ranges if limit is None else self.ranges[:limit]:
+            cells = [_escape(r.name), str(r.calls), format_us(r.cpu_us)]
+            table.add_row(*cells, *([format_us(r.gpu_us)] if self.has_gpu else []))
+        return table
+
     def to_text(self, *, limit: int | None = None, full_names: bool = False, width: int = 160) -> str:
         console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
         console.print(self.rich(limit=limit, full_names=full_names))
+        if self.ranges:
+            console.print(self.rich_ranges(limit=limit))
         return console.file.getvalue()
 
 
@@ -178,7 +208,16 @@ def build_table(trace: Trace, *, title: str = "") -> KernelTable:
             k.launched_by.append(leaf.name)
     if NO_OP in rows:
         rows[NO_OP].calls = sum(k.calls for k in rows[NO_OP].kernels)
+    ranges: dict[str, RangeStat] = {}
+    for e in trace.ranges:
+        r = ranges.setdefault(e.name, RangeStat(e.name))
+        r.calls += 1
+        r.cpu_us += e.dur
+    for e in trace.of(GPU_RANGE):
+        if e.name in ranges:
+            ranges[e.name].gpu_us += e.dur
     return KernelTable(
+        ranges=sorted(ranges.values(), key=lambda r: -r.cpu_us),
         ops=list(rows.values()),
         gpu_total_us=sum(g.dur for g in trace.gpu),
         cpu_total_us=sum(e.dur for e in top),
@@ -190,22 +229,19 @@ def build_table(trace: Trace, *, title: str = "") -> KernelTable:
 def _owner(trace: Trace, gpu_event: Event) -> tuple[Event | None, Event | None]:
     """(top-level operator or innermost range, innermost operator) on the CPU thread at the launch of `gpu_event`.
 
-    The launch is found through the correlation id; failing that, through the operator Kineto linked the GPU
-    work to ("External id").
+    The launch is found through the correlation id; failing that (or when no operator encloses it), through the
+    operator Kineto linked the GPU work to ("External id").
     """
-    launch = trace.launch_of(gpu_event)
-    if launch is not None:
-        thread, ts = launch.thread, launch.ts
-    else:
-        linked = trace.linked_cpu_event(gpu_event)
-        if linked is None:
-            return None, None
-        thread, ts = linked.thread, linked.ts
-    ops = trace.enclosing(CPU_OP, thread, ts)
-    if ops:
-        return ops[0], ops[-1]
-    ranges = trace.enclosing(RANGE, thread, ts)
-    return (ranges[-1] if ranges else None), None
+    places = [(e.thread, e.ts) for e in (trace.launch_of(gpu_event), trace.linked_cpu_event(gpu_event)) if e]
+    for thread, ts in places:
+        ops = trace.enclosing(CPU_OP, thread, ts)
+        if ops:
+            return ops[0], ops[-1]
+    for thread, ts in places:
+        ranges = trace.enclosing(RANGE, thread, ts)
+        if ranges:
+            return ranges[-1], None
+    return None, None
 
 
 def format_us(us: float) -> str:
