@@ -1,13 +1,13 @@
-"""Softmax over the last dimension: naive PyTorch, torch.softmax, torch.compile, Triton and CUDA C++.
+"""Softmax over the last dimension: the spec and its impls naive, torch, compile, triton, cuda.
 
-Importing registers every implementation on SOFTMAX; it needs no GPU, and Triton only for the Triton impl (reported
-as unavailable without it). The CUDA C++ extension is built on first use.
+Importing registers them all; it needs no GPU or nvcc (the CUDA extension is built on first use), and Triton only
+for the triton impl, which is otherwise registered as unavailable, saying why.
 """
 
 import importlib.util
 
 from fuselab.ops.backends import triton_unavailable
-from fuselab.ops.softmax import naive  # noqa: F401  (registration by import, in the order tools list them)
+from fuselab.ops.softmax import naive  # noqa: F401  (registration by import, in the order tools list impls)
 from fuselab.ops.softmax.spec import SOFTMAX
 
 if importlib.util.find_spec("triton") is not None:
@@ -15,9 +15,9 @@ if importlib.util.find_spec("triton") is not None:
 else:
 
     @SOFTMAX.impl("triton", requires=triton_unavailable, backward=True)
-    def softmax_triton(x):  # registered anyway, so tools can say why it cannot run
+    def softmax_triton(x):
         """Triton kernels (Triton is not installed)."""
-        raise RuntimeError(triton_unavailable("cuda"))
+        raise RuntimeError(f"softmax triton: {triton_unavailable('cuda')}")
 
 
 from fuselab.ops.softmax import cuda  # noqa: F401

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
+
+from fuselab.ops.backends import check_tensor
 
 # launch(x, y): y = softmax of each row of x; both (rows, width) with unit column stride, rows >= 1, width >= 1.
 ForwardLaunch = Callable[[torch.Tensor, torch.Tensor], None]
@@ -33,44 +35,71 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
         return x.contiguous().view(-1, width)
 
 
-def define_custom_ops(backend: str, forward: ForwardLaunch, backward: BackwardLaunch) -> Callable:
-    """Register `fuselab::softmax_<backend>` and `fuselab::softmax_<backend>_backward` with autograd.
+def define_custom_ops(
+    backend: str, forward: ForwardLaunch, backward: BackwardLaunch, devices: Sequence[str]
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Register `fuselab::softmax_<backend>(Tensor x) -> Tensor` and `fuselab::softmax_<backend>_backward(Tensor y,
+    Tensor dy) -> Tensor`, joined by register_autograd; return a function calling the differentiable op.
 
-    The custom ops are opaque to torch.compile (it calls them, with fake tensors for shapes), so a model using them
-    compiles with fullgraph=True. Returns the forward op: (..., width) tensor -> new contiguous tensor, same shape.
+    The ops are opaque to torch.compile: it calls their fake impls (shape, dtype, device; outputs are contiguous)
+    instead of the kernels, so a model using them compiles with fullgraph=True. Inputs are checked in the ops and in
+    their fake impls, so bad input fails while tracing too.
     """
+    name = f"softmax {backend}"
+    devices = tuple(devices)
 
-    def softmax_fwd(x: torch.Tensor) -> torch.Tensor:
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    def check(x: torch.Tensor) -> None:
+        check_tensor(x, impl=name, devices=devices)
+
+    def check_grad(y: torch.Tensor, dy: torch.Tensor) -> None:
+        check(y)
+        check_tensor(dy, impl=f"{name} backward", devices=devices)
+        if dy.shape != y.shape or dy.dtype != y.dtype or dy.device != y.device:
+            raise ValueError(
+                f"{name} backward: dy {tuple(dy.shape)} {dy.dtype} on {dy.device} must match"
+                f" y {tuple(y.shape)} {y.dtype} on {y.device}"
+            )
+
+    def like(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+    @torch.library.custom_op(f"fuselab::softmax_{backend}", mutates_args=())
+    def softmax_op(x: torch.Tensor) -> torch.Tensor:
+        check(x)
+        y = like(x)
         if x.numel():
             forward(as_rows(x), y.view(-1, width_of(y)))
         return y
 
-    def softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-        if dy.shape != y.shape:
-            raise ValueError(f"softmax_{backend} backward: gradient shape {tuple(dy.shape)} != {tuple(y.shape)}")
-        dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    @softmax_op.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        check(x)
+        return like(x)
+
+    @torch.library.custom_op(f"fuselab::softmax_{backend}_backward", mutates_args=())
+    def softmax_backward_op(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        check_grad(y, dy)
+        dx = like(y)
         if y.numel():
-            backward(as_rows(y), as_rows(dy.to(y.dtype)), dx.view(-1, width_of(dx)))
+            backward(as_rows(y), as_rows(dy), dx.view(-1, width_of(dx)))
         return dx
 
-    fwd = torch.library.custom_op(f"fuselab::softmax_{backend}", softmax_fwd, mutates_args=())
-    bwd = torch.library.custom_op(f"fuselab::softmax_{backend}_backward", softmax_bwd, mutates_args=())
-
-    @fwd.register_fake
-    def _(x: torch.Tensor) -> torch.Tensor:
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-    @bwd.register_fake
+    @softmax_backward_op.register_fake
     def _(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-        return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+        check_grad(y, dy)
+        return like(y)
 
-    def setup_context(ctx: object, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
-        ctx.save_for_backward(output)
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.save_for_backward(output)  # dx needs y only: y * (dy - sum(dy * y))
 
-    def grad(ctx: object, dy: torch.Tensor) -> torch.Tensor:
+    def backward_fn(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> torch.Tensor:
         (y,) = ctx.saved_tensors
-        return bwd(y, dy)
+        return softmax_backward_op(y, dy)
 
-    fwd.register_autograd(grad, setup_context=setup_context)
-    return fwd
+    softmax_op.register_autograd(backward_fn, setup_context=setup_context)
+
+    def softmax(x: torch.Tensor) -> torch.Tensor:
+        check(x)  # before the op's own schema check, whose message for a non-tensor is cryptic
+        return softmax_op(x)
+
+    return softmax

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import torch
 
-from fuselab.ops.backends import check_tensor, cuda_unavailable, load_cuda_extension
+from fuselab.ops.backends import cuda_unavailable, load_cuda_extension
 from fuselab.ops.softmax._shared import define_custom_ops
 from fuselab.ops.softmax.spec import SOFTMAX
 
@@ -33,15 +33,13 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None
     extension().backward(y, dy, dx)
 
 
-_softmax_cuda = define_custom_ops("cuda", launch_forward, launch_backward)
+DEVICES = ("cuda",)
+
+softmax_cuda_op = define_custom_ops("cuda", launch_forward, launch_backward, DEVICES)
 
 
-@SOFTMAX.impl("cuda", devices=("cuda",), requires=cuda_unavailable, backward=True)
+@SOFTMAX.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True)
 def softmax_cuda(x: torch.Tensor) -> torch.Tensor:
-    """CUDA C++ kernels with warp and block reductions: a warp per short row, a block per row, or a looped pass.
-
-    x: (..., width) fp32/fp16/bf16 on a GPU; returns a new contiguous tensor of the same shape and dtype.
-    Differentiable (custom op `fuselab::softmax_cuda`, traceable by torch.compile).
-    """
-    check_tensor(x, impl="softmax cuda", devices=("cuda",))
-    return _softmax_cuda(x)
+    """CUDA C++: a warp (or fewer threads) per short row, a block per row held in registers, or a looped online
+    softmax; warp-shuffle and block reductions, 16-byte accesses where aligned, fp32 math, 64-bit indices."""
+    return softmax_cuda_op(x)

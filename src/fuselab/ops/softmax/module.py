@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from fuselab.ops.registry import UnknownName
 from fuselab.ops.softmax.spec import SOFTMAX
 
 
@@ -17,7 +18,10 @@ class Softmax(torch.nn.Module):
     def __init__(self, impl: str = "triton") -> None:
         super().__init__()
         self.impl = impl
-        found = SOFTMAX.get_impl(impl)  # unknown names raise, listing the known ones
+        try:
+            found = SOFTMAX.get_impl(impl)
+        except UnknownName as e:
+            raise ValueError(str(e)) from None
         self._fn = torch.compile(found.fn) if found.compiled else found.fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

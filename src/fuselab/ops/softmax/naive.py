@@ -1,31 +1,35 @@
-"""Softmax in plain PyTorch: the unfused baseline, the built-in, and torch.compile of the baseline."""
+"""Softmax in PyTorch: max, subtract, exp, sum, divide op by op (naive), torch.softmax (torch), and the naive
+function under torch.compile (compile)."""
 
 from __future__ import annotations
 
 import torch
 
+from fuselab.ops.backends import check_tensor
 from fuselab.ops.softmax.spec import SOFTMAX
 
+ANY_DEVICE = ("cpu", "cuda")
 
-@SOFTMAX.impl("naive", backward=True)
-def naive(x: torch.Tensor) -> torch.Tensor:
-    """Max, subtract, exp, sum, divide as separate PyTorch ops (each a kernel reading and writing memory).
 
-    x: (..., width) float tensor; returns the same shape and dtype, math in fp32.
-    """
-    if x.numel() == 0:  # amax refuses an empty reduction; torch.softmax returns an empty tensor
-        return torch.empty_like(x)
+@SOFTMAX.impl("naive", devices=ANY_DEVICE, backward=True)
+def softmax_naive(x: torch.Tensor) -> torch.Tensor:
+    """Max, subtract, exp, sum, divide as separate PyTorch ops, in fp32: a kernel and a trip through memory each."""
+    check_tensor(x, impl="softmax naive", devices=ANY_DEVICE)
+    if x.numel() == 0:  # amax refuses an empty reduction; torch.softmax returns an empty tensor (clone: with grad_fn)
+        return x.clone()
     x32 = x.float()
-    shifted = x32 - x32.amax(dim=-1, keepdim=True)
-    e = torch.exp(shifted)
+    e = torch.exp(x32 - x32.amax(dim=-1, keepdim=True))
     return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
 
 
-@SOFTMAX.impl("torch", backward=True)
-def torch_softmax(x: torch.Tensor) -> torch.Tensor:
-    """torch.softmax over the last dimension (PyTorch's own fused kernels)."""
+@SOFTMAX.impl("torch", devices=ANY_DEVICE, backward=True)
+def softmax_torch(x: torch.Tensor) -> torch.Tensor:
+    """PyTorch's built-in torch.softmax over the last dimension (math in fp32 for fp16/bf16)."""
+    check_tensor(x, impl="softmax torch", devices=ANY_DEVICE)
     return torch.softmax(x, dim=-1)
 
 
-# The harness wraps `compiled` impls in torch.compile once per case (and reports compile time apart).
-SOFTMAX.impl("compile", compiled=True, backward=True)(naive)
+@SOFTMAX.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True)
+def softmax_compile(x: torch.Tensor) -> torch.Tensor:
+    """The naive ops, which the harness wraps in torch.compile per case: Inductor fuses them into one kernel."""
+    return softmax_naive(x)

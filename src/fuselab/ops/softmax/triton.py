@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fuselab.ops.backends import check_tensor, triton_unavailable
+from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.softmax._shared import define_custom_ops
 from fuselab.ops.softmax.spec import SOFTMAX
 
@@ -253,8 +253,14 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _ready(x: torch.Tensor) -> None:
+    if x.device.type == "cpu" and (reason := triton_unavailable("cpu")):
+        raise RuntimeError(f"softmax triton: {reason}")
+
+
 def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -> None:
     """y = softmax(x) row by row. x, y: (rows, width), unit column stride; plan: None chooses (`forward_plan`)."""
+    _ready(x)
     n_rows, n_cols = x.shape
     plan = plan or forward_plan(n_cols, x.dtype, x.device)
     with _on(x.device):
@@ -281,6 +287,7 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
 
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None = None) -> None:
     """dx = y * (dy - sum(dy * y)) row by row. All (rows, width), unit column stride; plan: None chooses."""
+    _ready(y)
     n_rows, n_cols = y.shape
     plan = plan or backward_plan(n_cols, y.dtype)
     strides = (y.stride(0), dy.stride(0), dx.stride(0))
@@ -295,19 +302,13 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: P
             raise ValueError(f"unknown softmax backward kernel {plan.kernel!r}; known: rows, looped")
 
 
-_softmax_triton = define_custom_ops("triton", launch_forward, launch_backward)
+DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
+
+softmax_triton_op = define_custom_ops("triton", launch_forward, launch_backward, DEVICES)
 
 
-def _devices() -> tuple[str, ...]:
-    return ("cuda", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda",)
-
-
-@SOFTMAX.impl("triton", requires=triton_unavailable, backward=True)
+@SOFTMAX.impl("triton", devices=DEVICES, requires=triton_unavailable, backward=True)
 def softmax_triton(x: torch.Tensor) -> torch.Tensor:
-    """Triton kernels chosen by width: whole rows in registers, a row split over programs, or a looped online softmax.
-
-    x: (..., width) fp32/fp16/bf16 on a GPU (or the CPU under TRITON_INTERPRET=1); returns a new contiguous tensor
-    of the same shape and dtype. Differentiable (custom op `fuselab::softmax_triton`, traceable by torch.compile).
-    """
-    check_tensor(x, impl="softmax triton", devices=_devices())
-    return _softmax_triton(x)
+    """Triton, chosen by width: rows whole in registers (several short ones per program), a wide row split over
+    programs that meet through global memory, or a looped online softmax. fp32 math, 64-bit row offsets."""
+    return softmax_triton_op(x)

@@ -1,0 +1,614 @@
+"""Softmax: every impl against the float64 reference at odd and empty shapes, every Triton kernel path, non-contiguous
+input, -inf / all -inf / huge / NaN rows, gradients, errors, the nn.Module, and the custom ops under torch.compile.
+
+On the CPU: naive, torch, compile and triton (under Triton's interpreter, fp32, small sizes) run, each Triton kernel
+is also compiled for sm_90 (no GPU needed) to check it builds with 16-byte accesses and no spills; cuda reports itself
+unavailable. GPU tests (`pytest -m gpu`) cover every impl x fp32/fp16/bf16 x kernel path, gradients, > 65535 rows,
+rows of 2^20, and (marked slow) offsets past 2^31 elements.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+from fuselab.ops import get_op
+from fuselab.ops.evaluate import poison_allocator
+from fuselab.ops.evaluate import relative_error as rel_err
+from fuselab.ops.softmax import SOFTMAX, Softmax
+from fuselab.ops.softmax import triton as st
+from fuselab.ops.softmax._shared import as_rows
+from fuselab.ops.softmax.spec import reference
+
+HAS_CUDA = torch.cuda.is_available()
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+IMPLS = ("naive", "torch", "compile", "triton", "cuda")
+CPU_IMPLS = ("naive", "torch", "compile", "triton")
+FUSED = ("triton", "cuda")  # the impls with their own backward kernels
+# The interpreter computes in numpy, which warns on -inf - -inf (= NaN, what an all -inf row must give).
+interpreter_quiet = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def run(name: str, x: torch.Tensor) -> torch.Tensor:
+    """impl `name` on x; the compiled impl is compiled afresh (static shapes), as the harness does per case."""
+    impl = SOFTMAX.get_impl(name)
+    if impl.compiled:
+        torch._dynamo.reset()
+        return torch.compile(impl.fn, dynamic=False)(x)
+    return impl(x)
+
+
+def check_against_reference(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> None:
+    (x,) = SOFTMAX.make_inputs(shape, dtype, device, 0)
+    poison_allocator(x.numel() * x.element_size(), device)  # unwritten output elements would show as NaN
+    out = run(name, x)
+    assert out.shape == x.shape and out.dtype == dtype and out.device == x.device
+    err = rel_err(out, reference(x))
+    assert err <= SOFTMAX.tolerance[dtype], f"{name} {dtype} {shape}: rel err {err:.2e}"
+
+
+def reference_grad(y_of: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """d(sum(dy * softmax(x)))/dx in float64."""
+    x64 = y_of.detach().double().requires_grad_()
+    (grad,) = torch.autograd.grad(reference(x64), x64, dy.double())
+    return grad
+
+
+def special_rows(dtype: torch.dtype, device: str, width: int = 300) -> torch.Tensor:
+    """Rows of `width` random values, each but the first with something special in it."""
+    (x,) = SOFTMAX.make_inputs((9, width), torch.float32, device, 1)
+    big = torch.finfo(dtype).max / 4
+    inf, nan = float("inf"), float("nan")
+    x[1, ::7] = -inf  # some -inf entries: they get 0
+    x[2] = -inf  # all -inf: NaN, as torch.softmax
+    x[3, ::5], x[3, 1::5] = big, -big  # huge values: the max is subtracted first, no overflow
+    x[4, width // 2] = inf  # +inf: NaN
+    x[5, width - 1] = nan  # NaN: NaN
+    x[6] = -inf
+    x[6, width - 1] = 3.0  # one finite entry among -inf: exactly 1 there
+    x[7] = -big  # all equal: uniform
+    x[8, width - 1] = big  # one huge entry at the very end
+    return x.to(dtype)
+
+
+def assert_softmax_like_torch(out: torch.Tensor, x: torch.Tensor, what: str) -> None:
+    """Same NaN rows as torch.softmax in float64 and the same values elsewhere (within the dtype's tolerance)."""
+    expected = torch.softmax(x.double(), dim=-1)
+    assert torch.equal(torch.isnan(out), torch.isnan(expected)), f"{what}: NaN at other places than torch.softmax"
+    assert rel_err(out, expected) <= SOFTMAX.tolerance[x.dtype], f"{what}: rel err {rel_err(out, expected):.2e}"
+
+
+# ---------------------------------------------------------------------------------------------- the spec
+
+
+def test_registered_impls() -> None:
+    assert get_op("softmax") is SOFTMAX
+    assert list(SOFTMAX.impls) == list(IMPLS)
+    assert [n for n, i in SOFTMAX.impls.items() if i.compiled] == ["compile"]
+    assert all(SOFTMAX.impls[n].backward for n in FUSED)
+    assert SOFTMAX.options == {} and SOFTMAX.baseline == "torch"
+
+
+def test_make_inputs_seeded_random_nonzero() -> None:
+    (a,) = SOFTMAX.make_inputs((3, 37, 129), torch.bfloat16, "cpu", 7)
+    (b,) = SOFTMAX.make_inputs((3, 37, 129), torch.bfloat16, "cpu", 7)
+    (c,) = SOFTMAX.make_inputs((3, 37, 129), torch.bfloat16, "cpu", 8)
+    assert a.shape == (3, 37, 129) and a.dtype == torch.bfloat16
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert (a != 0).float().mean() > 0.99 and a.float().std() > 3
+
+
+def test_cost_model_and_shapes() -> None:
+    assert SOFTMAX.bytes_moved((2**19, 128), torch.float32) == 2 * 4 * 2**26  # 256 MiB read, 256 MiB written
+    assert SOFTMAX.bytes_moved((3, 5), torch.bfloat16) == 2 * 2 * 15
+    assert SOFTMAX.flops((4, 5)) == 5 * 20
+    assert [s[1] for s in SOFTMAX.bench_shapes] == [2**k for k in range(7, 19)]
+    assert all(rows * width == 2**26 for rows, width in SOFTMAX.bench_shapes)
+    widths = {s[-1] if s else 1 for s in SOFTMAX.check_shapes}
+    assert {0, 1, 3, 129, 5000, 40000} <= widths  # empty, one, short, odd, one row per program, looped
+    assert any(len(s) > 1 and s[0] > 65535 for s in SOFTMAX.check_shapes)
+
+
+def test_reference_is_torch_softmax_in_float64() -> None:
+    (x,) = SOFTMAX.make_inputs((7, 1001), torch.float32, "cpu", 3)
+    ref = reference(x)
+    assert ref.dtype == torch.float64
+    assert rel_err(ref, torch.softmax(x.double(), -1)) == 0
+    assert torch.allclose(ref.sum(-1), torch.ones(7, dtype=torch.float64))
+
+
+def test_torch_softmax_on_empty_and_scalar() -> None:
+    """What the impls must match: empty shapes stay empty; a scalar is a row of one element."""
+    assert torch.softmax(torch.empty(5, 0), -1).shape == (5, 0)
+    assert torch.softmax(torch.empty(0, 7), -1).shape == (0, 7)
+    assert torch.softmax(torch.tensor(3.0), -1).item() == 1.0
+
+
+# ---------------------------------------------------------------------------------------------- CPU runs
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("shape", SOFTMAX.check_shapes, ids=str)
+@pytest.mark.parametrize("name", ["naive", "torch", "triton"])
+def test_cpu_fp32_matches_reference(name: str, shape: tuple[int, ...]) -> None:
+    check_against_reference(name, shape, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("shape", [(37, 129), (0, 7), (4, 5, 300)], ids=str)
+def test_cpu_compile_matches_reference(shape: tuple[int, ...]) -> None:
+    check_against_reference("compile", shape, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["naive", "torch", "triton"])
+def test_cpu_half_precision(name: str, dtype: torch.dtype) -> None:
+    check_against_reference(name, (37, 129), dtype, "cpu")
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("name", CPU_IMPLS)
+def test_cpu_non_contiguous(name: str) -> None:
+    """Transposed (copied), sliced columns and rows (read in place through the row stride), a 3-d view whose leading
+    dimensions do not merge (copied), and broadcast rows (stride 0)."""
+    (x,) = SOFTMAX.make_inputs((37, 129), torch.float32, "cpu", 2)
+    (x3,) = SOFTMAX.make_inputs((4, 9, 70), torch.float32, "cpu", 3)
+    views = (x.t(), x[:, 5:-7], x[::3], x[1:, ::2], x3[:, 2:7, :], x3.permute(1, 0, 2), x[:1].expand(5, 129))
+    for view in views:
+        assert not view.is_contiguous()
+        out = run(name, view)
+        assert out.shape == view.shape
+        assert rel_err(out, reference(view)) <= SOFTMAX.tolerance[torch.float32], f"{name} {view.stride()}"
+
+
+def test_as_rows_copies_only_when_needed() -> None:
+    x = torch.randn(6, 10)
+    assert as_rows(x[:, 2:7]).data_ptr() == x[:, 2:7].data_ptr()  # sliced columns: a view
+    assert as_rows(x[::2]).stride() == (20, 1)
+    assert as_rows(x[:1].expand(4, 10)).stride() == (0, 1)
+    assert as_rows(x.t()).is_contiguous()  # a strided last dimension: copied
+    assert as_rows(torch.tensor(2.0)).shape == (1, 1)
+    x3 = torch.randn(2, 3, 4)
+    assert as_rows(x3[:, :2]).shape == (4, 4) and as_rows(x3[:, :2]).is_contiguous()
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("name", ["naive", "compile", "triton"])
+def test_cpu_special_rows_as_torch_softmax(name: str) -> None:
+    """Rows with -inf, all -inf, huge values, +inf, NaN: as torch.softmax (torch's own fp32 CPU kernel differs on
+    some, so the torch impl is checked on the GPU only)."""
+    for width in (1, 3, 300):  # rows kernel, several rows per program; one entry; odd width
+        x = special_rows(torch.float32, "cpu", width)
+        assert_softmax_like_torch(run(name, x), x, f"{name} width {width}")
+
+
+# ---------------------------------------------------------------------------------------------- Triton paths
+
+# Every kernel forced at small sizes (the interpreter is slow), so each path runs on the CPU: the automatic choice
+# would give these widths the rows kernel. The split kernel can only run one chunk per row here (the interpreter runs
+# programs one after another, so a program cannot wait for another); the GPU tests run it with many.
+FORWARD_PLANS = {
+    "rows, 8 per program": lambda w: st.Plan("rows", st.triton.next_power_of_2(w), rows=8),
+    "rows, 1 per program": lambda w: st.Plan("rows", st.triton.next_power_of_2(w), rows=1),
+    "looped, 64 columns a step": lambda w: st.Plan("looped", 64),
+    "split, 1 chunk": lambda w: st.Plan("split", st.triton.next_power_of_2(w)),
+}
+BACKWARD_PLANS = {k: v for k, v in FORWARD_PLANS.items() if not k.startswith("split")}
+PATH_WIDTHS = (1, 3, 64, 65, 300)
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("plan", FORWARD_PLANS, ids=str)
+def test_cpu_triton_forward_paths(plan: str) -> None:
+    """Into a NaN-poisoned output, rows read through a row stride (a slice of wider rows): every element written."""
+    for width in PATH_WIDTHS:
+        (wide,) = SOFTMAX.make_inputs((13, width + 5), torch.float32, "cpu", width)
+        x = wide[:, 2 : 2 + width]
+        y = torch.full((13, width), float("nan"))
+        st.launch_forward(x, y, FORWARD_PLANS[plan](width))
+        assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[torch.float32], f"{plan}, width {width}"
+        specials = special_rows(torch.float32, "cpu", width)
+        y = torch.full(specials.shape, float("nan"))
+        st.launch_forward(specials, y, FORWARD_PLANS[plan](width))
+        assert_softmax_like_torch(y, specials, f"{plan}, width {width}")
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("plan", BACKWARD_PLANS, ids=str)
+def test_cpu_triton_backward_paths(plan: str) -> None:
+    for width in PATH_WIDTHS:
+        (x,) = SOFTMAX.make_inputs((13, width), torch.float32, "cpu", width)
+        (dy,) = SOFTMAX.make_inputs((13, width + 3), torch.float32, "cpu", width + 1)
+        dy = dy[:, 3:]
+        y = torch.softmax(x, -1)
+        dx = torch.full_like(x, float("nan"))
+        st.launch_backward(y, dy, dx, BACKWARD_PLANS[plan](width))
+        assert rel_err(dx, reference_grad(x, dy)) <= 2 * SOFTMAX.tolerance[torch.float32], f"{plan}, width {width}"
+
+
+def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The automatic choice: short rows several to a program (~TILE_BYTES each), rows up to ROW_MAX whole, wider
+    rows split across programs on a GPU (one chunk per SM at most) or looped."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert st.forward_plan(128, f32, cpu) == st.Plan("rows", 128, rows=16, num_warps=4)
+    assert st.forward_plan(128, bf16, cpu) == st.Plan("rows", 128, rows=32, num_warps=8)
+    assert st.forward_plan(1, f32, cpu).rows == st.TILE_BYTES // 4
+    assert st.forward_plan(129, f32, cpu) == st.Plan("rows", 256, rows=8, num_warps=4)
+    assert st.forward_plan(4096, f32, cpu) == st.Plan("rows", 4096, rows=1, num_warps=8)
+    assert st.forward_plan(st.ROW_MAX, f32, cpu) == st.Plan("rows", st.ROW_MAX, rows=1, num_warps=16)
+    assert st.forward_plan(st.ROW_MAX + 1, f32, cpu).kernel == "looped"  # the interpreter cannot wait: no split
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(st, "_sm_count", lambda index: 132)
+    assert st.forward_plan(st.ROW_MAX + 1, f32, gpu) == st.Plan("split", st.SPLIT_CHUNK, num_warps=16)
+    assert st.forward_plan(2**20, bf16, gpu).kernel == "split"  # 128 chunks of 8192 on 132 SMs
+    assert st.forward_plan(132 * st.SPLIT_CHUNK + 1, f32, gpu).kernel == "looped"
+    assert st.backward_plan(st.BACKWARD_ROW_MAX, f32).kernel == "rows"
+    assert st.backward_plan(st.BACKWARD_ROW_MAX + 1, f32).kernel == "looped"
+
+
+# Launches each Triton kernel as the automatic choice would (fp32 and bf16) and compiles what it launched for sm_90.
+# In a fresh process: Triton 3.6's interpreter leaves triton.language.core patched after a kernel calls a library
+# @jit function (tl.max, tl.sum), and the compiler then fails on the patched builtins.
+COMPILE_OFFLINE = """
+import json, torch
+import fuselab
+from fuselab.ops.softmax import triton as st
+from fuselab.profile.inspect import triton_compile_offline
+
+def launch_all():
+    for dtype in (torch.float32, torch.bfloat16):
+        for width, plan in ((128, None), (4096, None), (40000, st.Plan("split", st.SPLIT_CHUNK, num_warps=16)),
+                            (40000, None)):
+            x = torch.empty(64, width, dtype=dtype)
+            st.launch_forward(x, torch.empty_like(x), plan)
+            st.launch_backward(x, x, torch.empty_like(x))
+
+kernels = triton_compile_offline(list(st.TRITON_KERNELS), launch_all, "sm_90")
+print(json.dumps([{"name": k.name, "loads": [a.bytes for a in k.loads], "stores": [a.bytes for a in k.stores],
+                   "spills": k.resources.spill_stores} for k in kernels]))
+"""
+
+
+@pytest.mark.slow
+def test_triton_kernels_compile_for_sm_90() -> None:
+    """Every Triton kernel compiles for sm_90 without a GPU, with 16-byte loads and stores and (where ptxas is
+    found) no register spills."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_OFFLINE], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    kernels = json.loads(done.stdout.strip().splitlines()[-1])
+    names = {k.fn.__name__ if hasattr(k, "fn") else k.__name__ for k in st.TRITON_KERNELS}
+    assert {k["name"] for k in kernels} == names
+    for k in kernels:
+        assert 16 in k["loads"], f"{k['name']}: no 16-byte loads: {k['loads']}"
+        assert 16 in k["stores"], f"{k['name']}: no 16-byte stores: {k['stores']}"
+        assert not k["spills"], f"{k['name']}: {k['spills']} bytes of register spills"
+
+
+# ---------------------------------------------------------------------------------------------- gradients
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("shape", [(37, 129), (3, 9000), (4, 5, 33)], ids=str)  # (3, 9000): the looped backward
+@pytest.mark.parametrize("name", ["naive", "torch", "triton"])
+def test_cpu_gradient_matches_reference(name: str, shape: tuple[int, ...]) -> None:
+    (x,) = SOFTMAX.make_inputs(shape, torch.float32, "cpu", 4)
+    (dy,) = SOFTMAX.make_inputs(shape, torch.float32, "cpu", 5)
+    x.requires_grad_()
+    run(name, x).backward(dy)
+    assert rel_err(x.grad, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32]
+
+
+@interpreter_quiet
+def test_cpu_triton_gradient_of_expanded_upstream() -> None:
+    """(y * w).sum() sends back a gradient broadcast along the rows (stride 0): read in place, no copy needed."""
+    (x,) = SOFTMAX.make_inputs((129, 37), torch.float32, "cpu", 6)
+    x = x.t().requires_grad_()
+    w = torch.randn(129)
+    (run("triton", x) * w).sum().backward()
+    assert rel_err(x.grad, reference_grad(x, w.expand(37, 129))) <= SOFTMAX.tolerance[torch.float32]
+
+
+@interpreter_quiet
+def test_cpu_empty_and_scalar() -> None:
+    for name in ("naive", "torch", "triton"):
+        for shape in ((0, 5), (5, 0), (2, 0, 3)):
+            x = torch.empty(shape, requires_grad=True)
+            out = run(name, x)
+            assert out.shape == shape
+            out.sum().backward()
+            assert x.grad.shape == shape
+        assert run(name, torch.tensor(-2.5)).item() == 1.0
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("name", CPU_IMPLS)
+def test_integer_dtype_is_rejected(name: str) -> None:
+    with pytest.raises(TypeError, match=r"dtype int64 is not supported; accepted: float32, float16, bfloat16"):
+        SOFTMAX.get_impl(name)(torch.arange(10))
+
+
+def test_cuda_impl_on_cpu_tensor() -> None:
+    with pytest.raises(ValueError, match=r"softmax cuda: input is on cpu, but this implementation runs on cuda only"):
+        SOFTMAX.get_impl("cuda")(torch.randn(10))
+
+
+def test_non_tensor_is_rejected() -> None:
+    for name in ("triton", "cuda"):
+        with pytest.raises(TypeError, match=r"expected a torch\.Tensor, got list"):
+            SOFTMAX.get_impl(name)([1.0, 2.0])
+
+
+def test_backward_rejects_mismatched_gradient() -> None:
+    y = torch.softmax(torch.randn(3, 5), -1)
+    with pytest.raises(ValueError, match=r"softmax triton backward: dy \(3, 4\).*must match y \(3, 5\)"):
+        torch.ops.fuselab.softmax_triton_backward(y, torch.randn(3, 4))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks what a machine without a GPU reports")
+def test_cuda_impl_reports_why_unavailable() -> None:
+    cuda = SOFTMAX.get_impl("cuda")
+    assert "cuda only" in cuda.unavailable("cpu")
+    assert "no CUDA GPU" in cuda.unavailable("cuda")
+    assert SOFTMAX.get_impl("triton").unavailable("cpu") is None  # the interpreter
+    assert SOFTMAX.get_impl("naive").unavailable("cpu") is None
+
+
+def test_triton_without_interpreter_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    triton = SOFTMAX.get_impl("triton")
+    assert "TRITON_INTERPRET=1" in triton.unavailable("cpu")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        triton(torch.randn(3, 10))
+
+
+# ---------------------------------------------------------------------------------------------- nn.Softmax
+
+
+def test_module_rejects_unknown_impl() -> None:
+    with pytest.raises(ValueError, match=r"no impl 'fast'; known: naive, torch, compile, triton, cuda"):
+        Softmax(impl="fast")
+    assert repr(Softmax("torch")) == "Softmax(impl='torch')"
+
+
+def model_with(act: torch.nn.Module, device: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(33, 65), act, torch.nn.Linear(65, 7)).to(device)
+
+
+def check_drop_in(impl: str, device: str, dtype: torch.dtype = torch.float32) -> None:
+    """fuselab Softmax(impl) in place of torch.nn.Softmax(-1): same outputs and parameter gradients."""
+    x = torch.randn(17, 33, device=device, dtype=dtype)
+    outs, grads = [], []
+    for act in (torch.nn.Softmax(dim=-1), Softmax(impl)):
+        model = model_with(act, device).to(dtype)
+        y = model(x)
+        y.square().sum().backward()
+        outs.append(y)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert rel_err(outs[1], outs[0]) <= 4 * SOFTMAX.tolerance[dtype], impl
+    assert rel_err(grads[1], grads[0]) <= 4 * SOFTMAX.tolerance[dtype], impl
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_cpu_module_is_a_drop_in(impl: str) -> None:
+    if impl == "compile":
+        torch._dynamo.reset()
+    check_drop_in(impl, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------- custom ops
+
+
+@interpreter_quiet
+def test_cpu_custom_op_compiles_without_graph_breaks() -> None:
+    """A model using fuselab::softmax_triton (kernel under the interpreter) compiles with fullgraph=True and
+    Inductor on the CPU; forward and gradients equal eager mode's."""
+    model = model_with(Softmax("triton"), "cpu")
+    x = torch.randn(9, 33)
+    eager = model(x)
+    eager.sum().backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch._dynamo.reset()
+    out = torch.compile(model, fullgraph=True)(x)
+    out.sum().backward()
+    assert rel_err(out, eager) < 1e-6
+    for p, g in zip(model.parameters(), eager_grads, strict=True):
+        assert rel_err(p.grad, g) < 1e-6
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+@interpreter_quiet
+def test_cpu_opcheck_triton_ops() -> None:
+    """torch.library.opcheck: schema, fake tensor, autograd registration and AOT dispatch of both ops."""
+    (x,) = SOFTMAX.make_inputs((5, 67), torch.float32, "cpu", 9)
+    (dy,) = SOFTMAX.make_inputs((5, 67), torch.float32, "cpu", 10)
+    torch.library.opcheck(torch.ops.fuselab.softmax_triton.default, (x.requires_grad_(),))
+    torch.library.opcheck(torch.ops.fuselab.softmax_triton_backward.default, (torch.softmax(x.detach(), -1), dy))
+
+
+def test_cuda_ops_trace_with_fake_tensors() -> None:
+    """The CUDA ops' fake impls give shape, dtype, device and (contiguous) strides without a GPU or a build, as
+    torch.compile needs; bad dtypes fail already while tracing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(3, 5, device="cuda", dtype=torch.bfloat16).t()
+        y = torch.ops.fuselab.softmax_cuda(x)
+        dx = torch.ops.fuselab.softmax_cuda_backward(y, y)
+        assert (y.shape, y.dtype, y.device.type, y.stride()) == ((5, 3), torch.bfloat16, "cuda", (3, 1))
+        assert dx.shape == (5, 3)
+        with pytest.raises(TypeError, match="accepted: float32"):
+            torch.ops.fuselab.softmax_cuda(torch.empty(3, device="cuda", dtype=torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+# Widths around every threshold of both fused impls. Triton: rows kernel with 16/8/.../1 rows per program up to
+# 16384, split from 16385 (up to 132 chunks of 8192 on an H200), looped past that. CUDA: sub-warp groups up to 32
+# packs, a warp up to 1024 columns, a block up to 16384, looped past that; 16-byte packs when rows are aligned.
+GPU_WIDTHS = (1, 2, 7, 31, 32, 33, 128, 129, 256, 1000, 1024, 1025, 2048, 4096, 8191, 16384, 16385, 50000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", IMPLS)
+def test_gpu_matches_reference(name: str, dtype: torch.dtype) -> None:
+    for shape in SOFTMAX.check_shapes:
+        check_against_reference(name, shape, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", FUSED)
+def test_gpu_every_width_path(name: str, dtype: torch.dtype) -> None:
+    for width in GPU_WIDTHS:
+        rows = max(3, min(3000, 2**19 // width))
+        check_against_reference(name, (rows, width), dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_triton_forced_paths(dtype: torch.dtype) -> None:
+    """Each Triton kernel away from where the choice puts it: the split kernel with small chunks and many rows (many
+    programs waiting for each other at once), the looped kernel on widths the others would take."""
+    plans = (
+        st.Plan("split", 1024, num_warps=4),
+        st.Plan("split", 128, num_warps=4),
+        st.Plan("looped", 1024, num_warps=4),
+        st.Plan("looped", st.LOOP_BLOCK, num_warps=8),
+    )
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for shape in ((3000, 5000), (7, 16385), (1, 129), (100, 7)):
+        (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 12)
+        for plan in plans:
+            if plan.kernel == "split" and st.triton.cdiv(shape[1], plan.block) > sms:
+                continue  # more chunks than SMs: the choice never splits so finely (all must fit at once)
+            y = torch.full_like(x, float("nan"))
+            st.launch_forward(x, y, plan)
+            assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"{plan} {shape}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", FUSED)
+def test_gpu_many_rows_and_wide_rows(name: str) -> None:
+    """More rows than a 65535 grid dimension, in every short-row configuration; rows of 2^20 (split / looped)."""
+    for shape in ((70000, 3), (100003, 128), (65537, 1000), (3, 2**20), (2, 2**20 + 3)):
+        for dtype in (torch.float32, torch.bfloat16):
+            check_against_reference(name, shape, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", IMPLS)
+def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> None:
+    """Transposed and strided views, rows that start off 16-byte boundaries (x[:, 1:]) and 3-d views."""
+    (x,) = SOFTMAX.make_inputs((129, 1031), dtype, "cuda", 2)
+    (x3,) = SOFTMAX.make_inputs((5, 64, 256), dtype, "cuda", 3)
+    for view in (x.t(), x[:, 1:], x[:, 1:-2], x[::2, 3:259], x3[:, 1:9, 1:], x3.transpose(0, 1)):
+        out = run(name, view)
+        assert out.shape == view.shape and out.dtype == dtype
+        assert rel_err(out, reference(view)) <= SOFTMAX.tolerance[dtype], f"{name} {view.shape} {view.stride()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", IMPLS)
+def test_gpu_special_rows_as_torch_softmax(name: str, dtype: torch.dtype) -> None:
+    for width in (1, 3, 300, 1024, 5000, 20000, 70000):
+        x = special_rows(dtype, "cuda", width)
+        assert_softmax_like_torch(run(name, x), x, f"{name} {dtype} width {width}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", IMPLS)
+def test_gpu_gradient_matches_reference(name: str, dtype: torch.dtype) -> None:
+    for shape in [(1, 1), (37, 129), (4, 5, 1000), (3, 9000), (2, 70000)]:
+        (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 4)
+        (dy,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 5)
+        x.requires_grad_()
+        run(name, x).backward(dy)
+        assert x.grad.dtype == dtype
+        err = rel_err(x.grad, reference_grad(x, dy))
+        assert err <= 2 * SOFTMAX.tolerance[dtype], f"{name} {dtype} {shape}: grad rel err {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_module_is_a_drop_in(impl: str, dtype: torch.dtype) -> None:
+    if impl == "compile":
+        torch._dynamo.reset()
+    check_drop_in(impl, "cuda", dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", FUSED)
+def test_gpu_opcheck(backend: str) -> None:
+    op = getattr(torch.ops.fuselab, f"softmax_{backend}")
+    op_backward = getattr(torch.ops.fuselab, f"softmax_{backend}_backward")
+    for dtype in DTYPES:
+        (x,) = SOFTMAX.make_inputs((5, 67), dtype, "cuda", 9)
+        (dy,) = SOFTMAX.make_inputs((5, 67), dtype, "cuda", 10)
+        torch.library.opcheck(op.default, (x.clone().requires_grad_(),))
+        torch.library.opcheck(op_backward.default, (torch.softmax(x, -1), dy))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", FUSED)
+def test_gpu_compiles_without_graph_breaks(impl: str) -> None:
+    model = model_with(Softmax(impl), "cuda").to(torch.bfloat16)
+    x = torch.randn(64, 33, device="cuda", dtype=torch.bfloat16)
+    eager = model(x)
+    torch._dynamo.reset()
+    out = torch.compile(model, fullgraph=True)(x)
+    out.float().sum().backward()
+    assert rel_err(out, eager) < 1e-2
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", FUSED)
+def test_gpu_errors(name: str) -> None:
+    impl = SOFTMAX.get_impl(name)
+    with pytest.raises(TypeError, match="accepted: float32, float16, bfloat16"):
+        impl(torch.arange(10, device="cuda"))
+    if name == "cuda":
+        with pytest.raises(ValueError, match="runs on cuda only"):
+            impl(torch.randn(10))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("width", [1000, 65536, 2**20])
+def test_gpu_past_2_pow_31_elements(name: str, width: int) -> None:
+    """Just over 2^31 bf16 elements (4 GiB) in rows of `width` (rows kernel / warp, split / looped, split / looped):
+    row offsets need 64 bits. Forward and backward checked on the first rows, the rows across 2^31 and the last."""
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs ~30 GiB of GPU memory")
+    rows = 2**31 // width + 2
+    (x,) = SOFTMAX.make_inputs((rows, width), torch.bfloat16, "cuda", 11)
+    op_backward = getattr(torch.ops.fuselab, f"softmax_{name}_backward")
+    y = SOFTMAX.get_impl(name)(x)
+    dy = torch.ones_like(x)
+    dx = op_backward(y, dy)
+    tol = SOFTMAX.tolerance[torch.bfloat16]
+    across = 2**31 // width
+    for part in (slice(0, 3), slice(across - 2, across + 2), slice(rows - 3, rows)):
+        assert rel_err(y[part], reference(x[part])) <= tol, f"forward at rows {part}"
+        assert rel_err(dx[part], reference_grad(x[part], dy[part])) <= 2 * tol, f"backward at rows {part}"
