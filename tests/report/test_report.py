@@ -75,6 +75,7 @@ def test_claims_table_has_verdicts_and_the_five_questions(quick):
     assert re.search(r"✅ held|❌ not held", claims_md)
     for i in range(1, 6):
         assert f"| Q{i} |" in claims_md
+    assert md.index("Claims reproduced on this device:") < md.index("## Contents")  # the headline, at the top
     claims = records["claims"]["results"]["claims"]
     measured = [c for c in claims if c["held"] is not None]
     assert len(measured) >= 5  # on the CPU too, most claims get a figure from this run

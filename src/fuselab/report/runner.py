@@ -1,7 +1,8 @@
 """The section runner: run the report's sections in order, save each as it finishes, resume, render.
 
 A section is a function `fn(ctx, doc) -> dict`: it measures, writes its plots under ctx.out / "plots", adds
-text, tables and images to `doc`, and returns its results (JSON values). When it finishes, everything is saved
+text, tables and images to `doc`, and returns its results (JSON values; a "headline" string among them is also
+shown at the top of the report). When it finishes, everything is saved
 as OUT/results/<name>.json; a rerun skips finished sections (same mode) unless `fresh`. A section that raises
 is saved with its error and shown as failed; the others go on. Derived sections (roofline, claims) only read
 other sections' results, so they are always redone.
@@ -10,6 +11,7 @@ other sections' results, so they are always redone.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import html
 import json
 import time
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import rich
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -107,6 +110,7 @@ def run_section(section: Section, ctx: Context) -> dict:
             traceback="".join(traceback.format_exception(exc))[-6000:],
             results={},
         )
+    _release_memory()
     record.update(
         elapsed_s=time.perf_counter() - start,
         finished=dt.datetime.now().isoformat(timespec="seconds"),
@@ -119,6 +123,13 @@ def run_section(section: Section, ctx: Context) -> dict:
     tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
     tmp.replace(path)
     return record
+
+
+def _release_memory() -> None:
+    """Let the next section start with the GPU memory this one cached handed back."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _nested_progress_ok() -> bool:
@@ -229,6 +240,9 @@ def write_outputs(sections: Sequence[Section], records: dict[str, dict], ctx: Co
     head, rows = header(sections, records, ctx)
     overview = Doc(ctx.out)
     overview.text("\n".join(env_lines))
+    headlines = [r["results"]["headline"] for r in records.values() if (r.get("results") or {}).get("headline")]
+    if headlines:
+        overview.text("\n".join(f"- {h}" for h in headlines))
     overview.table(head, rows, caption="sections")
 
     md = [f"# {title}", "", blocks_to_markdown(overview.blocks), "", "## Contents", ""]

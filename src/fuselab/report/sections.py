@@ -221,8 +221,9 @@ def matmul_section(ctx: Context, doc: Doc) -> dict:
     for dtype in b["matmul_dtypes"]:
         short = _short(dtype)
         peak = peaks.get(short)
-        slopes = regimes.get(dtype, {}).get("local_exponents", [])
-        for i, r in enumerate(sorted((r for r in rows if r["dtype"] == dtype), key=lambda r: r["n"])):
+        sizes = sorted(r["n"] for r in ok if r["dtype"] == dtype)
+        slope_at = dict(zip(sizes, regimes.get(dtype, {}).get("local_exponents", []), strict=False))
+        for r in sorted((r for r in rows if r["dtype"] == dtype), key=lambda r: r["n"]):
             if r.get("error"):
                 table.append([r["n"], dtype, "failed: " + first_line(r["error"]), "", "", ""])
                 continue
@@ -233,7 +234,7 @@ def matmul_section(ctx: Context, doc: Doc) -> dict:
                     ms(r["median_ms"]),
                     g3(r["tflops"]),
                     f"{100 * r['tflops'] / peak:.1f}%" if peak else "",
-                    f"{slopes[i]:.2f}" if i < len(slopes) else "",
+                    f"{slope_at[r['n']]:.2f}" if r["n"] in slope_at else "",
                 ]
             )
     doc.table(["n", "dtype", "time", "TFLOP/s", "% of matmul ceiling", "local exponent"], table)
@@ -996,7 +997,11 @@ def claims_section(ctx: Context, doc: Doc) -> dict:
         ["#", "question", "answer, from this run", "verdict"],
         [[f"Q{i}", a["question"], a["answer"], claims_mod.verdict(a["held"])] for i, a in enumerate(answers, 1)],
     )
-    return {"claims": found, "questions": answers}
+    headline = (
+        f"**Claims reproduced on this device: {held} held, {not_held} not held, "
+        f"{len(found) - held - not_held} n/a** (see [Claims reproduced](#sec-claims))"
+    )
+    return {"claims": found, "questions": answers, "headline": headline}
 
 
 SECTIONS: list[Section] = [
