@@ -133,3 +133,16 @@ def test_cli_report_only_one_section(tmp_path, capsys):
     assert "*Not run.*" in md  # the other sections
     assert main(["report", "--quick", "--out", str(tmp_path), "--only", "nosuch"]) == 2
     assert "unknown section" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_quick_report_on_the_gpu(tmp_path):
+    records = run_full_report(tmp_path, device="cuda", quick=True, show_progress=False)
+    assert {name: r["error"] for name, r in records.items() if r["status"] != "ok"} == {}
+    claims = {c["claim"]: c for c in records["claims"]["results"]["claims"]}
+    sync = next(c for text, c in claims.items() if "without synchronize" in text)
+    assert sync["held"] is not None  # measured on an asynchronous device
+    facts = records["runahead"]["results"]["facts"]
+    assert facts["gpu"] and facts["lead_ms"] is not None
+    gelu = records["gelu"]["results"]["bench"]
+    assert any(r["impl"] == "triton" and not r.get("error") for r in gelu)  # timed on the GPU
