@@ -158,11 +158,11 @@ def run_report(
         raise ValueError(f"unknown section(s) {', '.join(unknown)}; sections: {', '.join(names)}")
     console = console or rich.get_console()
     ctx.out.mkdir(parents=True, exist_ok=True)
-    inner = ctx.show_progress and _nested_progress_ok()
-    ctx.show_progress = inner
+    shown = ctx.show_progress
+    ctx.show_progress = shown and _nested_progress_ok()  # the sweeps' own bars, inside the report's
     records: dict[str, dict] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*columns, console=console, transient=False, disable=not shown) as progress:
         task = progress.add_task("report", total=len(sections))
         for section in sections:
             selected = only is None or section.name in only
