@@ -14,17 +14,20 @@ moves 16 bytes per thread (vectorized), `ld.global.b32` only 4.
 
 from __future__ import annotations
 
-import contextlib
+import base64
 import importlib
+import importlib.util
+import inspect as pyinspect
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import types
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -433,60 +436,17 @@ def triton_from_jit_cache(kernels: list[object], run: Callable[[], object], arch
     return [_triton_asm(c, "triton", "Triton JIT cache after one run", arch) for c in compiled]
 
 
-def _as_jit(obj: object, memo: dict) -> object:
-    """A JITFunction for an InterpretedFunction (and, through its globals, for the helpers it calls)."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    if not isinstance(obj, InterpretedFunction):
-        return obj
-    if obj in memo:
-        return memo[obj]
-    fn = obj.fn
-    scope = dict(fn.__globals__)
-    clone = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    clone.__module__, clone.__qualname__ = fn.__module__, fn.__qualname__
-    clone.__annotations__, clone.__kwdefaults__ = dict(fn.__annotations__), fn.__kwdefaults__
-    jit = JITFunction(clone, **obj.kwargs)
-    memo[obj] = jit
-    for name, value in list(scope.items()):
-        if isinstance(value, InterpretedFunction):
-            scope[name] = _as_jit(value, memo)
-    return jit
-
-
-@contextlib.contextmanager
-def _compilable_language(memo: dict) -> Iterator[None]:
-    """Under the interpreter, triton.language's own @jit helpers (tl.max, tl.sum, tl.cdiv, ...) are interpreted
-    functions too; swap in compilable ones while compiling, and put the originals back after."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    modules = [tl, tl.core, tl.math, tl.standard, getattr(tl, "random", None)]
-    saved = [
-        (m, name, value)
-        for m in modules
-        if m is not None
-        for name, value in list(vars(m).items())
-        if isinstance(value, InterpretedFunction)
-    ]
-    try:
-        for m, name, value in saved:
-            setattr(m, name, _as_jit(value, memo))
-        yield
-    finally:
-        for m, name, value in saved:
-            setattr(m, name, value)
-
-
 def triton_compile_offline(kernels: list[object], run: Callable[[], object], arch: str) -> list[KernelAsm]:
     """Without a GPU: intercept the launches `run()` makes under the interpreter (they are not executed),
-    specialize each as Triton's JIT would, and compile it for `arch`."""
-    import triton
+    specialize each as Triton's JIT would, and compile it for `arch`.
+
+    The compile runs in a fresh Python process with the interpreter off: kernels that ran under the interpreter
+    in this process leave triton.language patched for it, which the compiler cannot use.
+    """
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import make_backend
     from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import create_function_from_signature
+    from triton.runtime.jit import JITFunction, create_function_from_signature
 
     ours = {id(k) for k in map(_unwrap, kernels)}
     launches: list[tuple[object, tuple, dict]] = []
@@ -504,28 +464,110 @@ def triton_compile_offline(kernels: list[object], run: Callable[[], object], arc
     finally:
         InterpretedFunction.run = original
 
-    target = GPUTarget("cuda", _arch_number(arch), 32)
-    backend = make_backend(target)
-    memo: dict = {}
-    seen: set[str] = set()
-    out = []
+    backend = make_backend(GPUTarget("cuda", _arch_number(arch), 32))
+    jobs, seen = [], set()
     for interp, args, kwargs in launches:
-        jit = _as_jit(interp, memo)
+        fn = getattr(interp, "fn", interp)
+        jit = JITFunction(fn, **getattr(interp, "kwargs", {}))  # for the JIT's own specialization rules
         binder = create_function_from_signature(jit.signature, jit.params, backend)
         bound, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
-        key = repr((jit.fn.__qualname__, signature, constexprs, attrs, options.num_warps))
-        if key in seen:
-            continue
-        seen.add(key)
-        with _compilable_language(memo):
-            compiled = triton.compile(
-                ASTSource(jit, signature, constexprs, attrs), target=target, options=options.__dict__
-            )
+        _, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
+        job = {
+            "module": fn.__module__,
+            "file": pyinspect.getsourcefile(fn),
+            "name": fn.__name__,
+            "signature": signature,
+            "constexprs": [[list(k), _encode_constexpr(v)] for k, v in constexprs.items()],
+            "attrs": [[list(k), v] for k, v in attrs.items()],
+            "options": {k: v for k, v in kwargs.items() if k not in jit.arg_names},
+        }
+        key = json.dumps(job, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            jobs.append(job)
+    if not jobs:
+        return []
+    out = []
+    for job, result in zip(jobs, _compile_in_fresh_process(jobs, _arch_number(arch)), strict=True):
+        compiled = types.SimpleNamespace(
+            asm={**result["asm"], "cubin": base64.b64decode(result["cubin"]) if result.get("cubin") else None},
+            metadata=types.SimpleNamespace(**result["metadata"]),
+        )
         k = _triton_asm(compiled, "triton", f"triton.compile for {arch} without a GPU (launch intercepted)", arch)
-        k.notes.append(f"specialization: {signature}, constexprs {dict(constexprs)}, attrs {dict(attrs)}")
+        attrs = {tuple(p): v for p, v in job["attrs"]}
+        k.notes.append(f"specialization: {job['signature']}, attrs {attrs}")
         out.append(k)
     return out
+
+
+def _encode_constexpr(value: object) -> object:
+    import triton.language as tl
+
+    if isinstance(value, tl.dtype):
+        return {"dtype": value.name}
+    if isinstance(value, tl.constexpr):
+        return {"constexpr": value.value}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"cannot compile offline with a constexpr of type {type(value).__name__}: {value!r}")
+
+
+def _compile_in_fresh_process(jobs: list[dict], arch: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        request, reply = Path(tmp) / "jobs.json", Path(tmp) / "compiled.json"
+        request.write_text(json.dumps({"arch": arch, "jobs": jobs, "reply": str(reply)}))
+        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        code = "import sys; from fuselab.profile.inspect import _compile_jobs; _compile_jobs(sys.argv[1])"
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(request)], capture_output=True, text=True, env=env, check=False
+        )
+        if proc.returncode != 0 or not reply.exists():
+            raise RuntimeError(f"compiling the Triton kernels failed:\n{proc.stderr.strip()[-2000:]}")
+        return json.loads(reply.read_text())
+
+
+def _compile_jobs(request_path: str) -> None:
+    """(In the fresh process.) Compile each job's kernel with triton.compile; write asm and metadata as JSON."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import convert_to_tuple_if_list
+
+    request = json.loads(Path(request_path).read_text())
+    target = GPUTarget("cuda", request["arch"], 32)
+    backend = make_backend(target)
+    results = []
+    for job in request["jobs"]:
+        try:
+            module = importlib.import_module(job["module"])
+        except ImportError:
+            spec = importlib.util.spec_from_file_location(job["module"], job["file"])
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        kernel = _unwrap(getattr(module, job["name"]))
+
+        def decode(v: object) -> object:
+            if isinstance(v, dict) and "dtype" in v:
+                return tl.dtype(v["dtype"])
+            return tl.constexpr(v["constexpr"]) if isinstance(v, dict) else v
+
+        constexprs = {tuple(p): decode(v) for p, v in job["constexprs"]}
+        attrs = {tuple(p): v for p, v in job["attrs"]}
+        signature = {k: convert_to_tuple_if_list(v) for k, v in job["signature"].items()}
+        options = backend.parse_options(job["options"])
+        compiled = triton.compile(
+            ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
+        )
+        meta = compiled.metadata
+        results.append(
+            {
+                "asm": {key: compiled.asm[key] for key in ("ptx", "ttir", "ttgir") if key in compiled.asm},
+                "cubin": base64.b64encode(compiled.asm["cubin"]).decode() if "cubin" in compiled.asm else None,
+                "metadata": {"name": meta.name, "num_warps": meta.num_warps, "shared": meta.shared},
+            }
+        )
+    Path(request["reply"]).write_text(json.dumps(results))
 
 
 # an op's implementation
