@@ -30,6 +30,7 @@ HAS_CUDA = torch.cuda.is_available()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 IMPLS = ("naive", "torch", "compile", "triton", "cuda")
 CPU_IMPLS = ("naive", "torch", "compile", "triton")
+EAGER_IMPLS = ("naive", "torch", "triton", "cuda")  # GPU tests; the compiled impl has its own (compiling costs)
 FUSED = ("triton", "cuda")  # the impls with their own backward kernels
 # The interpreter computes in numpy, which warns on -inf - -inf (= NaN, what an all -inf row must give).
 interpreter_quiet = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -228,7 +229,7 @@ def test_cpu_triton_backward_paths(plan: str) -> None:
         y = torch.softmax(x, -1)
         dx = torch.full_like(x, float("nan"))
         st.launch_backward(y, dy, dx, BACKWARD_PLANS[plan](width))
-        assert rel_err(dx, reference_grad(x, dy)) <= 2 * SOFTMAX.tolerance[torch.float32], f"{plan}, width {width}"
+        assert rel_err(dx, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32], f"{plan}, width {width}"
 
 
 def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -378,6 +379,9 @@ def test_module_rejects_unknown_impl() -> None:
     with pytest.raises(ValueError, match=r"no impl 'fast'; known: naive, torch, compile, triton, cuda"):
         Softmax(impl="fast")
     assert repr(Softmax("torch")) == "Softmax(impl='torch')"
+    from fuselab.nn import Softmax as NNSoftmax
+
+    assert NNSoftmax is Softmax
 
 
 def model_with(act: torch.nn.Module, device: str, seed: int = 0) -> torch.nn.Module:
@@ -465,7 +469,7 @@ GPU_WIDTHS = (1, 2, 7, 31, 32, 33, 128, 129, 256, 1000, 1024, 1025, 2048, 4096, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_matches_reference(name: str, dtype: torch.dtype) -> None:
     for shape in SOFTMAX.check_shapes:
         check_against_reference(name, shape, dtype, "cuda")
@@ -485,14 +489,9 @@ def test_gpu_every_width_path(name: str, dtype: torch.dtype) -> None:
 def test_gpu_triton_forced_paths(dtype: torch.dtype) -> None:
     """Each Triton kernel away from where the choice puts it: the split kernel with small chunks and many rows (many
     programs waiting for each other at once), the looped kernel on widths the others would take."""
-    plans = (
-        st.Plan("split", 1024, num_warps=4),
-        st.Plan("split", 128, num_warps=4),
-        st.Plan("looped", 1024, num_warps=4),
-        st.Plan("looped", st.LOOP_BLOCK, num_warps=8),
-    )
+    plans = (st.Plan("split", 1024, num_warps=4), st.Plan("split", 128, num_warps=4), st.Plan("looped", 1024))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for shape in ((3000, 5000), (7, 16385), (1, 129), (100, 7)):
+    for shape in ((3000, 5000), (7, 16385), (100, 7)):
         (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 12)
         for plan in plans:
             if plan.kernel == "split" and st.triton.cdiv(shape[1], plan.block) > sms:
@@ -513,7 +512,7 @@ def test_gpu_many_rows_and_wide_rows(name: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> None:
     """Transposed and strided views, rows that start off 16-byte boundaries (x[:, 1:]) and 3-d views."""
     (x,) = SOFTMAX.make_inputs((129, 1031), dtype, "cuda", 2)
@@ -526,16 +525,16 @@ def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> Non
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_special_rows_as_torch_softmax(name: str, dtype: torch.dtype) -> None:
-    for width in (1, 3, 300, 1024, 5000, 20000, 70000):
+    for width in (1, 3, 300, 5000, 20000, 70000):
         x = special_rows(dtype, "cuda", width)
         assert_softmax_like_torch(run(name, x), x, f"{name} {dtype} width {width}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_gradient_matches_reference(name: str, dtype: torch.dtype) -> None:
     for shape in [(1, 1), (37, 129), (4, 5, 1000), (3, 9000), (2, 70000)]:
         (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 4)
@@ -544,7 +543,24 @@ def test_gpu_gradient_matches_reference(name: str, dtype: torch.dtype) -> None:
         run(name, x).backward(dy)
         assert x.grad.dtype == dtype
         err = rel_err(x.grad, reference_grad(x, dy))
-        assert err <= 2 * SOFTMAX.tolerance[dtype], f"{name} {dtype} {shape}: grad rel err {err:.2e}"
+        assert err <= SOFTMAX.tolerance[dtype], f"{name} {dtype} {shape}: grad rel err {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_compile_impl(dtype: torch.dtype) -> None:
+    """The compiled impl, with few compilations (each costs seconds): special rows among random ones, forward and
+    gradient, then a transposed input. `fuselab check softmax` covers it at every check shape."""
+    x = special_rows(dtype, "cuda", 300).requires_grad_()
+    (dy,) = SOFTMAX.make_inputs(x.shape, dtype, "cuda", 5)
+    out = run("compile", x)
+    assert_softmax_like_torch(out, x.detach(), f"compile {dtype}")
+    out.backward(dy)
+    finite = torch.isfinite(reference(x.detach())).all(-1)  # rows whose gradient is defined
+    err = rel_err(x.grad[finite], reference_grad(x[finite], dy[finite]))
+    assert err <= SOFTMAX.tolerance[dtype], f"compile {dtype}: grad rel err {err:.2e}"
+    (x2,) = SOFTMAX.make_inputs((129, 37), dtype, "cuda", 6)
+    assert rel_err(run("compile", x2.t()), reference(x2.t())) <= SOFTMAX.tolerance[dtype]
 
 
 @pytest.mark.gpu
@@ -611,4 +627,19 @@ def test_gpu_past_2_pow_31_elements(name: str, width: int) -> None:
     across = 2**31 // width
     for part in (slice(0, 3), slice(across - 2, across + 2), slice(rows - 3, rows)):
         assert rel_err(y[part], reference(x[part])) <= tol, f"forward at rows {part}"
-        assert rel_err(dx[part], reference_grad(x[part], dy[part])) <= 2 * tol, f"backward at rows {part}"
+        assert rel_err(dx[part], reference_grad(x[part], dy[part])) <= tol, f"backward at rows {part}"
+
+
+# ---------------------------------------------------------------------------------------------- tuner
+
+
+@interpreter_quiet
+def test_tuner_runs_and_checks_each_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m fuselab.ops.softmax.tune` at a tiny size on the CPU: every plan checked, timed and printed."""
+    from fuselab.ops.softmax import tune
+
+    tune.main(["--dtype", "fp32", "--width", "5000", "--elements", "2^13", "--quick"])
+    out = capsys.readouterr().out
+    assert "float32 width 5000 (1 rows)" in out and "torch.softmax" in out
+    assert "chosen" in out and "best" in out and "Plan(kernel='looped'" in out
+    assert "rel err" not in out  # every plan computed the right thing

@@ -1,0 +1,108 @@
+"""Time the Triton softmax's kernel choices on this GPU, to set the thresholds in triton.py.
+
+    python -m fuselab.ops.softmax.tune                      # fp32 and bf16 at every bench width
+    python -m fuselab.ops.softmax.tune --dtype bf16 --width 256 --width 32768 --elements 2^24
+
+For each width (rows = elements / width) it times the plan `forward_plan` picks and alternatives: other tile sizes
+and warp counts for the rows kernel, chunk sizes for the split kernel, the looped kernel; and torch.softmax. Each
+plan is checked against the float64 reference first. Printed: GB/s (bytes read + written) per plan, the best one,
+and the chosen plan's time against torch.softmax's. Timing by fuselab.bench (warm-up, L2 flush, CUDA events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+import torch
+import triton
+
+from fuselab.bench.timer import benchmark
+from fuselab.ops.evaluate import parse_dtype, relative_error
+from fuselab.ops.registry import parse_shape
+from fuselab.ops.softmax import triton as st
+from fuselab.ops.softmax.spec import SOFTMAX, WIDTHS
+
+
+def candidates(width: int, dtype: torch.dtype, device: torch.device) -> list[st.Plan]:
+    """The chosen plan first, then alternatives around it (each at most once)."""
+    block = triton.next_power_of_2(width)
+    plans = [st.forward_plan(width, dtype, device)]
+    if block <= 2 * st.ROW_MAX:
+        for tile_bytes in (4096, 8192, 16384):
+            rows = max(1, tile_bytes // (block * dtype.itemsize))
+            warps = st._warps(rows * block)
+            plans += [st.Plan("rows", block, rows, warps), st.Plan("rows", block, rows, min(32, 2 * warps))]
+    if width > 4096:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        plans += [
+            st.Plan("split", chunk, 1, st._warps(chunk))
+            for chunk in (4096, 8192, 16384)
+            if 1 < triton.cdiv(width, chunk) <= sms
+        ]
+        plans.append(st.Plan("looped", st.LOOP_BLOCK, 1, 8))
+    return list(dict.fromkeys(plans))
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / ms / 1e6
+
+
+def tune_width(width: int, dtype: torch.dtype, elements: int, device: torch.device, quick: bool) -> dict:
+    """Time every candidate at (elements // width, width); returns {plan: GB/s} and torch.softmax's GB/s."""
+    rows = max(1, elements // width)
+    (x,) = SOFTMAX.make_inputs((rows, width), dtype, str(device), 0)
+    check_rows = slice(0, min(rows, 64))  # the reference on a few rows: float64 of all of x is large
+    ref = SOFTMAX.reference(x[check_rows])
+    nbytes = SOFTMAX.bytes_moved((rows, width), dtype)
+    timing = {"warmup_ms": 10, "rep_ms": 20, "min_reps": 3} if quick else {"warmup_ms": 50, "rep_ms": 150}
+    y = torch.empty_like(x)
+    results = {}
+    for plan in candidates(width, dtype, device):
+        y.fill_(float("nan"))
+        st.launch_forward(x, y, plan)
+        err = relative_error(y[check_rows], ref)
+        if not err <= SOFTMAX.tolerance[dtype]:
+            results[plan] = {"error": f"rel err {err:.2e}"}
+            continue
+        ms = benchmark(lambda plan=plan: st.launch_forward(x, y, plan), device=device, **timing).median_ms
+        results[plan] = {"ms": ms, "gbps": gbps(nbytes, ms)}
+    torch_ms = benchmark(lambda: torch.softmax(x, dim=-1), device=device, **timing).median_ms
+    return {"rows": rows, "plans": results, "torch": {"ms": torch_ms, "gbps": gbps(nbytes, torch_ms)}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m fuselab.ops.softmax.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtype", action="append", help="fp32, bf16, fp16 (repeatable; default fp32 and bf16)")
+    p.add_argument("--width", action="append", type=int, help="row width (repeatable; default the bench widths)")
+    p.add_argument("--elements", default="2^26", help="elements per tensor (default 2^26: 256 MiB in fp32)")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions")
+    p.add_argument("--json", help="also append one JSON line per width and dtype to this file")
+    args = p.parse_args(argv)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    dtypes = [parse_dtype(d) for d in args.dtype or ["fp32", "bf16"]]
+    (elements,) = parse_shape(args.elements)
+    for dtype in dtypes:
+        for width in args.width or WIDTHS:
+            out = tune_width(width, dtype, elements, device, args.quick)
+            chosen = next(iter(out["plans"]))
+            timed = {plan: r for plan, r in out["plans"].items() if "ms" in r}
+            best = min(timed, key=lambda plan: timed[plan]["ms"])
+            print(f"\n{str(dtype).removeprefix('torch.')} width {width} ({out['rows']} rows):"
+                  f" torch.softmax {out['torch']['gbps']:.0f} GB/s")  # fmt: skip
+            for plan, r in out["plans"].items():
+                mark = ("chosen " if plan == chosen else "       ") + ("best" if plan == best else "    ")
+                shown = f"{r['gbps']:7.0f} GB/s" if "gbps" in r else r["error"]
+                print(f"  {mark} {shown}  {plan}")
+            if chosen in timed:
+                print(f"  chosen/torch time: {timed[chosen]['ms'] / out['torch']['ms']:.3f}x")
+            if args.json:
+                with open(args.json, "a") as f:
+                    row = {"dtype": str(dtype), "width": width, **out}
+                    row["plans"] = [{**asdict(plan), **r} for plan, r in out["plans"].items()]
+                    f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
