@@ -55,7 +55,7 @@ def test_study_reports_the_syncs_the_print_added(tmp_path):
     study = RunAheadStudy(MLPConfig(steps=3, layers=1, dim=8, batch=8, device="cuda"), runs)
     assert study.added_syncs == {"DtoH copy": 3, "cudaStreamSynchronize": 3}
     text = study.summary()
-    assert "up to 2 step(s) ahead" in text and "the print added: DtoH copy +3, cudaStreamSynchronize +3" in text
+    assert "up to 2 step(s) ahead" in text and "the print added: DtoH copy +3, cudaStreamSynchronize +3;" in text
     assert study.to_json()["added_syncs"] == study.added_syncs
 
 
@@ -75,6 +75,7 @@ def test_study_on_the_cpu_degrades_gracefully(tmp_path):
     assert names == [
         "loss_print.txt",
         "runahead.json",
+        "summary.txt",
         "timeline_plain.png",
         "timeline_print.png",
         "trace_plain.json",

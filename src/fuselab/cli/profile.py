@@ -166,7 +166,7 @@ def _runahead(args: argparse.Namespace, console: Console) -> int:
     cfg = MLPConfig(steps=args.steps, layers=args.layers, dim=args.dim, batch=args.batch, device=args.device)
     out = args.out or Path("fuselab-profile") / "runahead"
     study = run_runahead(cfg, out)
-    console.print(study.summary(), highlight=False)
+    print(study.summary())
     for r in study.runs:
         console.print(f"{r.name}: {r.timeline_path}, {r.trace_path}")
     console.print(f"numbers in {out / 'runahead.json'}")

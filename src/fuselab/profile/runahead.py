@@ -248,19 +248,19 @@ class RunAheadStudy:
         lines = [f"MLP {c.layers} x Linear({c.dim}, {c.dim}), batch {c.batch}, {c.steps} steps on {c.device}"]
         for r in self.runs:
             a = r.analysis
-            line = f"  {r.name:>6}: wall {r.wall_ms:.2f} ms"
+            lines.append(f"  {r.name:<6} wall {r.wall_ms:.2f} ms (unprofiled)")
             if a.lag_ms_max is not None:
-                line += (
-                    f"; launch-to-start lag median {a.lag_ms_median:.3f} ms, max {a.lag_ms_max:.3f} ms"
-                    f"; CPU up to {a.steps_ahead_max} step(s) ahead"
+                lines.append(
+                    f"         kernel start - launch: median {a.lag_ms_median:.3f} ms, max {a.lag_ms_max:.3f} ms;"
+                    f" the CPU was up to {a.steps_ahead_max} step(s) ahead"
                 )
             syncs = ", ".join(f"{n} x{k}" for n, k in sorted(a.syncs.items())) or "none"
-            line += f"; syncs: {syncs} (CPU waited {a.sync_wait_ms:.2f} ms); aten::item x{a.host_reads}"
-            lines.append(line)
+            lines.append(f"         syncs: {syncs} (CPU waited {a.sync_wait_ms:.2f} ms); .item() calls: {a.host_reads}")
             if a.note:
-                lines.append(f"          {a.note}")
+                lines.append(f"         {a.note}")
         added = ", ".join(f"{k} +{n}" for k, n in self.added_syncs.items()) or "none"
-        lines.append(f"  the print added: {added}")
+        plain, printed = self.runs[0], self.runs[1]
+        lines.append(f"  the print added: {added}; wall {plain.wall_ms:.2f} -> {printed.wall_ms:.2f} ms")
         return "\n".join(lines)
 
 
@@ -276,7 +276,8 @@ def _wall_ms(fn, cuda: bool) -> float:
 
 def run_runahead(cfg: MLPConfig, out_dir: str | Path, *, warmup_steps: int = 3) -> RunAheadStudy:
     """Run the loop plainly and with a print each step; write per variant trace_<name>.json and
-    timeline_<name>.png (and the printed losses to loss_print.txt), plus runahead.json, into out_dir."""
+    timeline_<name>.png (and the printed losses to loss_print.txt), plus runahead.json and summary.txt, into
+    out_dir."""
     cfg = cfg.resolved()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -301,4 +302,5 @@ def run_runahead(cfg: MLPConfig, out_dir: str | Path, *, warmup_steps: int = 3) 
             runs.append(RunAheadRun(name, wall, analysis, result.trace_path, timeline))
     study = RunAheadStudy(cfg, runs)
     (out / "runahead.json").write_text(json.dumps(study.to_json(), indent=1) + "\n")
+    (out / "summary.txt").write_text(study.summary() + "\n")
     return study
