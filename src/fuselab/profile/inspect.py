@@ -418,21 +418,26 @@ def _triton_asm(compiled: object, impl: str, origin: str, arch: str) -> KernelAs
 
 
 def triton_from_jit_cache(kernels: list[object], run: Callable[[], object], arch: str) -> list[KernelAsm]:
-    """On a GPU: call `run()` once, then read what it compiled from each kernel's JIT cache."""
+    """On a GPU: call `run()` once and take, from Triton's JIT cache, the compiled kernels its launches used."""
+    from triton.runtime.jit import JITFunction
 
-    def cached() -> list[tuple[object, object]]:
-        out = []
-        for kernel in map(_unwrap, kernels):
-            for cache in getattr(kernel, "device_caches", {}).values():
-                out += [(key, c) for key, c in cache[0].items()]
-        return out
+    ours = {id(k) for k in map(_unwrap, kernels)}
+    used: dict[int, object] = {}
+    original = JITFunction.run
 
-    before = {id(c) for _, c in cached()}
-    run()
-    torch.cuda.synchronize()
-    entries = cached()
-    fresh = [c for _, c in entries if id(c) not in before] or [c for _, c in entries]
-    compiled = [c.result() if hasattr(c, "result") else c for c in fresh]
+    def record(self, *args, **kwargs):
+        compiled = original(self, *args, **kwargs)
+        if id(self) in ours and compiled is not None:
+            used.setdefault(id(compiled), compiled)
+        return compiled
+
+    JITFunction.run = record
+    try:
+        run()
+        torch.cuda.synchronize()
+    finally:
+        JITFunction.run = original
+    compiled = [c.result() if hasattr(c, "result") else c for c in used.values()]
     return [_triton_asm(c, "triton", "Triton JIT cache after one run", arch) for c in compiled]
 
 
