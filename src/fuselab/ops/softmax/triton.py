@@ -271,6 +271,10 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
             )  # fmt: skip
         elif plan.kernel == "split":
             split = triton.cdiv(n_cols, plan.block)
+            if x.is_cuda and split > _sm_count(x.device.index):  # all chunks of a row must fit on the GPU at once
+                raise ValueError(
+                    f"softmax triton: {split} chunks of {plan.block} per row > {_sm_count(x.device.index)} SMs"
+                )
             stats = torch.empty(2, n_rows * split, dtype=torch.float32, device=x.device)
             sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
             _forward_split_kernel[(n_rows * split,)](
