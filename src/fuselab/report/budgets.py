@@ -41,7 +41,7 @@ QUICK = {
 }
 
 CPU = {
-    "timing": {"warmup_ms": 20.0, "rep_ms": 100.0, "min_reps": 5, "max_reps": 200},
+    "timing": {"warmup_ms": 20.0, "rep_ms": 100.0, "min_reps": 5, "max_reps": 50},  # few reps: CPUs are noisy
     "ceilings_refresh": False,
     "pitfalls": [
         {"kind": "matmul", "n": 512, "dtype": "float32"},
