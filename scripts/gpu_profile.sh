@@ -17,7 +17,7 @@ fl profile --case all --out "$DIR/cases"
 fl profile gelu --impl all --shape 2^24 --dtype float32 --out "$DIR/gelu"
 fl profile softmax --impl all --shape 4096x4096 --dtype float32 --out "$DIR/softmax"
 fl profile --runahead --steps 20 --layers 4 --dim 2048 --batch 2048 --out "$DIR/runahead"
-fl profile --runahead --steps 4 --layers 2 --dim 1024 --batch 1024 --out "$DIR/runahead_small"
+fl profile --runahead --steps 4 --layers 2 --dim 2048 --batch 2048 --out "$DIR/runahead_small"
 cp "$DIR/runahead_small/trace_plain.json" "$DIR/h200_runahead_trace.json" || status=1
 fl inspect gelu --impl triton,cuda --dtype float32 --out "$DIR/inspect"
 fl inspect gelu --impl triton,cuda --dtype bfloat16 --out "$DIR/inspect"
