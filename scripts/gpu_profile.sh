@@ -23,7 +23,9 @@ fl inspect gelu --impl triton,cuda --dtype float32 --out "$DIR/inspect"
 fl inspect gelu --impl triton,cuda --dtype bfloat16 --out "$DIR/inspect"
 fl inspect softmax --impl triton,cuda --dtype float32 --out "$DIR/inspect"
 
-# the traces open compressed in https://ui.perfetto.dev, and fuselab.profile.Trace.load reads .json.gz
+# the traces open compressed in https://ui.perfetto.dev, and fuselab.profile.Trace.load reads .json.gz;
+# the assembly listings (megabytes for the CUDA template instances) are kept compressed too
 find "$DIR" -name 'trace*.json' -exec gzip -f {} +
+find "$DIR/inspect" \( -name '*.ptx' -o -name '*.sass' -o -name '*.ttir' -o -name '*.ttgir' \) -exec gzip -f {} +
 du -sh "$DIR"
 exit $status
