@@ -298,6 +298,8 @@ def run_runahead(cfg: MLPConfig, out_dir: str | Path, *, warmup_steps: int = 3) 
             trace = result.trace
             analysis = analyze_runahead(trace)
             title = f"{name}: {cfg.steps} steps, MLP {cfg.layers}x{cfg.dim}, batch {cfg.batch}, wall {wall:.1f} ms"
+            if analysis.steps_ahead_max is not None:
+                title += f"; the CPU ran up to {analysis.steps_ahead_max} step(s) ahead"
             timeline = render_timeline(trace, out / f"timeline_{name}.png", title=title)
             runs.append(RunAheadRun(name, wall, analysis, result.trace_path, timeline))
     study = RunAheadStudy(cfg, runs)

@@ -103,13 +103,12 @@ def render_timeline(
                 ax.text(x, top + depth + 0.5, label, va="center", ha="left", fontsize=7, clip_on=True)
         for color, items in bars.items():
             for row in sorted({r for _, _, r in items}):
-                ax.broken_barh(
-                    [(x, w) for x, w, r in items if r == row],
-                    (row + 0.08, 0.84),
-                    facecolors=color,
-                    edgecolors="white",
-                    linewidth=0.3,
-                )
+                # a thin white edge keeps back-to-back bars apart; on narrow bars it would wash the color out
+                for wide in (True, False):
+                    spans = [(x, w) for x, w, r in items if r == row and (w > span / 300) == wide]
+                    if spans:
+                        edge = {"edgecolors": "white", "linewidth": 0.3} if wide else {"linewidth": 0}
+                        ax.broken_barh(spans, (row + 0.08, 0.84), facecolors=color, **edge)
 
     # launch -> kernel lines (CPU runs ahead when they lean right)
     api_lane = {lane.label: lane for lane in lanes if lane.kind == "api"}
@@ -154,7 +153,7 @@ def render_timeline(
     ax.set_title((title or (trace.path.name if trace.path else "timeline")) + note, fontsize=10, loc="left")
     bottom = 0.0
     if legend:
-        fig.legend(handles=legend, loc="lower center", ncol=min(len(legend), 7), fontsize=7, frameon=False)
+        fig.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=7, frameon=False)
         bottom = 0.35 / fig.get_figheight()
     fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=110)
