@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the H200 run needs, in one command, from the repository root on the GPU machine:
-#   bash scripts/gpu_session.sh STAGE...      stages: env tests check bench harness profile report
+#   bash scripts/gpu_session.sh STAGE...      stages: env tests tune check gelu softmax harness profile report
 # Results go to benchmarks/results/h200/ (committed afterwards); logs and a tarball of the results to $OUT.
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1 FUSELAB_EXT_DIR=${FUSELAB_EXT_DIR:-/tmp/fuselab-ext} MAX_JOBS=16
@@ -19,15 +19,19 @@ for s in "$@"; do
       py -m fuselab device --refresh --out "$RES/device.json" ;;
     tests)
       stage "gpu tests"
-      py -m pytest -q -m gpu -x -p no:cacheprovider --timeout 600 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40 ;;
+      timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 180 2>&1 | tee "$OUT/pytest_gpu.log" | tail -60 ;;
+    tune)
+      stage "softmax tuner"
+      timeout 200 python3 -m fuselab.ops.softmax.tune 2>&1 | tee "$OUT/softmax_tune.log" | tail -80 ;;
     check)
       stage check
       py -m fuselab check gelu --out "$RES/check_gelu.json" | tail -30
       py -m fuselab check softmax --out "$RES/check_softmax.json" | tail -30 ;;
-    bench)
+    gelu)
       stage "bench gelu"
       py -m fuselab bench gelu --shape 2^24 --shape 2^26 --shape 2^28 --dtype fp32 --dtype bf16 \
-        --opt approximate=tanh --out "$RES/gelu.json" --plot "$RES/gelu.png"
+        --opt approximate=tanh --out "$RES/gelu.json" --plot "$RES/gelu.png" ;;
+    softmax)
       stage "bench softmax"
       py -m fuselab bench softmax --dtype fp32 --dtype bf16 --rep-ms 200 --out "$RES/softmax.json" --plot "$RES/softmax.png" ;;
     harness)
