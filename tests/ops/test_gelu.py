@@ -359,7 +359,7 @@ def test_gpu_special_values_as_f_gelu(name: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_gradient_matches_reference(name: str, dtype: torch.dtype, form: str) -> None:
-    for shape in [(1,), (4097,), (3, 37, 129)]:
+    for shape in [(17,), (4097,), (3, 37, 129)]:
         (x,) = GELU.make_inputs(shape, dtype, "cuda", 4)
         (dy,) = GELU.make_inputs(shape, dtype, "cuda", 5)
         x.requires_grad_()

@@ -8,6 +8,7 @@ CPU the same API times with perf_counter. A CUDA-graph mode removes launch gaps 
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -26,8 +27,9 @@ NOISY_IQR_FRACTION = 0.1  # warn when IQR / median exceeds this, as torch.utils.
 class Measurement:
     """Times of repeated calls, in milliseconds, and what they were measured with.
 
-    samples_ms: every repetition's time. host_ms: median host-side time for one call to return (no sync),
-    when asked for. mode: "events", "cuda_graph", "perf_counter" or a pitfall name.
+    samples_ms: every repetition's time. host_ms: median host-side time for one call to return (the host's
+    dispatch cost; on the GPU the call is still running then).
+    mode: "events", "cuda_graph", "perf_counter" or a pitfall name.
     """
 
     samples_ms: list[float]
@@ -142,7 +144,6 @@ def benchmark(
     max_reps: int = 1000,
     flush_l2: bool = True,
     cuda_graph: bool = False,
-    host_dispatch: bool = False,
     pitfall: Pitfall | None = None,
 ) -> Measurement:
     """Time `fn()` (no arguments: bind them with a lambda or functools.partial).
@@ -151,7 +152,8 @@ def benchmark(
     rep_ms / min_reps / max_reps: repeat for about rep_ms, within these counts.
     flush_l2: evict L2 before each repetition, outside the timed region (CUDA only).
     cuda_graph: capture 10 calls in a CUDA graph and time its replays (launch-bound kernels; no L2 flush).
-    host_dispatch: also record how long one call takes to return on the host, before the GPU is done.
+    Also recorded: host_ms, how long one call takes to return on the host (its dispatch cost). On CUDA the stream
+    is kept busy about twice that long before each start event, so host launch latency stays out of the GPU time.
     pitfall: "no_warmup" times from the first call on; "no_sync" reads a host clock around the call without
     synchronizing, so it times the launch only. Both are wrong on purpose.
     """
@@ -175,7 +177,7 @@ def benchmark(
 
     per_call_ms = _warm_up(fn, sync, warmup_ms, min_warmup)
     reps = int(min(max_reps, max(min_reps, rep_ms / max(per_call_ms, 1e-6))))
-    host_ms = statistics.median(_host_times_synced(fn, sync, min(reps, 50))) if host_dispatch else None
+    host_ms = statistics.median(_host_times_synced(fn, sync, min(reps, 20)))
 
     if dev.type != "cuda":
         samples = _timed_with_sync(fn, sync, reps)
@@ -185,7 +187,7 @@ def benchmark(
             samples = _graph_times(fn, reps)
             return Measurement(samples, mode="cuda_graph", device=str(dev), label=label, host_ms=host_ms)
         flusher = L2Flusher(dev) if flush_l2 else None
-        samples = _event_times(fn, reps, flusher)
+        samples = _event_times(fn, reps, flusher, cover_ms=2 * host_ms + 0.02)
     return Measurement(samples, mode="events", device=str(dev), label=label, host_ms=host_ms, flushed_l2=flush_l2)
 
 
@@ -242,18 +244,39 @@ def _host_times_synced(fn: Callable[[], object], sync: Callable[[], None], reps:
     return samples
 
 
-def _event_times(fn: Callable[[], object], reps: int, flusher: L2Flusher | None) -> list[float]:
+def _event_times(fn: Callable[[], object], reps: int, flusher: L2Flusher | None, cover_ms: float) -> list[float]:
+    """Events around each call. Before each start event the stream is kept busy for cover_ms (a spin kernel), so
+    the host has queued the call before the GPU reaches the event: the sample is the GPU's time, not the host's
+    launch latency (which `host_ms` reports)."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    spin_cycles = int(cover_ms * _spin_cycles_per_ms())
     torch.cuda.synchronize()
     for start, end in zip(starts, ends, strict=True):
         if flusher is not None:
             flusher()
+        if spin_cycles:
+            torch.cuda._sleep(spin_cycles)
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+@functools.cache
+def _spin_cycles_per_ms() -> float:
+    """Clock cycles of torch.cuda._sleep per millisecond on this GPU (0 where _sleep is missing)."""
+    if not hasattr(torch.cuda, "_sleep"):
+        return 0.0
+    cycles = 2_000_000
+    torch.cuda._sleep(cycles)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    torch.cuda.synchronize()
+    return cycles / max(start.elapsed_time(end), 1e-3)
 
 
 GRAPH_CALLS = 10

@@ -65,7 +65,8 @@ GELU = register_op(
         # 1.9e-4 / 1.5e-3 (gradients); the naive impl, rounding every intermediate, reaches 6.4e-4 / 4.1e-3 on
         # its gradient. The tolerances are 3x the worst of these.
         tolerance={torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2},
-        check_shapes=[(0,), (1,), (1023,), (4097,), (65537,), (3, 37, 129)],
+        # no single-element shape: one value in a saturated tail makes ||out-ref||/||ref|| ill-conditioned
+        check_shapes=[(0,), (17,), (1023,), (4097,), (65537,), (3, 37, 129)],
         bench_shapes=[(2**24,), (2**26,), (2**28,)],
         options={"approximate": FORMS},
         baseline="torch",

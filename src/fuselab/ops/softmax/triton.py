@@ -7,12 +7,13 @@ a row that is all -inf (or holds +inf or NaN) gives NaN, as torch.softmax does.
 
 Which kernel (`forward_plan`, thresholds below; docs/ops/softmax.md explains them):
 
-- width <= ROW_MAX (16384): `_forward_rows_kernel`, rows held whole in registers, read once and written once. Short
+- width <= ROW_MAX (32768): `_forward_rows_kernel`, rows held whole in registers, read once and written once. Short
   rows go several to a program (a [ROWS, BLOCK] tile of about TILE_BYTES); from 2048 fp32 columns it is one row per
   program, the lecture's kernel.
-- wider, on a GPU, up to one chunk per SM: `_forward_split_kernel`. A row is cut into chunks of SPLIT_CHUNK columns,
-  one program each; every program keeps its chunk in registers, publishes its (max, sum of exp) to global memory,
-  waits for the other chunks of its row, and writes its chunk: the row is still read once and written once.
+- wider, on a GPU, up to one chunk per SM: `_forward_split_kernel`. A row is cut into chunks of
+  split_chunk(dtype) columns, one program each; every program keeps its chunk in registers, publishes its
+  (max, sum of exp) to global memory, waits for the other chunks of its row, and writes its chunk: the row is
+  still read once and written once.
 - otherwise (wider still, or under the CPU interpreter, which runs programs one after another and so cannot wait):
   `_forward_looped_kernel`, an online softmax: one pass for max and sum together, one pass to write (reads 2x).
 """
@@ -32,15 +33,18 @@ from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.softmax._shared import define_custom_ops
 from fuselab.ops.softmax.spec import SOFTMAX
 
-# A row held whole by one program: at most ROW_MAX elements, in fp32 registers after the load (64 KiB at 16 warps is
-# 32 values per thread; more spills). Backward holds y and dy, so half as many.
-ROW_MAX = 16384
-BACKWARD_ROW_MAX = ROW_MAX // 2
-# Short rows go several to a program, so each program moves about TILE_BYTES: on the H200 one 1 KiB row per program
-# reached 71% of the copy ceiling and one 4 KiB row 97%.
-TILE_BYTES = 8192
-# Columns per program in the split kernel, and per step in the looped kernels.
-SPLIT_CHUNK = 8192
+# A row held whole by one program: at most ROW_MAX elements, in fp32 registers after the load (128 KiB at 32 warps
+# is 32 values per thread). On the H200 (tune.py, 2026-11-29) this kernel at width 32768 moved 3904 GB/s in fp32 and
+# 3035 in bf16, against 3142 and 2455 for the split kernel. Backward holds y and dy, so half as many.
+ROW_MAX = 32768
+BACKWARD_ROW_MAX = 8192
+# Short rows go several to a program, so each program moves about TILE_BYTES with 4 warps: on the H200 4 KiB per
+# program (e.g. 8 fp32 rows of 128) reached 4092-4105 GB/s fp32 and 3905-3938 bf16, 8 KiB 3972-4035 and 3718-3885.
+TILE_BYTES = 4096
+# Bytes of input per program in the split kernel (a chunk of a row, kept in registers): 64 KiB, i.e. 16384 fp32
+# columns, reached 3219-3307 GB/s at widths 65536-262144, 8192 columns 3033-3114; for bf16, 8192 columns
+# (16 KiB) reached 2253-2413 and 16384 2168-2254, so 32768 (64 KiB) is the next to try.
+SPLIT_CHUNK_BYTES = 65536
 LOOP_BLOCK = 4096
 
 
@@ -216,14 +220,24 @@ class Plan:
     num_warps: int = 4
 
 
-def _warps(elements: int) -> int:
-    """Warps for a tile of `elements`: about 16 values per thread, 4 to 16 warps."""
-    return max(4, min(16, elements // 512))
+def _warps(block: int, itemsize: int) -> int:
+    """Warps for a tile of `block` columns, as timed on the H200 (tune.py): 4 up to 2048 columns, then more with the
+    bytes held (8 KiB: 8 warps; larger: 16; fp32 rows of 16384 or more: 32)."""
+    if block <= 2048:
+        return 4
+    if block * itemsize <= 8192:
+        return 8
+    return 32 if itemsize == 4 and block >= 16384 else 16
+
+
+def split_chunk(dtype: torch.dtype) -> int:
+    """Columns per program in the split kernel: SPLIT_CHUNK_BYTES of input."""
+    return SPLIT_CHUNK_BYTES // dtype.itemsize
 
 
 def _rows_plan(block: int, dtype: torch.dtype) -> Plan:
     rows = max(1, TILE_BYTES // (block * dtype.itemsize))
-    return Plan("rows", block, rows, _warps(rows * block))
+    return Plan("rows", block, rows, _warps(block, dtype.itemsize))
 
 
 @functools.cache
@@ -236,9 +250,10 @@ def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
     block = triton.next_power_of_2(width)
     if block <= ROW_MAX:
         return _rows_plan(block, dtype)
-    split = triton.cdiv(width, SPLIT_CHUNK)
+    chunk = split_chunk(dtype)
+    split = triton.cdiv(width, chunk)
     if device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1" and split <= _sm_count(device.index):
-        return Plan("split", SPLIT_CHUNK, 1, _warps(SPLIT_CHUNK))
+        return Plan("split", chunk, 1, _warps(chunk, dtype.itemsize))
     return Plan("looped", LOOP_BLOCK, 1, 8)
 
 

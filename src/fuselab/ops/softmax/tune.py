@@ -32,13 +32,13 @@ def candidates(width: int, dtype: torch.dtype, device: torch.device) -> list[st.
     if block <= 2 * st.ROW_MAX:
         for tile_bytes in (4096, 8192, 16384):
             rows = max(1, tile_bytes // (block * dtype.itemsize))
-            warps = st._warps(rows * block)
-            plans += [st.Plan("rows", block, rows, warps), st.Plan("rows", block, rows, min(32, 2 * warps))]
+            warps = st._warps(block, dtype.itemsize)
+            plans += [st.Plan("rows", block, rows, w) for w in (max(4, warps // 2), warps, min(32, 2 * warps))]
     if width > 4096:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         plans += [
-            st.Plan("split", chunk, 1, st._warps(chunk))
-            for chunk in (4096, 8192, 16384)
+            st.Plan("split", chunk, 1, st._warps(chunk, 4))
+            for chunk in (8192, 16384, 32768)
             if 1 < triton.cdiv(width, chunk) <= sms
         ]
         plans.append(st.Plan("looped", st.LOOP_BLOCK, 1, 8))
