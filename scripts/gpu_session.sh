@@ -22,7 +22,7 @@ for s in "$@"; do
       timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 180 2>&1 | tee "$OUT/pytest_gpu.log" | tail -60 ;;
     tune)
       stage "softmax tuner"
-      timeout 200 python3 -m fuselab.ops.softmax.tune 2>&1 | tee "$OUT/softmax_tune.log" | tail -80 ;;
+      timeout 200 python3 -m fuselab.ops.softmax.tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/softmax_tune.log" | tail -80 ;;
     check)
       stage check
       py -m fuselab check gelu --out "$RES/check_gelu.json" | tail -30
@@ -42,9 +42,13 @@ for s in "$@"; do
       bash scripts/gpu_profile.sh "$RES/profile" ;;
     report)
       stage report
+      # the GELU and softmax sweeps of the report are the same cases as the bench stages': reuse their logs
+      mkdir -p "$RES/report/results"
+      [ -f "$RES/gelu.jsonl" ] && cp -n "$RES/gelu.jsonl" "$RES/report/results/gelu.bench.jsonl"
+      [ -f "$RES/softmax.jsonl" ] && cp -n "$RES/softmax.jsonl" "$RES/report/results/softmax.bench.jsonl"
       py -m fuselab report --out "$RES/report" ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
+  tar czf "$OUT/results.tgz" "$RES" 2>/dev/null  # after every stage: a run cut short still brings back its results
 done
-tar czf "$OUT/results.tgz" "$RES" 2>/dev/null
 echo "=== done ($(date +%T))"
