@@ -243,15 +243,18 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     assert st.forward_plan(129, f32, cpu) == st.Plan("rows", 256, rows=4, num_warps=4)
     assert st.forward_plan(4096, f32, cpu) == st.Plan("rows", 4096, rows=1, num_warps=16)
     assert st.forward_plan(4096, bf16, cpu) == st.Plan("rows", 4096, rows=1, num_warps=8)
-    assert st.forward_plan(st.ROW_MAX, f32, cpu) == st.Plan("rows", st.ROW_MAX, rows=1, num_warps=32)
-    assert st.forward_plan(st.ROW_MAX, bf16, cpu) == st.Plan("rows", st.ROW_MAX, rows=1, num_warps=16)
-    assert st.forward_plan(st.ROW_MAX + 1, f32, cpu).kernel == "looped"  # the interpreter cannot wait: no split
+    assert st.row_max(f32) == 32768 and st.row_max(bf16) == 65536
+    assert st.forward_plan(32768, f32, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32)
+    assert st.forward_plan(32768, bf16, cpu) == st.Plan("rows", 32768, rows=1, num_warps=16)
+    assert st.forward_plan(65536, bf16, cpu) == st.Plan("rows", 65536, rows=1, num_warps=16)
+    assert st.forward_plan(32769, f32, cpu).kernel == "looped"  # the interpreter cannot wait: no split
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(st, "_sm_count", lambda index: 132)
     chunk = st.split_chunk(f32)
-    assert chunk == 16384 and st.split_chunk(bf16) == 32768
-    assert st.forward_plan(st.ROW_MAX + 1, f32, gpu) == st.Plan("split", chunk, num_warps=32)
-    assert st.forward_plan(2**20, bf16, gpu).kernel == "split"  # 32 chunks of 32768 on 132 SMs
+    assert chunk == 16384 and st.split_chunk(bf16) == 8192
+    assert st.forward_plan(32769, f32, gpu) == st.Plan("split", chunk, num_warps=32)
+    assert st.forward_plan(65537, bf16, gpu) == st.Plan("split", 8192, num_warps=16)
+    assert st.forward_plan(2**20, bf16, gpu).kernel == "split"  # 128 chunks of 8192 on 132 SMs
     assert st.forward_plan(132 * chunk + 1, f32, gpu).kernel == "looped"
     assert st.backward_plan(st.BACKWARD_ROW_MAX, f32).kernel == "rows"
     assert st.backward_plan(st.BACKWARD_ROW_MAX + 1, f32).kernel == "looped"
@@ -269,7 +272,7 @@ from fuselab.profile.inspect import triton_compile_offline
 def launch_all():
     for dtype in (torch.float32, torch.bfloat16):
         for width, plan in ((128, None), (4096, None), (40000, st.Plan("split", 16384, num_warps=16)),
-                            (40000, None)):
+                            (70000, None), (20000, None)):  # looped (no split on the CPU), a wide whole row
             x = torch.empty(64, width, dtype=dtype)
             st.launch_forward(x, torch.empty_like(x), plan)
             st.launch_backward(x, x, torch.empty_like(x))

@@ -7,9 +7,9 @@ a row that is all -inf (or holds +inf or NaN) gives NaN, as torch.softmax does.
 
 Which kernel (`forward_plan`, thresholds below; docs/ops/softmax.md explains them):
 
-- width <= ROW_MAX (32768): `_forward_rows_kernel`, rows held whole in registers, read once and written once. Short
-  rows go several to a program (a [ROWS, BLOCK] tile of about TILE_BYTES); from 2048 fp32 columns it is one row per
-  program, the lecture's kernel.
+- width <= row_max(dtype) (32768 fp32, 65536 bf16): `_forward_rows_kernel`, rows held whole in registers, read once
+  and written once. Short rows go several to a program (a [ROWS, BLOCK] tile of about TILE_BYTES); from 2048 fp32
+  columns it is one row per program, the lecture's kernel.
 - wider, on a GPU, up to one chunk per SM: `_forward_split_kernel`. A row is cut into chunks of
   split_chunk(dtype) columns, one program each; every program keeps its chunk in registers, publishes its
   (max, sum of exp) to global memory, waits for the other chunks of its row, and writes its chunk: the row is
@@ -33,18 +33,19 @@ from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.softmax._shared import define_custom_ops
 from fuselab.ops.softmax.spec import SOFTMAX
 
-# A row held whole by one program: at most ROW_MAX elements, in fp32 registers after the load (128 KiB at 32 warps
-# is 32 values per thread). On the H200 (tune.py, 2026-11-29) this kernel at width 32768 moved 3904 GB/s in fp32 and
-# 3035 in bf16, against 3142 and 2455 for the split kernel. Backward holds y and dy, so half as many.
-ROW_MAX = 32768
+# Thresholds timed on the H200 with tune.py (2026-11-29, 2^26-element tensors; the copy ceiling is ~4250 GB/s).
+# A row held whole by one program: up to ROW_MAX_BYTES of input (32768 fp32 or 65536 bf16 columns). This kernel
+# moved 3904-3956 GB/s at fp32 width 32768 (split kernel: 3142-3336) and 2723 at bf16 width 65536 (split: 1928-2415),
+# although at 65536 columns ptxas spills 84 bytes per thread.
+# Backward holds y and dy, so fewer.
+ROW_MAX_BYTES = 131072
 BACKWARD_ROW_MAX = 8192
-# Short rows go several to a program, so each program moves about TILE_BYTES with 4 warps: on the H200 4 KiB per
-# program (e.g. 8 fp32 rows of 128) reached 4092-4105 GB/s fp32 and 3905-3938 bf16, 8 KiB 3972-4035 and 3718-3885.
+# Short rows go several to a program, so each program moves about TILE_BYTES with 4 warps: 4 KiB per program
+# (e.g. 8 fp32 rows of 128) reached 4092-4105 GB/s fp32 and 3905-3938 bf16, 8 KiB 3972-4035 and 3718-3885.
 TILE_BYTES = 4096
-# Bytes of input per program in the split kernel (a chunk of a row, kept in registers): 64 KiB, i.e. 16384 fp32
-# columns, reached 3219-3307 GB/s at widths 65536-262144, 8192 columns 3033-3114; for bf16, 8192 columns
-# (16 KiB) reached 2253-2413 and 16384 2168-2254, so 32768 (64 KiB) is the next to try.
-SPLIT_CHUNK_BYTES = 65536
+# Columns per program in the split kernel, by element size: fp32 16384 columns moved 3191-3307 GB/s at widths
+# 65536-262144 (8192: 3023-3134); bf16 8192 columns 2268-2415 (16384: 2187-2307, 32768: 1835-2004).
+SPLIT_CHUNK = {4: 16384, 2: 8192}
 LOOP_BLOCK = 4096
 
 
@@ -230,9 +231,14 @@ def _warps(block: int, itemsize: int) -> int:
     return 32 if itemsize == 4 and block >= 16384 else 16
 
 
+def row_max(dtype: torch.dtype) -> int:
+    """The widest row one program holds whole."""
+    return ROW_MAX_BYTES // dtype.itemsize
+
+
 def split_chunk(dtype: torch.dtype) -> int:
-    """Columns per program in the split kernel: SPLIT_CHUNK_BYTES of input."""
-    return SPLIT_CHUNK_BYTES // dtype.itemsize
+    """Columns per program in the split kernel."""
+    return SPLIT_CHUNK[dtype.itemsize]
 
 
 def _rows_plan(block: int, dtype: torch.dtype) -> Plan:
@@ -248,7 +254,7 @@ def _sm_count(device_index: int) -> int:
 def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
     """The forward kernel for rows of `width` (see the module docstring)."""
     block = triton.next_power_of_2(width)
-    if block <= ROW_MAX:
+    if block <= row_max(dtype):
         return _rows_plan(block, dtype)
     chunk = split_chunk(dtype)
     split = triton.cdiv(width, chunk)

@@ -29,7 +29,7 @@ def candidates(width: int, dtype: torch.dtype, device: torch.device) -> list[st.
     """The chosen plan first, then alternatives around it (each at most once)."""
     block = triton.next_power_of_2(width)
     plans = [st.forward_plan(width, dtype, device)]
-    if block <= 2 * st.ROW_MAX:
+    if block <= 2 * st.row_max(dtype):
         for tile_bytes in (4096, 8192, 16384):
             rows = max(1, tile_bytes // (block * dtype.itemsize))
             warps = st._warps(block, dtype.itemsize)
