@@ -9,20 +9,16 @@ import argparse
 import importlib
 import sys
 
+import fuselab
+
 COMMANDS = ("device", "check", "bench", "profile", "inspect", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fuselab", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="fuselab", description=fuselab.__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"fuselab.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"fuselab.cli.{name}":
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(f"fuselab.cli.{name}").register(sub)
     return parser
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from fuselab.bench.results import fmt_float, fmt_plain, make_table
 from fuselab.cli._args import add_op_arguments, resolve
-from fuselab.ops.evaluate import check_op
+from fuselab.ops.evaluate import check_op, summarize_checks
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     rows = check_op(op, seed=args.seed, **kwargs)
     console = Console()
     available = [r for r in rows if r["status"] != "unavailable"]
-    shown = available if args.all else summarize(available)
+    shown = available if args.all else summarize_checks(available)
     columns = [
         ("impl", "impl", fmt_plain),
         ("dtype", "dtype", fmt_plain),
@@ -57,27 +57,3 @@ def run(args: argparse.Namespace) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
     return 1 if failed else 0
-
-
-def summarize(rows: list[dict]) -> list[dict]:
-    """One row per impl, dtype and option values: the worst errors, FAIL if any case failed."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        key = tuple((k, row[k]) for k in row if k not in _PER_CASE)
-        groups.setdefault(key, []).append(row)
-    out = []
-    for members in groups.values():
-        first = members[0]
-        worst = [m for m in members if m["status"] == "FAIL"] or members
-        summary = {k: v for k, v in first.items() if k not in _PER_CASE}
-        summary["cases"] = len(members)
-        for err in ("rel_err", "grad_rel_err"):
-            values = [m[err] for m in members if m.get(err) is not None]
-            summary[err] = max(values) if values else None
-        summary["status"] = worst[0]["status"]
-        summary["reason"] = worst[0].get("reason")
-        out.append(summary)
-    return out
-
-
-_PER_CASE = {"shape", "key", "rel_err", "grad_rel_err", "status", "reason", "seed", "error"}

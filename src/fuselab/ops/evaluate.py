@@ -18,7 +18,7 @@ from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.sweep import grid, run_sweep
 from fuselab.bench.timer import benchmark
-from fuselab.ops.registry import Impl, Op, Shape, format_shape
+from fuselab.ops.registry import Impl, Op, Shape
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 SHORT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
@@ -64,12 +64,15 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def poison_allocator(nbytes: int, device: str | torch.device) -> None:
-    """Fill memory that the next allocations will likely reuse with NaN, so unwritten outputs show as NaN."""
+def poison_allocator(nbytes: int, device: str | torch.device, blocks: int = 16) -> None:
+    """Fill memory that the next allocations will likely reuse with NaN, so unwritten outputs show as NaN.
+
+    Several blocks of the output's size are poisoned, since the allocator may hand out any recently freed block
+    of that size (the CUDA caching allocator reuses deterministically; CPU malloc less so: best effort).
+    """
     if nbytes > 0:
-        block = torch.empty(max(nbytes // 4, 1), dtype=torch.float32, device=device)
-        block.fill_(float("nan"))
-        del block
+        poisoned = [torch.full((max(nbytes // 4, 1),), float("nan"), device=device) for _ in range(blocks)]
+        del poisoned
 
 
 def option_grid(op: Op, options: dict[str, object] | None) -> list[dict[str, object]]:
@@ -166,6 +169,30 @@ def check_op(
     return [{"op": op.name, "device": device, **row} for row in rows]
 
 
+def summarize_checks(rows: list[dict]) -> list[dict]:
+    """One row per impl, dtype and option values: the worst errors, FAIL if any case failed."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = tuple((k, row[k]) for k in row if k not in _PER_CASE)
+        groups.setdefault(key, []).append(row)
+    out = []
+    for members in groups.values():
+        first = members[0]
+        worst = [m for m in members if m["status"] == "FAIL"] or members
+        summary = {k: v for k, v in first.items() if k not in _PER_CASE}
+        summary["cases"] = len(members)
+        for err in ("rel_err", "grad_rel_err"):
+            values = [m[err] for m in members if m.get(err) is not None]
+            summary[err] = max(values) if values else None
+        summary["status"] = worst[0]["status"]
+        summary["reason"] = worst[0].get("reason")
+        out.append(summary)
+    return out
+
+
+_PER_CASE = {"shape", "key", "rel_err", "grad_rel_err", "status", "reason", "seed", "error"}
+
+
 # ---------------------------------------------------------------------------------------------- bench
 
 
@@ -250,7 +277,3 @@ def add_derived(rows: list[dict], baseline: str, copy_gbps: float | None, peer_f
         reference_ms = base.get(peer(row))
         row[f"speedup_vs_{baseline}"] = reference_ms / row["median_ms"] if reference_ms else None
     return rows
-
-
-def describe_case(row: dict) -> str:
-    return f"{row['impl']} {row['dtype']} {format_shape(tuple(row['shape']))}"

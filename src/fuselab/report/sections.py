@@ -14,7 +14,7 @@ import torch
 
 from fuselab.bench.ceilings import get_ceilings
 from fuselab.bench.results import plot_metric
-from fuselab.ops.evaluate import DTYPES, bench_op, check_op
+from fuselab.ops.evaluate import DTYPES, bench_op, check_op, summarize_checks
 from fuselab.ops.registry import Op, format_shape, get_op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context, Section
@@ -486,9 +486,8 @@ def _check(ctx: Context, op: Op, cfg: dict) -> list[dict]:
 
 
 def _check_doc(doc: Doc, op: Op, rows: list[dict]) -> list[dict]:
-    from fuselab.cli.check import summarize
 
-    summary = summarize(rows)
+    summary = summarize_checks(rows)
     table = [
         [
             s["impl"],
