@@ -52,6 +52,7 @@ def profile_callable(
     stacks: bool = False,
     cuda: bool | None = None,
     trace_name: str = "trace.json",
+    _stack_retries: int = 3,
 ) -> ProfileResult:
     """Call `fn()` `warmup` times, then `iters` times under torch.profiler, each call inside range(label).
 
@@ -90,7 +91,25 @@ def profile_callable(
         metrics = [("cpu", "self_cpu_time_total")] + ([("gpu", "self_cuda_time_total")] if cuda else [])
         for name, metric in metrics:
             path = out / f"stacks_{name}.txt"
-            prof.export_stacks(str(path), metric)
+            try:
+                prof.export_stacks(str(path), metric)
+            except UnicodeDecodeError:
+                # torch (seen in 2.13 on the CPU, now and then under load) may hand back an event name that is
+                # not UTF-8 when stacks are recorded; the stacks of this run are lost, the run itself is not:
+                # profile again for them
+                if _stack_retries <= 0:
+                    raise RuntimeError("torch.profiler returned corrupt event names; stacks not written") from None
+                return profile_callable(
+                    fn,
+                    label=label,
+                    warmup=0,
+                    iters=iters,
+                    out_dir=out,
+                    stacks=True,
+                    cuda=cuda,
+                    trace_name=trace_name,
+                    _stack_retries=_stack_retries - 1,
+                )
             stacks_paths.append(path)
     return ProfileResult(
         label=label or "run",
