@@ -97,3 +97,27 @@ def test_markdown_tables_escape_pipes_and_html_escapes_text():
     )
     assert text_html("- one\n- two") == "<ul><li>one</li><li>two</li></ul>"
     assert text_html("### Title\n\nbody") == "<h3>Title</h3>\n<p>body</p>"
+
+
+def test_images_link_relative_to_the_report_even_when_out_is_a_relative_path(tmp_path, monkeypatch):
+    """`fuselab report --out some/dir`: report.md links plots/x.png, and report.html embeds the image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def plotting(ctx, doc):
+        path = ctx.plot("x.png")
+        plt.figure(figsize=(1, 1))
+        plt.savefig(path)
+        plt.close()
+        doc.image(path, "a plot")
+        return {}
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "some" / "dir"
+    ctx = Context(out=out.relative_to(tmp_path), device="cpu", mode="quick", budget={}, show_progress=False)
+    run_report([Section("p", "P", plotting)], ctx)
+    assert "](plots/x.png)" in (out / "report.md").read_text()
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page and "image missing" not in page

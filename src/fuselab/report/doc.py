@@ -36,7 +36,7 @@ class Doc:
 
     def image(self, path: str | Path, caption: str = "") -> None:
         path = Path(path)
-        rel = path.relative_to(self.root) if path.is_absolute() else path
+        rel = path.resolve().relative_to(Path(self.root).resolve())
         self.blocks.append({"kind": "image", "path": rel.as_posix(), "caption": caption})
 
     def code(self, text: str, *, caption: str = "", folded: bool = False) -> None:
