@@ -33,7 +33,7 @@ from fuselab.report.doc import Doc, blocks_to_html, blocks_to_markdown, html_pag
 class Context:
     """What sections share: the output folder, the device, the mode and its budget, earlier sections' results.
 
-    mode: "quick", "cpu" or "gpu"; budget: the sizes and timings of that mode (see fuselab.report.sections).
+    mode: "quick", "cpu" or "gpu"; budget: the sizes and timings of that mode (see fuselab.report.budgets).
     """
 
     out: Path

@@ -1,0 +1,118 @@
+"""The derived sections: they only read the others' results (the roofline, the claims), so they are always redone."""
+
+from __future__ import annotations
+
+from fuselab.ops.registry import format_shape, get_op
+from fuselab.report.doc import Doc
+from fuselab.report.runner import Context
+from fuselab.report.sections._common import g3, short_dtype
+from fuselab.studies import claims as claims_mod
+from fuselab.studies import roofline
+
+
+def roofline_points(results: dict[str, dict]) -> list[dict]:
+    """The measured kernels as roofline points: matmuls at every size, GELU (tanh) and softmax at every timing."""
+    points = []
+    for r in results.get("matmul", {}).get("rows", []):
+        if not r.get("error"):
+            points.append(
+                {
+                    "label": f"matmul {r['n']} {short_dtype(r['dtype'])}",
+                    "group": f"matmul {short_dtype(r['dtype'])}",
+                    "family": "matmul",
+                    "kind": "matmul",
+                    "dtype": r["dtype"],
+                    "flops": r["flops"],
+                    "bytes": r["bytes"],
+                    "median_ms": r["median_ms"],
+                }
+            )
+    for name in ("gelu", "softmax"):
+        if name not in results:
+            continue
+        op = get_op(name)
+        for r in results[name].get("bench", []):
+            if r.get("error") or r.get("approximate", "tanh") != "tanh":
+                continue
+            points.append(
+                {
+                    "label": f"{name} {r['impl']} {short_dtype(r['dtype'])} {format_shape(tuple(r['shape']))}",
+                    "group": f"{name} {r['impl']} {short_dtype(r['dtype'])}",
+                    "family": name,
+                    "kind": "elementwise",
+                    "dtype": r["dtype"],
+                    "flops": op.flops(tuple(r["shape"])),
+                    "bytes": r["bytes"],
+                    "median_ms": r["median_ms"],
+                }
+            )
+    return points
+
+
+def roofline_section(ctx: Context, doc: Doc) -> dict:
+    device = ctx.need("device")
+    points = roofline_points(ctx.results)
+    if not points:
+        raise LookupError("no measured kernel to place: the matmul, GELU and softmax sections did not finish")
+    copy, peaks = device["copy_gbps"], device["matmul_tflops"]
+    placed = roofline.place_all(points, copy, peaks)
+    doc.text(
+        f"Each measured kernel at its arithmetic intensity (FLOPs per byte it must move) against the roofs measured "
+        f"here: memory {copy:.0f} GB/s, compute "
+        + ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in peaks.items())
+        + ". Left of a ridge point a kernel is memory-bound (GELU, softmax: a handful of FLOPs per byte); right of "
+        "it compute-bound (large matmuls). Non-matmul kernels are held against the fp32 rate. % of roof is achieved "
+        "TFLOP/s over the roof at that intensity."
+    )
+    doc.image(
+        roofline.plot_roofline(placed, copy, peaks, ctx.plot("roofline.png")),
+        "Roofline: measured kernels against the measured ceilings (log-log).",
+    )
+    shown = []
+    for group in dict.fromkeys(p["group"] for p in placed):
+        mine = sorted((p for p in placed if p["group"] == group), key=lambda p: p["flops"])
+        shown += [mine[0], mine[-1]] if len(mine) > 1 else mine
+    table = [
+        [
+            p["label"],
+            g3(p["ai"]),
+            g3(p["tflops"]),
+            g3(p["gbps"]),
+            g3(p["roof_tflops"]),
+            g3(p["pct_of_roof"]),
+            p["bound"],
+        ]
+        for p in shown
+    ]
+    doc.table(
+        ["kernel", "FLOP/byte", "TFLOP/s", "GB/s", "roof TFLOP/s", "% of roof", "bound"],
+        table,
+        caption="the smallest and largest size of each kernel",
+    )
+    return {"points": placed, "copy_gbps": copy, "matmul_tflops": peaks}
+
+
+def claims_section(ctx: Context, doc: Doc) -> dict:
+    found = claims_mod.evaluate_claims(ctx.results)
+    answers = claims_mod.answer_questions(ctx.results)
+    held = sum(c["held"] is True for c in found)
+    not_held = sum(c["held"] is False for c in found)
+    doc.text(
+        f"The lecture's claims, each checked against a figure measured in this run: **{held} held, {not_held} not "
+        f"held, {len(found) - held - not_held} not applicable** on this device (n/a: not measurable here, e.g. a GPU "
+        "effect on the CPU, or a section that failed)."
+    )
+    doc.table(
+        ["#", "claim", "measured in this run", "criterion", "verdict"],
+        [[i, c["claim"], c["figure"], c["criterion"], claims_mod.verdict(c["held"])] for i, c in enumerate(found, 1)],
+    )
+    doc.text("### Check your understanding")
+    doc.table(
+        ["#", "question", "answer, from this run", "verdict"],
+        [[f"Q{i}", a["question"], a["answer"], claims_mod.verdict(a["held"])] for i, a in enumerate(answers, 1)],
+    )
+    headline = (
+        f"**Claims reproduced on this device: {held} held, {not_held} not held, "
+        f"{len(found) - held - not_held} n/a** (see [Claims reproduced](#sec-claims))"
+    )
+    return {"claims": found, "questions": answers, "headline": headline}

@@ -1,0 +1,33 @@
+"""The inspect section: registers, spills, shared memory and load widths of the compiled fused kernels."""
+
+from __future__ import annotations
+
+import torch
+
+from fuselab.report.doc import Doc
+from fuselab.report.runner import Context
+
+
+def inspect_section(ctx: Context, doc: Doc) -> dict:
+    from fuselab.profile.inspect import inspect_impl
+
+    doc.text(
+        "What the fused kernels compile to: registers per thread, spills, shared memory, and the widest global "
+        "load and store (`ld.global.v4.b32` moves 16 bytes per thread: vectorized; `.b32` only 4)."
+        + ("" if ctx.on_gpu else " Without a GPU the Triton kernels are compiled for sm_90 as the JIT would.")
+    )
+    items = []
+    for op_name, impl in ctx.budget["inspect"]:
+        try:
+            inspection = inspect_impl(op_name, impl, dtype=torch.float32)
+        except Exception as exc:  # one failing (no nvcc, say) leaves the others
+            error = f"{type(exc).__name__}: {exc}".strip()
+            items.append({"op": op_name, "impl": impl, "error": error[:3000]})
+            doc.code(error, caption=f"{op_name} / {impl}: could not inspect", folded=True)
+            continue
+        inspection.write(ctx.out / "traces" / "inspect" / f"{op_name}_{impl}")
+        items.append({**inspection.to_json(), "summary": inspection.summary()})
+        doc.code(inspection.summary(), caption=f"{op_name} / {impl}")
+    if all("error" in i for i in items):
+        raise RuntimeError("no kernel could be inspected: " + "; ".join(i["error"] for i in items))
+    return {"items": items}
