@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from fuselab.ops.evaluate import parse_dtype
 from fuselab.ops.registry import Op, get_op, parse_shape
 from fuselab.ops.user import user_op
@@ -39,6 +41,6 @@ def resolve(args: argparse.Namespace) -> tuple[Op, dict]:
         "dtypes": [parse_dtype(d) for d in split(args.dtype) or []] or None,
         "shapes": [parse_shape(s) for s in args.shape] if args.shape else None,
         "options": op.resolve_options(options) if options else None,
-        "device": args.device,
+        "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
     }
     return op, kwargs

@@ -39,10 +39,9 @@ def run(args: argparse.Namespace) -> int:
     rows = bench_op(op, out=log, timing=timing, **kwargs)
     console = Console()
     console.print(make_table(rows, columns(op.baseline, list(op.options)), title=f"bench {op.name}"))
-    device = rows[0]["device"] if rows and rows[0].get("device") else kwargs["device"]
-    ceilings = get_ceilings(device, measure=False)
+    ceilings = get_ceilings(kwargs["device"], measure=False)
     if args.out and args.out.suffix == ".json":
-        meta = {"env": environment(device or ("cuda" if rows and rows[0].get("gpu") else "cpu")), "ceilings": ceilings}
+        meta = {"env": environment(kwargs["device"]), "ceilings": ceilings}
         write_json(rows, args.out, meta=meta)
         console.print(f"wrote {args.out} (log: {log})")
     if args.csv:
