@@ -6,6 +6,7 @@ import csv
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -72,6 +73,26 @@ def write_csv(records: Sequence[dict], path: str | Path) -> Path:
     return path
 
 
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out, save (creating the folder), close; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
 def plot_metric(
     records: Iterable[dict],
     path: str | Path,
@@ -89,11 +110,7 @@ def plot_metric(
     logy: bool = False,
 ) -> Path:
     """One line per `series` value of `y` against `x`, one panel per `panel` value; failed rows are left out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = [r for r in records if not r.get("error") and r.get(y) is not None and r.get(x) is not None]
     panels = sorted({str(r.get(panel)) for r in rows}) if panel else [""]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4.2), squeeze=False)
@@ -113,9 +130,4 @@ def plot_metric(
         ax.set_title(f"{title} {name}".strip())
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

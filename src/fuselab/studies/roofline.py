@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from fuselab.bench.results import pyplot, save_figure
+
 PEAK_FOR_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
 
 
@@ -70,11 +72,7 @@ def plot_roofline(
     placed: Sequence[dict], copy_gbps: float, matmul_tflops: dict[str, float], path: str | Path, title: str = ""
 ) -> Path:
     """Log-log chart: the memory roof, one compute roof per measured matmul dtype, each kernel a marker."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(12, 6.5))
     ais = [p["ai"] for p in placed] or [1.0]
     lo, hi = (
@@ -118,9 +116,4 @@ def plot_roofline(
     ax.set_title(title or "roofline (measured ceilings)")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1 if len(groups) < 18 else 2)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

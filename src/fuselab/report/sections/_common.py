@@ -1,9 +1,6 @@
-"""What the sections share: number formatting, results rows slimmed for JSON, matplotlib set-up."""
+"""What the sections share: number formatting and results rows slimmed for JSON."""
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Any
 
 
 def g3(value: float | None, unit: str = "") -> str:
@@ -83,21 +80,3 @@ def slim(row: dict) -> dict:
         if "n" in row:
             out["reps"] = row["n"]
     return out
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (files only, no display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, path: Path) -> Path:
-    """Lay out, save at 120 dpi, close; returns `path`."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    pyplot().close(fig)
-    return path

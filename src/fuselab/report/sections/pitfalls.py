@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fuselab.bench.results import pyplot, save_figure
 from fuselab.ops.evaluate import DTYPES
 from fuselab.ops.registry import format_shape
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
-from fuselab.report.sections._common import first_line, ms, pow2, pyplot, save_figure, short_dtype
+from fuselab.report.sections._common import first_line, ms, pow2, short_dtype
 from fuselab.studies import pitfalls
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fuselab.bench.results import pyplot, save_figure
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
-from fuselab.report.sections._common import first_line, g3, ms, pyplot, save_figure, short_dtype, slim
+from fuselab.report.sections._common import first_line, g3, ms, short_dtype, slim
 from fuselab.studies import scaling
 
 
