@@ -233,31 +233,53 @@ def test_cpu_triton_backward_paths(plan: str) -> None:
 
 
 def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The automatic choice: short rows several to a program (~TILE_BYTES each), rows up to ROW_MAX whole, wider
-    rows split across programs on a GPU (one chunk per SM at most) or looped."""
+    """The automatic choice: short rows several to a program (~TILE_BYTES each, SHORT_WARPS), rows up to ROW_MAX
+    whole, wider rows split across programs on a GPU (one chunk per SM at most; bf16 of even width in pairs)
+    or looped."""
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    f32, bf16 = torch.float32, torch.bfloat16
-    assert st.forward_plan(128, f32, cpu) == st.Plan("rows", 128, rows=8, num_warps=4)
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    assert st.forward_plan(128, f32, cpu) == st.Plan("rows", 128, rows=8, num_warps=1)
     assert st.forward_plan(128, bf16, cpu) == st.Plan("rows", 128, rows=16, num_warps=4)
-    assert st.forward_plan(1, f32, cpu).rows == st.TILE_BYTES // 4
-    assert st.forward_plan(129, f32, cpu) == st.Plan("rows", 256, rows=4, num_warps=4)
+    assert st.forward_plan(1, f32, cpu) == st.Plan("rows", 1, rows=st.TILE_BYTES // 4, num_warps=1)
+    assert st.forward_plan(129, f32, cpu) == st.Plan("rows", 256, rows=4, num_warps=1)
+    assert st.forward_plan(1024, f32, cpu) == st.Plan("rows", 1024, rows=1, num_warps=1)
+    assert st.forward_plan(2048, f32, cpu) == st.Plan("rows", 2048, rows=1, num_warps=4)
     assert st.forward_plan(4096, f32, cpu) == st.Plan("rows", 4096, rows=1, num_warps=16)
-    assert st.forward_plan(4096, bf16, cpu) == st.Plan("rows", 4096, rows=1, num_warps=8)
-    assert st.row_max(f32) == 32768 and st.row_max(bf16) == 65536
+    assert st.forward_plan(4096, bf16, cpu) == st.Plan("rows", 4096, rows=1, num_warps=4)
+    assert st.ROW_MAX == 32768
     assert st.forward_plan(32768, f32, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32)
     assert st.forward_plan(32768, bf16, cpu) == st.Plan("rows", 32768, rows=1, num_warps=16)
-    assert st.forward_plan(65536, bf16, cpu) == st.Plan("rows", 65536, rows=1, num_warps=16)
     assert st.forward_plan(32769, f32, cpu).kernel == "looped"  # the interpreter cannot wait: no split
+    assert st.forward_plan(65536, bf16, cpu).kernel == "looped"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(st, "_sm_count", lambda index: 132)
-    chunk = st.split_chunk(f32)
-    assert chunk == 16384 and st.split_chunk(bf16) == 8192
-    assert st.forward_plan(32769, f32, gpu) == st.Plan("split", chunk, num_warps=32)
-    assert st.forward_plan(65537, bf16, gpu) == st.Plan("split", 8192, num_warps=16)
-    assert st.forward_plan(2**20, bf16, gpu).kernel == "split"  # 128 chunks of 8192 on 132 SMs
-    assert st.forward_plan(132 * chunk + 1, f32, gpu).kernel == "looped"
+    assert st.forward_plan(32769, f32, gpu) == st.Plan("split", 16384, num_warps=16)
+    assert st.forward_plan(65536, bf16, gpu) == st.Plan("split_pairs", 8192, num_warps=4)
+    assert st.forward_plan(65537, bf16, gpu) == st.Plan("split", 8192, num_warps=8)  # odd: no pairs
+    assert st.forward_plan(65536, f16, gpu) == st.Plan("split", 8192, num_warps=8)
+    assert st.forward_plan(2**20, bf16, gpu).kernel == "split_pairs"  # 128 chunks of 8192 on 132 SMs
+    assert st.forward_plan(132 * 16384 + 1, f32, gpu).kernel == "looped"
     assert st.backward_plan(st.BACKWARD_ROW_MAX, f32).kernel == "rows"
     assert st.backward_plan(st.BACKWARD_ROW_MAX + 1, f32).kernel == "looped"
+
+
+@interpreter_quiet
+def test_cpu_triton_split_pairs_bf16() -> None:
+    """The bf16 split kernel that holds columns in int32 pairs (one chunk per row here, as the split kernel above):
+    even widths, special rows, and rows it cannot read in pairs (odd width, odd row stride, odd offset), which go
+    to the plain split kernel instead."""
+    for width in (2, 64, 300):
+        (x,) = SOFTMAX.make_inputs((11, width), torch.bfloat16, "cpu", width)
+        for case in (x, special_rows(torch.bfloat16, "cpu", width)):
+            y = torch.full_like(case, float("nan"))
+            st.launch_forward(case, y, st.Plan("split_pairs", st.triton.next_power_of_2(width)))
+            assert_softmax_like_torch(y, case, f"split_pairs width {width}")
+    (wide,) = SOFTMAX.make_inputs((7, 131), torch.bfloat16, "cpu", 9)
+    for view in (wide[:, :65], wide[:, 1:65], wide[:, :64]):  # odd width, odd offset, odd row stride
+        assert not st._in_pairs(view)
+        y = torch.full(view.shape, float("nan"), dtype=view.dtype)
+        st.launch_forward(view, y, st.Plan("split_pairs", 128))
+        assert rel_err(y, reference(view)) <= SOFTMAX.tolerance[torch.bfloat16], f"{view.shape} {view.stride()}"
 
 
 # Launches each Triton kernel as the automatic choice would (fp32 and bf16) and compiles what it launched for sm_90.
@@ -272,11 +294,13 @@ from fuselab.profile.inspect import triton_compile_offline
 def launch_all():
     for dtype in (torch.float32, torch.bfloat16):
         for width, plan in ((128, None), (4096, None), (40000, st.Plan("split", 16384, num_warps=16)),
+                            (40000, st.Plan("split_pairs", 8192, num_warps=4)),  # bf16 only; else split
                             (70000, None), (20000, None)):  # looped (no split on the CPU), a wide whole row
             x = torch.empty(64, width, dtype=dtype)
             st.launch_forward(x, torch.empty_like(x), plan)
             st.launch_backward(x, x, torch.empty_like(x))
 
+st._interpreted = lambda: False  # compile what a GPU runs (inline PTX in the split-pairs kernel)
 kernels = triton_compile_offline(list(st.TRITON_KERNELS), launch_all, "sm_90")
 print(json.dumps([{"name": k.name, "loads": [a.bytes for a in k.loads], "stores": [a.bytes for a in k.stores],
                    "spills": k.resources.spill_stores} for k in kernels]))
@@ -496,12 +520,18 @@ def test_gpu_every_width_path(name: str, dtype: torch.dtype) -> None:
 def test_gpu_triton_forced_paths(dtype: torch.dtype) -> None:
     """Each Triton kernel away from where the choice puts it: the split kernel with small chunks and many rows (many
     programs waiting for each other at once), the looped kernel on widths the others would take."""
-    plans = (st.Plan("split", 1024, num_warps=4), st.Plan("split", 128, num_warps=4), st.Plan("looped", 1024))
+    plans = (
+        st.Plan("split", 1024, num_warps=4),
+        st.Plan("split", 128, num_warps=4),
+        st.Plan("split_pairs", 1024, num_warps=4),  # bf16 of even width in pairs, else the split kernel
+        st.Plan("split_pairs", 256, num_warps=1),
+        st.Plan("looped", 1024),
+    )
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in ((3000, 5000), (7, 16385), (100, 7)):
         (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 12)
         for plan in plans:
-            if plan.kernel == "split" and st.triton.cdiv(shape[1], plan.block) > sms:
+            if plan.kernel.startswith("split") and st.triton.cdiv(shape[1], plan.block) > sms:
                 continue  # more chunks than SMs: the choice never splits so finely (all must fit at once)
             y = torch.full_like(x, float("nan"))
             st.launch_forward(x, y, plan)
@@ -534,7 +564,7 @@ def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> Non
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_special_rows_as_torch_softmax(name: str, dtype: torch.dtype) -> None:
-    for width in (1, 3, 300, 5000, 20000, 70000):
+    for width in (1, 3, 300, 5000, 20000, 70000, 70001):
         x = special_rows(dtype, "cuda", width)
         assert_softmax_like_torch(run(name, x), x, f"{name} {dtype} width {width}")
 

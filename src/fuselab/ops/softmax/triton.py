@@ -1,4 +1,4 @@
-"""Softmax over the last dimension in Triton: three forward kernels chosen by row width, two backward kernels.
+"""Softmax over the last dimension in Triton: four forward kernels chosen by row width, two backward kernels.
 
 The input is seen as (rows, width) with unit stride along the width (see `_shared.as_rows`); each kernel takes row
 strides, so sliced rows need no copy. Row offsets are int64 (rows * stride passes 2^31 at 256 MiB sizes). Math is in
@@ -7,13 +7,14 @@ a row that is all -inf (or holds +inf or NaN) gives NaN, as torch.softmax does.
 
 Which kernel (`forward_plan`, thresholds below; docs/ops/softmax.md explains them):
 
-- width <= row_max(dtype) (32768 fp32, 65536 bf16): `_forward_rows_kernel`, rows held whole in registers, read once
-  and written once. Short rows go several to a program (a [ROWS, BLOCK] tile of about TILE_BYTES); from 2048 fp32
-  columns it is one row per program, the lecture's kernel.
-- wider, on a GPU, up to one chunk per SM: `_forward_split_kernel`. A row is cut into chunks of
-  split_chunk(dtype) columns, one program each; every program keeps its chunk in registers, publishes its
-  (max, sum of exp) to global memory, waits for the other chunks of its row, and writes its chunk: the row is
-  still read once and written once.
+- width <= ROW_MAX (32768 columns): `_forward_rows_kernel`, rows held whole in registers, read once and written once.
+  Short rows go several to a program (a [ROWS, BLOCK] tile of about TILE_BYTES); from 1024 fp32 columns it is one
+  row per program, the lecture's kernel. Masks are compiled out where the tile divides the tensor exactly (EVEN).
+- wider, on a GPU, up to one chunk per SM: a row is cut into chunks, one program each; every program keeps its chunk
+  in registers, publishes its (max, sum of exp) to global memory, waits for the other chunks of its row, and writes
+  its chunk: the row is still read once and written once. `_forward_split_kernel` in general;
+  `_forward_split_pairs_kernel` for bf16 rows of even width, which holds two bf16 in each 32-bit register (half the
+  registers of fp32 values, so twice the programs per SM).
 - otherwise (wider still, or under the CPU interpreter, which runs programs one after another and so cannot wait):
   `_forward_looped_kernel`, an online softmax: one pass for max and sum together, one pass to write (reads 2x).
 """
@@ -33,37 +34,86 @@ from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.softmax._shared import define_custom_ops
 from fuselab.ops.softmax.spec import SOFTMAX
 
-# Thresholds timed on the H200 with tune.py (2026-11-29, 2^26-element tensors; the copy ceiling is ~4250 GB/s).
-# A row held whole by one program: up to ROW_MAX_BYTES of input (32768 fp32 or 65536 bf16 columns). This kernel
-# moved 3904-3956 GB/s at fp32 width 32768 (split kernel: 3142-3336) and 2723 at bf16 width 65536 (split: 1928-2415),
-# although at 65536 columns ptxas spills 84 bytes per thread.
+# Thresholds timed on the H200 (copy ceiling ~4270 GB/s) with tune.py and the exploration of 2026-11-29/30
+# (2^26-element tensors; benchmarks/results/h200/logs/). A row held whole by one program: up to ROW_MAX columns. fp32
+# rows of 32768 moved 3915-3945 GB/s this way (split: 3142-3336); bf16 rows of 65536 are faster split in pairs
+# (2792-2818 GB/s against 2710-2736 whole, where ptxas spills).
+ROW_MAX = 32768
 # Backward holds y and dy, so fewer.
-ROW_MAX_BYTES = 131072
 BACKWARD_ROW_MAX = 8192
-# Short rows go several to a program, so each program moves about TILE_BYTES with 4 warps: 4 KiB per program
-# (e.g. 8 fp32 rows of 128) reached 4092-4105 GB/s fp32 and 3905-3938 bf16, 8 KiB 3972-4035 and 3718-3885.
+# Short rows go several to a program, so each program moves about TILE_BYTES: 4 KiB tiles moved 4068-4150 GB/s in
+# fp32 and 3929-3985 in bf16 at widths 128-1024; 8 KiB tiles 3972-4080 and 3718-3885. Warps for such a tile, by
+# element size: fp32 1 warp (32 values per thread) 4112-4150 GB/s (2 warps 4068-4146, 4 warps 4097-4134); bf16
+# 4 warps 3929-3985 (2 warps 3902-3961).
 TILE_BYTES = 4096
-# Columns per program in the split kernel, by element size: fp32 16384 columns moved 3191-3307 GB/s at widths
-# 65536-262144 (8192: 3023-3134); bf16 8192 columns 2268-2415 (16384: 2187-2307, 32768: 1835-2004).
-SPLIT_CHUNK = {4: 16384, 2: 8192}
+SHORT_WARPS = {4: 1, 2: 4}
+# (columns, warps) per program in the split kernels, by element size; bf16 pairs apart. fp32: 16384 columns at 16
+# warps moved 3184-3307 GB/s at widths 65536-262144 (8192: 3023-3134); fp16 8192 at 8 warps 2478-2639 (16 warps:
+# 2268-2429); bf16 in pairs 8192 at 4 warps 2653-2818 (8 warps: 2357-2511; 16384 columns: 2004-2300).
+SPLIT = {4: (16384, 16), 2: (8192, 8)}
+SPLIT_PAIRS = (8192, 4)
 LOOP_BLOCK = 4096
 
 
 @triton.jit
 def _forward_rows_kernel(
-    x_ptr, y_ptr, n_rows, n_cols, x_row_stride, y_row_stride, ROWS: tl.constexpr, BLOCK: tl.constexpr
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    x_row_stride,
+    y_row_stride,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
     """ROWS whole rows per program. x, y: (n_rows, n_cols), unit column stride; BLOCK >= n_cols, a power of 2.
 
-    Rows past the end read the last row again (no NaN from empty rows) and are not stored.
+    EVEN (n_cols == BLOCK and ROWS divides n_rows): no masks. Otherwise rows past the end read the last row again
+    (no NaN from empty rows) and are not stored.
     """
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
-    x_rows = x_ptr + tl.minimum(rows, n_rows - 1) * x_row_stride
-    x = tl.load(x_rows + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+    if EVEN:
+        x = tl.load(x_ptr + rows * x_row_stride + cols)
+    else:
+        x_rows = x_ptr + tl.minimum(rows, n_rows - 1) * x_row_stride
+        x = tl.load(x_rows + cols, mask=cols < n_cols, other=float("-inf"))
+    x = x.to(tl.float32)
     e = tl.exp(x - tl.max(x, axis=1, keep_dims=True))
-    y = e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
-    tl.store(y_ptr + rows * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=(rows < n_rows) & (cols < n_cols))
+    y = (e * (1.0 / tl.sum(e, axis=1, keep_dims=True))).to(y_ptr.dtype.element_ty)
+    if EVEN:
+        tl.store(y_ptr + rows * y_row_stride + cols, y)
+    else:
+        tl.store(y_ptr + rows * y_row_stride + cols, y, mask=(rows < n_rows) & (cols < n_cols))
+
+
+@triton.jit
+def _row_of_ticket(sync_ptr, SPLIT: tl.constexpr):
+    """(ticket, row, chunk) for a program of a split kernel: its work, in the order programs start running."""
+    ticket = tl.atomic_add(sync_ptr, 1).to(tl.int64)
+    return ticket, ticket // SPLIT, ticket % SPLIT
+
+
+@triton.jit
+def _row_max_and_inv_sum(
+    max_ptr, sum_ptr, sync_ptr, ticket, row, chunk_max, chunk_sum, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr
+):
+    """Publish this chunk's (max, sum of exp(x - max)), wait for the row's other chunks, return the row's max and
+    1 / sum of exp(x - row max). chunk_sum is taken with a shift of 0 where chunk_max is -inf (an all -inf chunk)."""
+    tl.store(max_ptr + ticket, chunk_max)
+    tl.store(sum_ptr + ticket, chunk_sum)
+    tl.debug_barrier()  # every thread's stores precede the release below
+    arrived = sync_ptr + 1 + row
+    tl.atomic_add(arrived, 1, sem="release")
+    while tl.atomic_add(arrived, 0, sem="acquire") < SPLIT:
+        pass
+    tl.debug_barrier()
+    parts = tl.arange(0, SPLIT_P2)
+    maxes = tl.load(max_ptr + row * SPLIT + parts, mask=parts < SPLIT, other=float("-inf"), cache_modifier=".cg")
+    sums = tl.load(sum_ptr + row * SPLIT + parts, mask=parts < SPLIT, other=0.0, cache_modifier=".cg")
+    row_max = tl.max(maxes, axis=0)
+    return row_max, 1.0 / tl.sum(sums * tl.exp(maxes - row_max), axis=0)
 
 
 @triton.jit
@@ -88,28 +138,91 @@ def _forward_split_kernel(
     but the last one begun has all its programs running, finishes, and frees room for the next tickets. It needs
     SPLIT programs to fit on the GPU at once: the caller keeps SPLIT <= the number of SMs.
     """
-    ticket = tl.atomic_add(sync_ptr, 1).to(tl.int64)
-    row = ticket // SPLIT
-    cols = (ticket % SPLIT) * CHUNK + tl.arange(0, CHUNK)
+    ticket, row, chunk = _row_of_ticket(sync_ptr, SPLIT)
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
     chunk_max = tl.max(x, axis=0)
     shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)  # an all -inf chunk has sum 0, not NaN
-    tl.store(max_ptr + ticket, chunk_max)
-    tl.store(sum_ptr + ticket, tl.sum(tl.exp(x - shift), axis=0))
-    tl.debug_barrier()  # every thread's stores precede the release below
-    arrived = sync_ptr + 1 + row
-    tl.atomic_add(arrived, 1, sem="release")
-    while tl.atomic_add(arrived, 0, sem="acquire") < SPLIT:
-        pass
-    tl.debug_barrier()
-    parts = tl.arange(0, SPLIT_P2)
-    maxes = tl.load(max_ptr + row * SPLIT + parts, mask=parts < SPLIT, other=float("-inf"), cache_modifier=".cg")
-    sums = tl.load(sum_ptr + row * SPLIT + parts, mask=parts < SPLIT, other=0.0, cache_modifier=".cg")
-    row_max = tl.max(maxes, axis=0)
-    inv_sum = 1.0 / tl.sum(sums * tl.exp(maxes - row_max), axis=0)
+    chunk_sum = tl.sum(tl.exp(x - shift), axis=0)
+    row_max, inv_sum = _row_max_and_inv_sum(
+        max_ptr, sum_ptr, sync_ptr, ticket, row, chunk_max, chunk_sum, SPLIT, SPLIT_P2
+    )
     y = tl.exp(x - row_max) * inv_sum
     tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+NEG_INF_PAIR = tl.constexpr(-8323200)  # int32 0xFF80FF80: two bf16 -inf
+
+
+@triton.jit
+def _unpack_bf16_pairs(pairs, SPELLING: tl.constexpr, PTX: tl.constexpr):
+    """int32 pairs of bf16 (the first element in the low half) -> (first, second) as fp32, spelled one of three ways.
+
+    The split-pairs kernel unpacks its chunk three times (max, sum, output) so that only the packed int32 stay live
+    in between. Written the same way each time, the compiler would reuse the first unpack's fp32 values and keep them
+    instead (twice the registers); a shift, a conversion and inline PTX are three spellings it does not merge.
+    PTX False (the interpreter has no inline PTX): the third is the second again.
+    """
+    if SPELLING == 0:
+        return (pairs << 16).to(tl.float32, bitcast=True), (pairs & -65536).to(tl.float32, bitcast=True)
+    elif SPELLING == 1 or not PTX:
+        first = pairs.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+        return first, (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.bf16 $0, lo; cvt.f32.bf16 $1, hi; }",
+            "=r,=r,r",
+            [pairs],
+            dtype=(tl.float32, tl.float32),
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
+def _pack_bf16_pairs(first, second):
+    """fp32 (first, second) -> int32 pairs of bf16, rounded to nearest even as .to(bfloat16) does."""
+    low = first.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+    return (second.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) << 16) | low
+
+
+@triton.jit
+def _forward_split_pairs_kernel(
+    x_ptr,
+    y_ptr,
+    max_ptr,
+    sum_ptr,
+    sync_ptr,
+    n_pairs,
+    x_row_stride,
+    y_row_stride,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    """_forward_split_kernel for bf16 rows of even width, read and held as int32 pairs: one register per two columns.
+
+    x_ptr, y_ptr: bf16, 4-byte aligned; rows of 2 * n_pairs columns; row strides and CHUNK counted in pairs.
+    PTX: inline PTX allowed (not under the interpreter).
+    """
+    ticket, row, chunk = _row_of_ticket(sync_ptr, SPLIT)
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < n_pairs
+    x_pairs = x_ptr.to(tl.pointer_type(tl.int32)) + row * x_row_stride
+    pairs = tl.load(x_pairs + cols, mask=mask, other=NEG_INF_PAIR)
+    first, second = _unpack_bf16_pairs(pairs, 0, PTX)
+    chunk_max = tl.maximum(tl.max(first, axis=0), tl.max(second, axis=0))
+    shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)  # an all -inf chunk has sum 0, not NaN
+    first, second = _unpack_bf16_pairs(pairs, 1, PTX)
+    chunk_sum = tl.sum(tl.exp(first - shift), axis=0) + tl.sum(tl.exp(second - shift), axis=0)
+    row_max, inv_sum = _row_max_and_inv_sum(
+        max_ptr, sum_ptr, sync_ptr, ticket, row, chunk_max, chunk_sum, SPLIT, SPLIT_P2
+    )
+    first, second = _unpack_bf16_pairs(pairs, 2, PTX)
+    y = _pack_bf16_pairs(tl.exp(first - row_max) * inv_sum, tl.exp(second - row_max) * inv_sum)
+    tl.store(y_ptr.to(tl.pointer_type(tl.int32)) + row * y_row_stride + cols, y, mask=mask)
 
 
 @triton.jit
@@ -201,6 +314,7 @@ def _backward_looped_kernel(
 TRITON_KERNELS = (
     _forward_rows_kernel,
     _forward_split_kernel,
+    _forward_split_pairs_kernel,
     _forward_looped_kernel,
     _backward_rows_kernel,
     _backward_looped_kernel,
@@ -211,8 +325,8 @@ TRITON_KERNELS = (
 class Plan:
     """How one launch covers the rows.
 
-    kernel: "rows", "split" or "looped". block: columns per tile (rows: the padded row; split: one chunk; looped: one
-    step). rows: rows per program (rows kernel). num_warps: warps per program.
+    kernel: "rows", "split", "split_pairs" or "looped". block: columns per tile (rows: the padded row; split: one
+    chunk; looped: one step). rows: rows per program (rows kernel). num_warps: warps per program.
     """
 
     kernel: str
@@ -221,29 +335,20 @@ class Plan:
     num_warps: int = 4
 
 
-def _warps(block: int, itemsize: int) -> int:
-    """Warps for a tile of `block` columns, as timed on the H200 (tune.py): 4 up to 2048 columns, then more with the
-    bytes held (8 KiB: 8 warps; larger: 16; fp32 rows of 16384 or more: 32)."""
-    if block <= 2048:
+def _warps(elements: int, itemsize: int) -> int:
+    """Warps for a program holding `elements` values of `itemsize` bytes, as timed on the H200 (tune.py): SHORT_WARPS
+    for tiles of TILE_BYTES, 4 up to 8 KiB, then 16 (32 for fp32 rows of 16384 or more)."""
+    nbytes = elements * itemsize
+    if nbytes <= TILE_BYTES:
+        return SHORT_WARPS[itemsize]
+    if nbytes <= 8192:
         return 4
-    if block * itemsize <= 8192:
-        return 8
-    return 32 if itemsize == 4 and block >= 16384 else 16
-
-
-def row_max(dtype: torch.dtype) -> int:
-    """The widest row one program holds whole."""
-    return ROW_MAX_BYTES // dtype.itemsize
-
-
-def split_chunk(dtype: torch.dtype) -> int:
-    """Columns per program in the split kernel."""
-    return SPLIT_CHUNK[dtype.itemsize]
+    return 32 if itemsize == 4 and elements >= 16384 else 16
 
 
 def _rows_plan(block: int, dtype: torch.dtype) -> Plan:
     rows = max(1, TILE_BYTES // (block * dtype.itemsize))
-    return Plan("rows", block, rows, _warps(block, dtype.itemsize))
+    return Plan("rows", block, rows, _warps(block * rows, dtype.itemsize))
 
 
 @functools.cache
@@ -251,15 +356,27 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _interpreted() -> bool:
+    """Whether Triton runs kernels under its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _can_wait(device: torch.device) -> bool:
+    """Whether programs can wait for each other: on a GPU, not under the interpreter (programs one by one)."""
+    return device.type == "cuda" and not _interpreted()
+
+
 def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
     """The forward kernel for rows of `width` (see the module docstring)."""
     block = triton.next_power_of_2(width)
-    if block <= row_max(dtype):
+    if block <= ROW_MAX:
         return _rows_plan(block, dtype)
-    chunk = split_chunk(dtype)
-    split = triton.cdiv(width, chunk)
-    if device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1" and split <= _sm_count(device.index):
-        return Plan("split", chunk, 1, _warps(chunk, dtype.itemsize))
+    if dtype == torch.bfloat16 and width % 2 == 0:
+        kernel, (chunk, warps) = "split_pairs", SPLIT_PAIRS
+    else:
+        kernel, (chunk, warps) = "split", SPLIT[dtype.itemsize]
+    if _can_wait(device) and triton.cdiv(width, chunk) <= _sm_count(device.index):
+        return Plan(kernel, chunk, 1, warps)
     return Plan("looped", LOOP_BLOCK, 1, 8)
 
 
@@ -267,6 +384,14 @@ def backward_plan(width: int, dtype: torch.dtype) -> Plan:
     """The backward kernel for rows of `width`: whole rows up to BACKWARD_ROW_MAX, else looped."""
     block = triton.next_power_of_2(width)
     return _rows_plan(block, dtype) if block <= BACKWARD_ROW_MAX else Plan("looped", LOOP_BLOCK, 1, 8)
+
+
+def _in_pairs(*tensors: torch.Tensor) -> bool:
+    """Whether (rows, width) bf16 tensors can be read as int32 pairs: even width and row strides, 4-byte aligned."""
+    return all(
+        t.dtype == torch.bfloat16 and t.shape[1] % 2 == 0 and t.stride(0) % 2 == 0 and t.data_ptr() % 4 == 0
+        for t in tensors
+    )
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager:
@@ -286,11 +411,14 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
     plan = plan or forward_plan(n_cols, x.dtype, x.device)
     with _on(x.device):
         if plan.kernel == "rows":
+            even = n_cols == plan.block and n_rows % plan.rows == 0
             _forward_rows_kernel[(triton.cdiv(n_rows, plan.rows),)](
-                x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block,
+                x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block, EVEN=even,
                 num_warps=plan.num_warps,
             )  # fmt: skip
-        elif plan.kernel == "split":
+        elif plan.kernel in ("split", "split_pairs"):
+            if plan.kernel == "split_pairs" and not _in_pairs(x, y):  # odd strides or offsets: one by one
+                plan = Plan("split", plan.block, 1, plan.num_warps)
             split = triton.cdiv(n_cols, plan.block)
             if x.is_cuda and split > _sm_count(x.device.index):  # all chunks of a row must fit on the GPU at once
                 raise ValueError(
@@ -298,16 +426,22 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
                 )
             stats = torch.empty(2, n_rows * split, dtype=torch.float32, device=x.device)
             sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
-            _forward_split_kernel[(n_rows * split,)](
-                x, y, stats[0], stats[1], sync, n_cols, x.stride(0), y.stride(0), SPLIT=split,
-                SPLIT_P2=triton.next_power_of_2(split), CHUNK=plan.block, num_warps=plan.num_warps,
-            )  # fmt: skip
+            meta = {"SPLIT": split, "SPLIT_P2": triton.next_power_of_2(split), "num_warps": plan.num_warps}
+            if plan.kernel == "split_pairs":
+                _forward_split_pairs_kernel[(n_rows * split,)](
+                    x, y, stats[0], stats[1], sync, n_cols // 2, x.stride(0) // 2, y.stride(0) // 2,
+                    CHUNK=plan.block // 2, PTX=not _interpreted(), **meta,
+                )  # fmt: skip
+            else:
+                _forward_split_kernel[(n_rows * split,)](
+                    x, y, stats[0], stats[1], sync, n_cols, x.stride(0), y.stride(0), CHUNK=plan.block, **meta
+                )
         elif plan.kernel == "looped":
             _forward_looped_kernel[(n_rows,)](
                 x, y, n_cols, x.stride(0), y.stride(0), BLOCK=plan.block, num_warps=plan.num_warps
             )
         else:
-            raise ValueError(f"unknown softmax kernel {plan.kernel!r}; known: rows, split, looped")
+            raise ValueError(f"unknown softmax kernel {plan.kernel!r}; known: rows, split, split_pairs, looped")
 
 
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None = None) -> None:
@@ -335,5 +469,6 @@ softmax_triton_op = define_custom_ops("triton", launch_forward, launch_backward,
 @SOFTMAX.impl("triton", devices=DEVICES, requires=triton_unavailable, backward=True)
 def softmax_triton(x: torch.Tensor) -> torch.Tensor:
     """Triton, chosen by width: rows whole in registers (several short ones per program), a wide row split over
-    programs that meet through global memory, or a looped online softmax. fp32 math, 64-bit row offsets."""
+    programs that meet through global memory (bf16 held in pairs), or a looped online softmax. fp32 math, 64-bit row
+    offsets."""
     return softmax_triton_op(x)

@@ -4,9 +4,10 @@
     python -m fuselab.ops.softmax.tune --dtype bf16 --width 256 --width 32768 --elements 2^24
 
 For each width (rows = elements / width) it times the plan `forward_plan` picks and alternatives: other tile sizes
-and warp counts for the rows kernel, chunk sizes for the split kernel, the looped kernel; and torch.softmax. Each
-plan is checked against the float64 reference first. Printed: GB/s (bytes read + written) per plan, the best one,
-and the chosen plan's time against torch.softmax's. Timing by fuselab.bench (warm-up, L2 flush, CUDA events).
+and warp counts for the rows kernel, chunk sizes and warps for the split kernels, the looped kernel; and
+torch.softmax. Each plan is checked against the float64 reference first. Printed: GB/s (bytes read + written) per
+plan, the best one, and the chosen plan's time against torch.softmax's. Timing by fuselab.bench (warm-up, L2
+flush, CUDA events).
 """
 
 from __future__ import annotations
@@ -28,19 +29,25 @@ from fuselab.ops.softmax.spec import SOFTMAX, WIDTHS
 def candidates(width: int, dtype: torch.dtype, device: torch.device) -> list[st.Plan]:
     """The chosen plan first, then alternatives around it (each at most once)."""
     block = triton.next_power_of_2(width)
+    item = dtype.itemsize
     plans = [st.forward_plan(width, dtype, device)]
-    if block <= 2 * st.row_max(dtype):
+    if block <= 2 * st.ROW_MAX:
         for tile_bytes in (4096, 8192, 16384):
-            rows = max(1, tile_bytes // (block * dtype.itemsize))
-            warps = st._warps(block, dtype.itemsize)
-            plans += [st.Plan("rows", block, rows, w) for w in (max(4, warps // 2), warps, min(32, 2 * warps))]
+            rows = max(1, tile_bytes // (block * item))
+            warps = st._warps(block * rows, item)
+            plans += [st.Plan("rows", block, rows, w) for w in (max(1, warps // 2), warps, min(32, 2 * warps))]
+    if width > 4096 and st._can_wait(device):  # the split kernels wait for each other: a GPU only
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        kernels = ("split", "split_pairs") if dtype == torch.bfloat16 and width % 2 == 0 else ("split",)
+        for kernel in kernels:
+            for chunk in (8192, 16384, 32768):
+                held = chunk // 2 if kernel == "split_pairs" else chunk  # registers' worth per program
+                plans += [
+                    st.Plan(kernel, chunk, 1, warps)
+                    for warps in (4, 8, 16, 32)
+                    if 1 < triton.cdiv(width, chunk) <= sms and 8 <= held // (32 * warps) <= 64
+                ]
     if width > 4096:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-        plans += [
-            st.Plan("split", chunk, 1, st._warps(chunk, 4))
-            for chunk in (8192, 16384, 32768)
-            if 1 < triton.cdiv(width, chunk) <= sms
-        ]
         plans.append(st.Plan("looped", st.LOOP_BLOCK, 1, 8))
     return list(dict.fromkeys(plans))
 
