@@ -1,0 +1,306 @@
+"""Experimental softmax kernels (not part of the package): variants timed against the shipped ones on the H200."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _to_f32_again(x, BITS: tl.constexpr):
+    """x as fp32, written differently from x.to(fp32) so the compiler does not reuse (and keep) the first fp32 copy."""
+    if BITS:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def rows_kernel(
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    xs,
+    ys,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LOWREG: tl.constexpr,
+    EVICT: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    x_rows = x_ptr + tl.minimum(rows, n_rows - 1) * xs
+    if EVICT:
+        xr = tl.load(x_rows + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_first")
+    else:
+        xr = tl.load(x_rows + cols, mask=cols < n_cols, other=float("-inf"))
+    x = xr.to(tl.float32)
+    m = tl.max(x, axis=1, keep_dims=True)
+    if LOWREG:
+        s = tl.sum(tl.exp(x - m), axis=1, keep_dims=True)
+        y = tl.exp(_to_f32_again(xr, LOWREG) - m) * (1.0 / s)
+    else:
+        e = tl.exp(x - m)
+        y = e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
+    tl.store(y_ptr + rows * ys + cols, y.to(y_ptr.dtype.element_ty), mask=(rows < n_rows) & (cols < n_cols))
+
+
+@triton.jit
+def rows_persistent_kernel(
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    xs,
+    ys,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STAGES: tl.constexpr,
+    LOWREG: tl.constexpr,
+):
+    n_tiles = tl.cdiv(n_rows, ROWS)
+    cols = tl.arange(0, BLOCK)[None, :]
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=STAGES):
+        rows = tile.to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+        xr = tl.load(x_ptr + tl.minimum(rows, n_rows - 1) * xs + cols, mask=cols < n_cols, other=float("-inf"))
+        x = xr.to(tl.float32)
+        m = tl.max(x, axis=1, keep_dims=True)
+        if LOWREG:
+            s = tl.sum(tl.exp(x - m), axis=1, keep_dims=True)
+            y = tl.exp(_to_f32_again(xr, LOWREG) - m) * (1.0 / s)
+        else:
+            e = tl.exp(x - m)
+            y = e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
+        tl.store(y_ptr + rows * ys + cols, y.to(y_ptr.dtype.element_ty), mask=(rows < n_rows) & (cols < n_cols))
+
+
+@triton.jit
+def split_kernel(
+    x_ptr,
+    y_ptr,
+    max_ptr,
+    sum_ptr,
+    sync_ptr,
+    n_cols,
+    xs,
+    ys,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    CHUNK: tl.constexpr,
+    LOWREG: tl.constexpr,
+):
+    ticket = tl.atomic_add(sync_ptr, 1).to(tl.int64)
+    row = ticket // SPLIT
+    cols = (ticket % SPLIT) * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < n_cols
+    xr = tl.load(x_ptr + row * xs + cols, mask=mask, other=float("-inf"))
+    x = xr.to(tl.float32)
+    chunk_max = tl.max(x, axis=0)
+    shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
+    tl.store(max_ptr + ticket, chunk_max)
+    tl.store(sum_ptr + ticket, tl.sum(tl.exp(x - shift), axis=0))
+    tl.debug_barrier()
+    arrived = sync_ptr + 1 + row
+    tl.atomic_add(arrived, 1, sem="release")
+    while tl.atomic_add(arrived, 0, sem="acquire") < SPLIT:
+        pass
+    tl.debug_barrier()
+    parts = tl.arange(0, SPLIT_P2)
+    maxes = tl.load(max_ptr + row * SPLIT + parts, mask=parts < SPLIT, other=float("-inf"), cache_modifier=".cg")
+    sums = tl.load(sum_ptr + row * SPLIT + parts, mask=parts < SPLIT, other=0.0, cache_modifier=".cg")
+    row_max = tl.max(maxes, axis=0)
+    inv_sum = 1.0 / tl.sum(sums * tl.exp(maxes - row_max), axis=0)
+    if LOWREG:  # noqa: SIM108 (a constexpr branch)
+        y = tl.exp(_to_f32_again(xr, LOWREG) - row_max) * inv_sum
+    else:
+        y = tl.exp(x - row_max) * inv_sum
+    tl.store(y_ptr + row * ys + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _cvt(x, HOW: tl.constexpr):
+    """x (fp16/bf16) to fp32. HOW 0: .to; 1: bit shift (bf16 only); 2: inline PTX, not pure (never merged)."""
+    if HOW == 1:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    elif HOW == 2:
+        if x.dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise(
+                "cvt.f32.bf16 $0, $1;", "=r,h", [x], dtype=tl.float32, is_pure=False, pack=1
+            )
+        else:
+            return tl.inline_asm_elementwise(
+                "cvt.f32.f16 $0, $1;", "=r,h", [x], dtype=tl.float32, is_pure=False, pack=1
+            )
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def rows_lowreg_kernel(
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    xs,
+    ys,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MAXHOW: tl.constexpr,
+    SUMHOW: tl.constexpr,
+    OUTHOW: tl.constexpr,
+):
+    """Keeps x in its 16-bit storage type between the passes; converts to fp32 three times (max, sum, output)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    xr = tl.load(x_ptr + tl.minimum(rows, n_rows - 1) * xs + cols, mask=cols < n_cols, other=float("-inf"))
+    if MAXHOW == 9:
+        m = tl.max(xr, axis=1, keep_dims=True).to(tl.float32)
+    else:
+        m = tl.max(_cvt(xr, MAXHOW), axis=1, keep_dims=True)
+    s = tl.sum(tl.exp(_cvt(xr, SUMHOW) - m), axis=1, keep_dims=True)
+    y = tl.exp(_cvt(xr, OUTHOW) - m) * (1.0 / s)
+    tl.store(y_ptr + rows * ys + cols, y.to(y_ptr.dtype.element_ty), mask=(rows < n_rows) & (cols < n_cols))
+
+
+@triton.jit
+def _unpack(v, HOW: tl.constexpr, ASM: tl.constexpr):
+    """int32 holding two bf16 (low half first in memory) -> (low, high) as fp32; three spellings (see rows_packed)."""
+    if HOW == 0:
+        return (v << 16).to(tl.float32, bitcast=True), (v & -65536).to(tl.float32, bitcast=True)
+    elif HOW == 1 or not ASM:
+        lo = v.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+        hi = (v >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+        return lo, hi
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.bf16 $0, l; cvt.f32.bf16 $1, h; }",
+            "=r,=r,r",
+            [v],
+            dtype=(tl.float32, tl.float32),
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
+def _pack(lo, hi):
+    lo16 = lo.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+    hi16 = hi.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+    return (hi16 << 16) | lo16
+
+
+@triton.jit
+def rows_packed_kernel(
+    x_ptr, y_ptr, n_rows, n_pairs, xs, ys, ROWS: tl.constexpr, PAIRS: tl.constexpr, ASM: tl.constexpr
+):
+    """bf16 rows of even width read as int32 pairs, held packed (one register per two elements) between passes.
+    x_ptr, y_ptr: int32 views; xs, ys: row strides in pairs."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, PAIRS)[None, :]
+    v = tl.load(x_ptr + tl.minimum(rows, n_rows - 1) * xs + cols, mask=cols < n_pairs, other=-8323200)  # -inf,-inf
+    lo, hi = _unpack(v, 0, ASM)
+    m = tl.maximum(tl.max(lo, axis=1, keep_dims=True), tl.max(hi, axis=1, keep_dims=True))
+    lo, hi = _unpack(v, 1, ASM)
+    s = tl.sum(tl.exp(lo - m), axis=1, keep_dims=True) + tl.sum(tl.exp(hi - m), axis=1, keep_dims=True)
+    inv = 1.0 / s
+    lo, hi = _unpack(v, 2, ASM)
+    out = _pack(tl.exp(lo - m) * inv, tl.exp(hi - m) * inv)
+    tl.store(y_ptr + rows * ys + cols, out, mask=(rows < n_rows) & (cols < n_pairs))
+
+
+@triton.jit
+def split_packed_kernel(
+    x_ptr,
+    y_ptr,
+    max_ptr,
+    sum_ptr,
+    sync_ptr,
+    n_pairs,
+    xs,
+    ys,
+    SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+    CHUNK: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """split_kernel for bf16 rows of even width, held as int32 pairs. CHUNK: pairs per program."""
+    ticket = tl.atomic_add(sync_ptr, 1).to(tl.int64)
+    row = ticket // SPLIT
+    cols = (ticket % SPLIT) * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < n_pairs
+    v = tl.load(x_ptr + row * xs + cols, mask=mask, other=-8323200)
+    lo, hi = _unpack(v, 0, ASM)
+    chunk_max = tl.maximum(tl.max(lo, axis=0), tl.max(hi, axis=0))
+    shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
+    lo, hi = _unpack(v, 1, ASM)
+    tl.store(max_ptr + ticket, chunk_max)
+    tl.store(sum_ptr + ticket, tl.sum(tl.exp(lo - shift), axis=0) + tl.sum(tl.exp(hi - shift), axis=0))
+    tl.debug_barrier()
+    arrived = sync_ptr + 1 + row
+    tl.atomic_add(arrived, 1, sem="release")
+    while tl.atomic_add(arrived, 0, sem="acquire") < SPLIT:
+        pass
+    tl.debug_barrier()
+    parts = tl.arange(0, SPLIT_P2)
+    maxes = tl.load(max_ptr + row * SPLIT + parts, mask=parts < SPLIT, other=float("-inf"), cache_modifier=".cg")
+    sums = tl.load(sum_ptr + row * SPLIT + parts, mask=parts < SPLIT, other=0.0, cache_modifier=".cg")
+    row_max = tl.max(maxes, axis=0)
+    inv_sum = 1.0 / tl.sum(sums * tl.exp(maxes - row_max), axis=0)
+    lo, hi = _unpack(v, 2, ASM)
+    tl.store(y_ptr + row * ys + cols, _pack(tl.exp(lo - row_max) * inv_sum, tl.exp(hi - row_max) * inv_sum), mask=mask)
+
+
+@triton.jit
+def rows_cm_kernel(
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    xs,
+    ys,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LOAD_CM: tl.constexpr,
+    STORE_CM: tl.constexpr,
+):
+    """rows_kernel with cache modifiers on the load and the store ("" for none)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    x = tl.load(
+        x_ptr + tl.minimum(rows, n_rows - 1) * xs + cols,
+        mask=cols < n_cols,
+        other=float("-inf"),
+        cache_modifier=LOAD_CM,
+    ).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=1, keep_dims=True))
+    y = e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
+    tl.store(
+        y_ptr + rows * ys + cols,
+        y.to(y_ptr.dtype.element_ty),
+        mask=(rows < n_rows) & (cols < n_cols),
+        cache_modifier=STORE_CM,
+    )
+
+
+@triton.jit
+def looped_pipe_kernel(x_ptr, y_ptr, n_cols, xs, ys, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """One row per program, BLOCK columns a step, loads pipelined (STAGES): pass 1 block max then rescaled sum
+    (one exp per element), pass 2 from the end of the row back (L2) writes."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * xs
+    y_row = y_ptr + row * ys
+    cols = tl.arange(0, BLOCK)
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.full((), 0.0, tl.float32)
+    for start in tl.range(0, n_cols, BLOCK, num_stages=STAGES):
+        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        m = m_new
+    inv_sum = 1.0 / s
+    n_blocks = tl.cdiv(n_cols, BLOCK)
+    for i in tl.range(0, n_blocks, num_stages=STAGES):
+        back = (n_blocks - 1 - i).to(tl.int64) * BLOCK
+        mask = back + cols < n_cols
+        x = tl.load(x_row + back + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        tl.store(y_row + back + cols, (tl.exp(x - m) * inv_sum).to(y_ptr.dtype.element_ty), mask=mask)
