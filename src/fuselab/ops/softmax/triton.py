@@ -37,7 +37,7 @@ from fuselab.ops.softmax.spec import SOFTMAX
 # Thresholds timed on the H200 (copy ceiling ~4270 GB/s) with tune.py and the exploration of 2026-11-29/30
 # (2^26-element tensors; benchmarks/results/h200/logs/). A row held whole by one program: up to ROW_MAX columns. fp32
 # rows of 32768 moved 3915-3945 GB/s this way (split: 3142-3336); bf16 rows of 65536 are faster split in pairs
-# (2792-2818 GB/s against 2710-2736 whole, where ptxas spills).
+# (2792-2818 GB/s against 2190-2736 whole, where ptxas spills).
 ROW_MAX = 32768
 # Backward holds y and dy, so fewer.
 BACKWARD_ROW_MAX = 8192
@@ -48,8 +48,9 @@ BACKWARD_ROW_MAX = 8192
 TILE_BYTES = 4096
 SHORT_WARPS = {4: 1, 2: 4}
 # (columns, warps) per program in the split kernels, by element size; bf16 pairs apart. fp32: 16384 columns at 16
-# warps moved 3184-3307 GB/s at widths 65536-262144 (8192: 3023-3134); fp16 8192 at 8 warps 2478-2639 (16 warps:
-# 2268-2429); bf16 in pairs 8192 at 4 warps 2653-2818 (8 warps: 2357-2511; 16384 columns: 2004-2300).
+# warps moved 3184-3307 GB/s at widths 65536-262144 (8192: 3023-3134). 16 bits, one by one (timed in bf16): 8192 at
+# 8 warps 2453-2639 (16 warps: 2245-2429). bf16 in pairs: 8192 at 4 warps 2583-2818 (8 warps: 2357-2511; 16384
+# columns: 1989-2333).
 SPLIT = {4: (16384, 16), 2: (8192, 8)}
 SPLIT_PAIRS = (8192, 4)
 LOOP_BLOCK = 4096
