@@ -304,3 +304,58 @@ def looped_pipe_kernel(x_ptr, y_ptr, n_cols, xs, ys, BLOCK: tl.constexpr, STAGES
         mask = back + cols < n_cols
         x = tl.load(x_row + back + cols, mask=mask, other=float("-inf")).to(tl.float32)
         tl.store(y_row + back + cols, (tl.exp(x - m) * inv_sum).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rows_prefetch_kernel(x_ptr, y_ptr, n_rows, n_cols, xs, ys, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Persistent rows kernel, pipelined by hand: program p takes tiles p, p + P, ... and issues the load of its next
+    tile before the math of this one (held in the storage dtype, so a bf16 tile costs half the registers). A `while`
+    loop: Triton 3.6's interpreter cannot run `for` to a runtime bound."""
+    step = tl.num_programs(0) * ROWS
+    first = tl.program_id(0).to(tl.int64) * ROWS
+    r = tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    ahead = tl.load(x_ptr + (first + r) * xs + cols, mask=(first + r < n_rows) & (cols < n_cols), other=float("-inf"))
+    start = first
+    while start < n_rows:
+        rows = start + r
+        x = ahead.to(tl.float32)
+        after = rows + step
+        ahead = tl.load(x_ptr + after * xs + cols, mask=(after < n_rows) & (cols < n_cols), other=float("-inf"))
+        e = tl.exp(x - tl.max(x, axis=1, keep_dims=True))
+        y = e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
+        tl.store(y_ptr + rows * ys + cols, y.to(y_ptr.dtype.element_ty), mask=(rows < n_rows) & (cols < n_cols))
+        start += step
+
+
+@triton.jit
+def rows_copy_kernel(x_ptr, y_ptr, n_rows, n_cols, xs, ys, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """The rows kernel's loads and stores without its math: the most that layout can move."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    x = tl.load(x_ptr + tl.minimum(rows, n_rows - 1) * xs + cols, mask=cols < n_cols)
+    tl.store(y_ptr + rows * ys + cols, x, mask=(rows < n_rows) & (cols < n_cols))
+
+
+@triton.jit
+def rows_prefetch_pairs_kernel(x_ptr, y_ptr, n_rows, n_pairs, xs, ys, ROWS: tl.constexpr, PAIRS: tl.constexpr):
+    """rows_prefetch_kernel for bf16 rows of even width read as int32 pairs: the tile loaded ahead is held packed,
+    one register for two columns (as bf16 it took one register per column). x_ptr, y_ptr: int32 views; xs, ys: row
+    strides in pairs."""
+    step = tl.num_programs(0) * ROWS
+    first = tl.program_id(0).to(tl.int64) * ROWS
+    r = tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, PAIRS)[None, :]
+    ahead = tl.load(x_ptr + (first + r) * xs + cols, mask=(first + r < n_rows) & (cols < n_pairs), other=-8323200)
+    start = first
+    while start < n_rows:
+        rows = start + r
+        lo, hi = _unpack(ahead, 0, False)
+        after = rows + step
+        ahead = tl.load(x_ptr + after * xs + cols, mask=(after < n_rows) & (cols < n_pairs), other=-8323200)
+        m = tl.maximum(tl.max(lo, axis=1, keep_dims=True), tl.max(hi, axis=1, keep_dims=True))
+        lo = tl.exp(lo - m)
+        hi = tl.exp(hi - m)
+        inv = 1.0 / (tl.sum(lo, axis=1, keep_dims=True) + tl.sum(hi, axis=1, keep_dims=True))
+        tl.store(y_ptr + rows * ys + cols, _pack(lo * inv, hi * inv), mask=(rows < n_rows) & (cols < n_pairs))
+        start += step
