@@ -77,6 +77,21 @@ def record(group, dtype, width, name, fn, copy=False, **meta):
     return row
 
 
+def checked(fn, dtype):
+    """fn, checked once on the whole tensor against torch.softmax in fp32 (a persistent kernel's later rows too)."""
+    seen = set()
+
+    def run(x, y):
+        fn(x, y)
+        if id(x) not in seen:
+            seen.add(id(x))
+            err = (y.float() - torch.softmax(x.float(), -1)).abs().max().item()
+            if not err < (1e-2 if dtype != torch.float32 else 1e-5):
+                raise AssertionError(f"whole tensor: max abs err {err:.2e}")
+
+    return run
+
+
 def baselines(group, dtype, width, compile_too):
     record(group, dtype, width, "torch", lambda x, y: torch.softmax(x, -1))
     record(

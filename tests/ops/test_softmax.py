@@ -191,15 +191,18 @@ def test_cpu_special_rows_as_torch_softmax(name: str) -> None:
 # ---------------------------------------------------------------------------------------------- Triton paths
 
 # Every kernel forced at small sizes (the interpreter is slow), so each path runs on the CPU: the automatic choice
-# would give these widths the rows kernel. The split kernel can only run one chunk per row here (the interpreter runs
-# programs one after another, so a program cannot wait for another); the GPU tests run it with many.
+# would give these widths the rows kernel. The persistent rows-ahead kernel runs st.INTERPRETER_PROGRAMS programs
+# here, so each takes several tiles, the last ones past the end of the rows. The split kernel can only run one chunk
+# per row here (the interpreter runs programs one after another, so a program cannot wait for another); the GPU
+# tests run it with many.
 FORWARD_PLANS = {
     "rows, 8 per program": lambda w: st.Plan("rows", st.triton.next_power_of_2(w), rows=8),
     "rows, 1 per program": lambda w: st.Plan("rows", st.triton.next_power_of_2(w), rows=1),
+    "rows ahead, 2 per program": lambda w: st.Plan("rows_ahead", st.triton.next_power_of_2(w), rows=2),
     "looped, 64 columns a step": lambda w: st.Plan("looped", 64),
     "split, 1 chunk": lambda w: st.Plan("split", st.triton.next_power_of_2(w)),
 }
-BACKWARD_PLANS = {k: v for k, v in FORWARD_PLANS.items() if not k.startswith("split")}
+BACKWARD_PLANS = {k: v for k, v in FORWARD_PLANS.items() if not k.startswith(("split", "rows ahead"))}
 PATH_WIDTHS = (1, 3, 64, 65, 300)
 
 
@@ -234,8 +237,8 @@ def test_cpu_triton_backward_paths(plan: str) -> None:
 
 def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """The automatic choice: short rows several to a program (~TILE_BYTES each, SHORT_WARPS), rows up to ROW_MAX
-    whole, wider rows split across programs on a GPU (one chunk per SM at most; bf16 of even width in pairs)
-    or looped."""
+    whole (16-bit rows of 32768 persistent and a row ahead), wider rows split across programs on a GPU (one chunk
+    per SM at most; bf16 of even width in pairs) or looped."""
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
     assert st.forward_plan(128, f32, cpu) == st.Plan("rows", 128, rows=8, num_warps=1)
@@ -248,7 +251,10 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     assert st.forward_plan(4096, bf16, cpu) == st.Plan("rows", 4096, rows=1, num_warps=4)
     assert st.ROW_MAX == 32768
     assert st.forward_plan(32768, f32, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32)
-    assert st.forward_plan(32768, bf16, cpu) == st.Plan("rows", 32768, rows=1, num_warps=16)
+    assert st.forward_plan(16384, bf16, cpu) == st.Plan("rows", 16384, rows=1, num_warps=16)
+    assert st.forward_plan(16385, bf16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
+    assert st.forward_plan(32768, bf16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
+    assert st.forward_plan(32768, f16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
     assert st.forward_plan(32769, f32, cpu).kernel == "looped"  # the interpreter cannot wait: no split
     assert st.forward_plan(65536, bf16, cpu).kernel == "looped"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -295,7 +301,7 @@ def launch_all():
     for dtype in (torch.float32, torch.bfloat16):
         for width, plan in ((128, None), (4096, None), (40000, st.Plan("split", 16384, num_warps=16)),
                             (40000, st.Plan("split_pairs", 8192, num_warps=4)),  # bf16 only; else split
-                            (70000, None), (20000, None)):  # looped (no split on the CPU), a wide whole row
+                            (70000, None), (20000, None)):  # looped (no split on the CPU), a wide row (bf16: ahead)
             x = torch.empty(64, width, dtype=dtype)
             st.launch_forward(x, torch.empty_like(x), plan)
             st.launch_backward(x, x, torch.empty_like(x))
@@ -493,9 +499,10 @@ def test_cuda_ops_trace_with_fake_tensors() -> None:
 # ---------------------------------------------------------------------------------------------- GPU
 
 # Widths around every threshold of both fused impls. Triton: rows kernel with 16/8/.../1 rows per program up to
-# 16384, split from 16385 (up to 132 chunks of 8192 on an H200), looped past that. CUDA: sub-warp groups up to 32
+# 32768 (16-bit rows from 16385: persistent, a row ahead), split from 32769 (up to 132 chunks of 8192 on an H200),
+# looped past that. CUDA: sub-warp groups up to 32
 # packs, a warp up to 1024 columns, a block up to 16384, looped past that; 16-byte packs when rows are aligned.
-GPU_WIDTHS = (1, 2, 7, 31, 32, 33, 128, 129, 256, 1000, 1024, 1025, 2048, 4096, 8191, 16384, 16385, 50000)
+GPU_WIDTHS = (1, 2, 7, 31, 32, 33, 128, 129, 256, 1000, 1024, 1025, 2048, 4096, 8191, 16384, 16385, 32768, 32769, 50000)
 
 
 @pytest.mark.gpu
@@ -519,7 +526,8 @@ def test_gpu_every_width_path(name: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_triton_forced_paths(dtype: torch.dtype) -> None:
     """Each Triton kernel away from where the choice puts it: the split kernel with small chunks and many rows (many
-    programs waiting for each other at once), the looped kernel on widths the others would take."""
+    programs waiting for each other at once), the looped kernel on widths the others would take, the persistent
+    rows-ahead kernel with many tiles per program."""
     plans = (
         st.Plan("split", 1024, num_warps=4),
         st.Plan("split", 128, num_warps=4),
@@ -536,6 +544,17 @@ def test_gpu_triton_forced_paths(dtype: torch.dtype) -> None:
             y = torch.full_like(x, float("nan"))
             st.launch_forward(x, y, plan)
             assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"{plan} {shape}"
+    for shape, rows, warps in (
+        ((3001, 5000), 1, 8),
+        ((20001, 100), 8, 4),
+        ((5000, 32768), 1, 32),
+        ((1000, 24001), 1, 16),
+    ):
+        (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 13)
+        plan = st.Plan("rows_ahead", st.triton.next_power_of_2(shape[1]), rows, warps)
+        y = torch.full_like(x, float("nan"))
+        st.launch_forward(x, y, plan)
+        assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"{plan} {shape}"
 
 
 @pytest.mark.gpu

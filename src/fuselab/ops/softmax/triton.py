@@ -1,4 +1,4 @@
-"""Softmax over the last dimension in Triton: four forward kernels chosen by row width, two backward kernels.
+"""Softmax over the last dimension in Triton: five forward kernels chosen by row width, two backward kernels.
 
 The input is seen as (rows, width) with unit stride along the width (see `_shared.as_rows`); each kernel takes row
 strides, so sliced rows need no copy. Row offsets are int64 (rows * stride passes 2^31 at 256 MiB sizes). Math is in
@@ -10,6 +10,8 @@ Which kernel (`forward_plan`, thresholds below; docs/ops/softmax.md explains the
 - width <= ROW_MAX (32768 columns): `_forward_rows_kernel`, rows held whole in registers, read once and written once.
   Short rows go several to a program (a [ROWS, BLOCK] tile of about TILE_BYTES); from 1024 fp32 columns it is one
   row per program, the lecture's kernel. In fp32, masks are compiled out where the tile divides the tensor (EVEN).
+  Where one row fills an SM's registers (16-bit rows of 32768, AHEAD), `_forward_rows_ahead_kernel`: the same, but
+  persistent (one program per SM), each program loading its next row while it computes this one.
 - wider, on a GPU, up to one chunk per SM: a row is cut into chunks, one program each; every program keeps its chunk
   in registers, publishes its (max, sum of exp) to global memory, waits for the other chunks of its row, and writes
   its chunk: the row is still read once and written once. `_forward_split_kernel` in general;
@@ -54,6 +56,18 @@ SHORT_WARPS = {4: 1, 2: 4}
 SPLIT = {4: (16384, 16), 2: (8192, 8)}
 SPLIT_PAIRS = (8192, 4)
 LOOP_BLOCK = 4096
+# Rows whose tile fills an SM's registers, by element size: from this padded width, the rows kernel runs persistent and
+# one tile ahead (`_forward_rows_ahead_kernel`, one program per SM) with these warps. bf16 rows of 32768: 3458-... GB/s
+# against 3058-3064 for the rows kernel (16384: 3520 against 3691-3699, so not there).
+AHEAD = {2: (32768, 32)}
+
+
+@triton.jit
+def _softmax_of_rows(x):
+    """softmax along axis 1 of a [ROWS, BLOCK] tile, in fp32."""
+    x = x.to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=1, keep_dims=True))
+    return e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
 
 
 @triton.jit
@@ -80,13 +94,43 @@ def _forward_rows_kernel(
     else:
         x_rows = x_ptr + tl.minimum(rows, n_rows - 1) * x_row_stride
         x = tl.load(x_rows + cols, mask=cols < n_cols, other=float("-inf"))
-    x = x.to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=1, keep_dims=True))
-    y = (e * (1.0 / tl.sum(e, axis=1, keep_dims=True))).to(y_ptr.dtype.element_ty)
+    y = _softmax_of_rows(x).to(y_ptr.dtype.element_ty)
     if EVEN:
         tl.store(y_ptr + rows * y_row_stride + cols, y)
     else:
         tl.store(y_ptr + rows * y_row_stride + cols, y, mask=(rows < n_rows) & (cols < n_cols))
+
+
+@triton.jit
+def _forward_rows_ahead_kernel(
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    x_row_stride,
+    y_row_stride,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The rows kernel, persistent and one tile ahead: program p of P takes the tiles p, p + P, ... and loads its
+    next tile before the math of this one, so its loads are in flight while it computes. For rows so wide that one
+    program fills an SM's registers. Rows past the end are masked (read as -inf, not stored)."""
+    step = tl.num_programs(0) * ROWS
+    start = tl.program_id(0).to(tl.int64) * ROWS
+    rows = start + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    ahead = tl.load(x_ptr + rows * x_row_stride + cols, mask=(rows < n_rows) & (cols < n_cols), other=float("-inf"))
+    # `while`, not `for`: Triton 3.6's interpreter cannot run `for` to a runtime bound (see _forward_looped_kernel).
+    while start < n_rows:
+        x = ahead
+        after = rows + step
+        ahead = tl.load(
+            x_ptr + after * x_row_stride + cols, mask=(after < n_rows) & (cols < n_cols), other=float("-inf")
+        )
+        y = _softmax_of_rows(x).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + rows * y_row_stride + cols, y, mask=(rows < n_rows) & (cols < n_cols))
+        rows = after
+        start += step
 
 
 @triton.jit
@@ -314,6 +358,7 @@ def _backward_looped_kernel(
 
 TRITON_KERNELS = (
     _forward_rows_kernel,
+    _forward_rows_ahead_kernel,
     _forward_split_kernel,
     _forward_split_pairs_kernel,
     _forward_looped_kernel,
@@ -326,8 +371,8 @@ TRITON_KERNELS = (
 class Plan:
     """How one launch covers the rows.
 
-    kernel: "rows", "split", "split_pairs" or "looped". block: columns per tile (rows: the padded row; split: one
-    chunk; looped: one step). rows: rows per program (rows kernel). num_warps: warps per program.
+    kernel: "rows", "rows_ahead", "split", "split_pairs" or "looped". block: columns per tile (rows: the padded row;
+    split: one chunk; looped: one step). rows: rows per program (rows kernels). num_warps: warps per program.
     """
 
     kernel: str
@@ -371,7 +416,8 @@ def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
     """The forward kernel for rows of `width` (see the module docstring)."""
     block = triton.next_power_of_2(width)
     if block <= ROW_MAX:
-        return _rows_plan(block, dtype)
+        ahead_from, ahead_warps = AHEAD.get(dtype.itemsize, (ROW_MAX + 1, 0))
+        return Plan("rows_ahead", block, 1, ahead_warps) if block >= ahead_from else _rows_plan(block, dtype)
     if dtype == torch.bfloat16 and width % 2 == 0:
         kernel, (chunk, warps) = "split_pairs", SPLIT_PAIRS
     else:
@@ -393,6 +439,9 @@ def _in_pairs(*tensors: torch.Tensor) -> bool:
         t.dtype == torch.bfloat16 and t.shape[1] % 2 == 0 and t.stride(0) % 2 == 0 and t.data_ptr() % 4 == 0
         for t in tensors
     )
+
+
+INTERPRETER_PROGRAMS = 3  # persistent grids under the interpreter: a few programs, each taking several tiles
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager:
@@ -417,6 +466,13 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
             even = x.element_size() == 4 and n_cols == plan.block and n_rows % plan.rows == 0
             _forward_rows_kernel[(triton.cdiv(n_rows, plan.rows),)](
                 x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block, EVEN=even,
+                num_warps=plan.num_warps,
+            )  # fmt: skip
+        elif plan.kernel == "rows_ahead":
+            n_tiles = triton.cdiv(n_rows, plan.rows)
+            programs = _sm_count(x.device.index) if x.is_cuda else INTERPRETER_PROGRAMS
+            _forward_rows_ahead_kernel[(min(n_tiles, programs),)](
+                x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block,
                 num_warps=plan.num_warps,
             )  # fmt: skip
         elif plan.kernel in ("split", "split_pairs"):
@@ -444,7 +500,9 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
                 x, y, n_cols, x.stride(0), y.stride(0), BLOCK=plan.block, num_warps=plan.num_warps
             )
         else:
-            raise ValueError(f"unknown softmax kernel {plan.kernel!r}; known: rows, split, split_pairs, looped")
+            raise ValueError(
+                f"unknown softmax kernel {plan.kernel!r}; known: rows, rows_ahead, split, split_pairs, looped"
+            )
 
 
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None = None) -> None:
