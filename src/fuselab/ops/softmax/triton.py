@@ -373,12 +373,14 @@ class Plan:
 
     kernel: "rows", "rows_ahead", "split", "split_pairs" or "looped". block: columns per tile (rows: the padded row;
     split: one chunk; looped: one step). rows: rows per program (rows kernels). num_warps: warps per program.
+    maxnreg: registers per thread at most (ptxas spills the rest), so more programs fit on an SM; None: no cap.
     """
 
     kernel: str
     block: int
     rows: int = 1
     num_warps: int = 4
+    maxnreg: int | None = None
 
 
 def _warps(elements: int, itemsize: int) -> int:
@@ -466,14 +468,14 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
             even = x.element_size() == 4 and n_cols == plan.block and n_rows % plan.rows == 0
             _forward_rows_kernel[(triton.cdiv(n_rows, plan.rows),)](
                 x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block, EVEN=even,
-                num_warps=plan.num_warps,
+                num_warps=plan.num_warps, maxnreg=plan.maxnreg,
             )  # fmt: skip
         elif plan.kernel == "rows_ahead":
             n_tiles = triton.cdiv(n_rows, plan.rows)
             programs = _sm_count(x.device.index) if x.is_cuda else INTERPRETER_PROGRAMS
             _forward_rows_ahead_kernel[(min(n_tiles, programs),)](
                 x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block,
-                num_warps=plan.num_warps,
+                num_warps=plan.num_warps, maxnreg=plan.maxnreg,
             )  # fmt: skip
         elif plan.kernel in ("split", "split_pairs"):
             if plan.kernel == "split_pairs" and not _in_pairs(x, y):  # odd strides or offsets: one by one
