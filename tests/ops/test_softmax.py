@@ -237,8 +237,8 @@ def test_cpu_triton_backward_paths(plan: str) -> None:
 
 def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """The automatic choice: short rows several to a program (~TILE_BYTES each, SHORT_WARPS), rows up to ROW_MAX
-    whole (16-bit rows of 32768 persistent and a row ahead), wider rows split across programs on a GPU (one chunk
-    per SM at most; bf16 of even width in pairs) or looped."""
+    whole (16-bit rows of 32768 persistent and a row ahead; registers capped at some widths), wider rows split
+    across programs on a GPU (one chunk per SM at most; bf16 of even width in pairs) or looped."""
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
     assert st.forward_plan(128, f32, cpu) == st.Plan("rows", 128, rows=8, num_warps=1)
@@ -251,7 +251,10 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     assert st.forward_plan(4096, bf16, cpu) == st.Plan("rows", 4096, rows=1, num_warps=4)
     assert st.ROW_MAX == 32768
     assert st.forward_plan(32768, f32, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32)
-    assert st.forward_plan(16384, bf16, cpu) == st.Plan("rows", 16384, rows=1, num_warps=16)
+    assert st.forward_plan(512, bf16, cpu) == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)  # MAXNREG
+    assert st.forward_plan(512, f32, cpu) == st.Plan("rows", 512, rows=2, num_warps=1)
+    assert st.forward_plan(16384, bf16, cpu) == st.Plan("rows", 16384, rows=1, num_warps=16, maxnreg=40)
+    assert st.backward_plan(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4)  # no caps backward
     assert st.forward_plan(16385, bf16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
     assert st.forward_plan(32768, bf16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
     assert st.forward_plan(32768, f16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
@@ -299,7 +302,8 @@ from fuselab.profile.inspect import triton_compile_offline
 
 def launch_all():
     for dtype in (torch.float32, torch.bfloat16):
-        for width, plan in ((128, None), (4096, None), (40000, st.Plan("split", 16384, num_warps=16)),
+        for width, plan in ((128, None), (512, None), (4096, None), (16384, None),  # bf16 512, 16384: capped
+                            (40000, st.Plan("split", 16384, num_warps=16)),
                             (40000, st.Plan("split_pairs", 8192, num_warps=4)),  # bf16 only; else split
                             (70000, None), (20000, None)):  # looped (no split on the CPU), a wide row (bf16: ahead)
             x = torch.empty(64, width, dtype=dtype)
@@ -316,7 +320,7 @@ print(json.dumps([{"name": k.name, "loads": [a.bytes for a in k.loads], "stores"
 @pytest.mark.slow
 def test_triton_kernels_compile_for_sm_90() -> None:
     """Every Triton kernel compiles for sm_90 without a GPU, with 16-byte loads and stores and (where ptxas is
-    found) no register spills."""
+    found) no register spills, register caps included."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", COMPILE_OFFLINE], capture_output=True, text=True, env=env, timeout=600)

@@ -9,7 +9,8 @@ Which kernel (`forward_plan`, thresholds below; docs/ops/softmax.md explains the
 
 - width <= ROW_MAX (32768 columns): `_forward_rows_kernel`, rows held whole in registers, read once and written once.
   Short rows go several to a program (a [ROWS, BLOCK] tile of about TILE_BYTES); from 1024 fp32 columns it is one
-  row per program, the lecture's kernel. In fp32, masks are compiled out where the tile divides the tensor (EVEN).
+  row per program, the lecture's kernel. In fp32, masks are compiled out where the tile divides the tensor (EVEN);
+  at some widths registers are capped so one more program fits on an SM (MAXNREG).
   Where one row fills an SM's registers (16-bit rows of 32768, AHEAD), `_forward_rows_ahead_kernel`: the same, but
   persistent (one program per SM), each program loading its next row while it computes this one.
 - wider, on a GPU, up to one chunk per SM: a row is cut into chunks, one program each; every program keeps its chunk
@@ -26,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -57,9 +58,16 @@ SPLIT = {4: (16384, 16), 2: (8192, 8)}
 SPLIT_PAIRS = (8192, 4)
 LOOP_BLOCK = 4096
 # Rows whose tile fills an SM's registers, by element size: from this padded width, the rows kernel runs persistent and
-# one tile ahead (`_forward_rows_ahead_kernel`, one program per SM) with these warps. bf16 rows of 32768: 3458-... GB/s
-# against 3058-3064 for the rows kernel (16384: 3520 against 3691-3699, so not there).
+# one tile ahead (`_forward_rows_ahead_kernel`, one program per SM) with these warps. bf16 rows of 32768: 3417-3458
+# GB/s against 3058-3072 for the rows kernel (fp16: 3187-3196 against 3013-3086); at 16384 it was slower (2808-3547
+# against 3682-3699), and in fp32 too (2597-3832 against 3934-4036).
 AHEAD = {2: (32768, 32)}
+# Register caps for the forward rows kernel (ptxas maxnreg), by (element size, padded width), so one more program fits
+# on an SM. bf16 16384 at 16 warps: 51 -> 40 registers, 3 programs per SM instead of 2, 3860-3882 GB/s against
+# 3674-3694 (36 or 32 spill: 1633-2251). bf16 512, 4 rows at 4 warps: 37 -> 32, 16 programs instead of 13, 3945
+# against 3924-3927. Other caps tried were no faster (benchmarks/results/h200/logs/softmax_explore_6.log). fp16 is
+# given bf16's caps untimed. Not for the backward kernel, which holds two tensors.
+MAXNREG = {(2, 16384): 40, (2, 512): 32}
 
 
 @triton.jit
@@ -419,7 +427,9 @@ def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
     block = triton.next_power_of_2(width)
     if block <= ROW_MAX:
         ahead_from, ahead_warps = AHEAD.get(dtype.itemsize, (ROW_MAX + 1, 0))
-        return Plan("rows_ahead", block, 1, ahead_warps) if block >= ahead_from else _rows_plan(block, dtype)
+        if block >= ahead_from:
+            return Plan("rows_ahead", block, 1, ahead_warps)
+        return replace(_rows_plan(block, dtype), maxnreg=MAXNREG.get((dtype.itemsize, block)))
     if dtype == torch.bfloat16 and width % 2 == 0:
         kernel, (chunk, warps) = "split_pairs", SPLIT_PAIRS
     else:

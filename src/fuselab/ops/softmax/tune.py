@@ -3,18 +3,18 @@
     python -m fuselab.ops.softmax.tune                      # fp32 and bf16 at every bench width
     python -m fuselab.ops.softmax.tune --dtype bf16 --width 256 --width 32768 --elements 2^24
 
-For each width (rows = elements / width) it times the plan `forward_plan` picks and alternatives: other tile sizes
-and warp counts for the rows kernel, chunk sizes and warps for the split kernels, the looped kernel; and
-torch.softmax. Each plan is checked against the float64 reference first. Printed: GB/s (bytes read + written) per
-plan, the best one, and the chosen plan's time against torch.softmax's. Timing by fuselab.bench (warm-up, L2
-flush, CUDA events).
+For each width (rows = elements / width) it times the plan `forward_plan` picks and alternatives: register caps,
+other tile sizes and warp counts for the rows kernel, the persistent rows-ahead kernel, chunk sizes and warps for
+the split kernels, the looped kernel; and torch.softmax. Each plan is checked against the float64 reference first.
+Printed: GB/s (bytes read + written) per plan, the best one, and the chosen plan's time against torch.softmax's.
+Timing by fuselab.bench (warm-up, L2 flush, CUDA events).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 import triton
@@ -30,7 +30,12 @@ def candidates(width: int, dtype: torch.dtype, device: torch.device) -> list[st.
     """The chosen plan first, then alternatives around it (each at most once)."""
     block = triton.next_power_of_2(width)
     item = dtype.itemsize
-    plans = [st.forward_plan(width, dtype, device)]
+    chosen = st.forward_plan(width, dtype, device)
+    plans = [chosen]
+    if chosen.kernel == "rows":  # register caps that let one more program fit, and none
+        plans += [replace(chosen, maxnreg=cap) for cap in (None, 32, 40, 48, 64)]
+    if block >= 16384 and block <= st.ROW_MAX:
+        plans += [st.Plan("rows_ahead", block, 1, warps) for warps in (16, 32)]
     if block <= 2 * st.ROW_MAX:
         for tile_bytes in (4096, 8192, 16384):
             rows = max(1, tile_bytes // (block * item))
