@@ -86,6 +86,9 @@ def test_bench_rows_carry_speed_errors_and_environment(tmp_path):
     assert by_impl["torch"]["speedup_vs_torch"] == pytest.approx(1.0)
     assert by_impl["torch"]["torch"] == torch.__version__ and "triton" in by_impl["torch"]
     assert by_impl["compiled"]["compile_s"] > 0 and by_impl["compiled"]["compile_graphs"] == 1
+    same = by_impl["torch"]["copy_same_gbps"]  # a copy of the same bytes, timed after the sweep
+    assert same > 0 and by_impl["compiled"]["copy_same_gbps"] == same
+    assert by_impl["torch"]["pct_copy_same"] == pytest.approx(100 * by_impl["torch"]["gbps"] / same)
     assert "cuda only" in by_impl["gpu_only"]["error"]
 
 
@@ -95,9 +98,13 @@ def test_add_derived_compares_only_the_same_case():
         {"impl": "fast", "dtype": "float32", "shape": [8], "median_ms": 1.0, "gbps": 100.0},
         {"impl": "fast", "dtype": "bfloat16", "shape": [8], "median_ms": 1.0, "gbps": 100.0},
     ]
-    add_derived(rows, "torch", 200.0, peer_fields=("dtype", "shape"))
+    for row in rows:
+        row["bytes"] = 64 if row["dtype"] == "float32" else 32
+    add_derived(rows, "torch", 200.0, peer_fields=("dtype", "shape"), same_size_copy={64: 125.0})
     assert rows[1]["speedup_vs_torch"] == 2.0 and rows[1]["pct_copy"] == 50.0
+    assert rows[1]["copy_same_gbps"] == 125.0 and rows[1]["pct_copy_same"] == 80.0
     assert rows[2]["speedup_vs_torch"] is None
+    assert rows[2]["pct_copy_same"] is None  # no copy timed at its size
 
 
 def test_names_shapes_dtypes_options_are_validated():

@@ -78,6 +78,16 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
     }
 
 
+def copy_gbps_at(bytes_moved: int, device: str, timing: dict) -> float:
+    """GB/s of torch's copy moving `bytes_moved` (half read, half written): the copy ceiling at one size.
+
+    Small tensors do not reach the ceiling measured at GPU_COPY_BYTES (launch, ramp-up and the last wave weigh more),
+    so a kernel's GB/s is also worth setting against a copy of the same bytes.
+    """
+    m = _time_copy(max(4, bytes_moved // 2), device, timing)
+    return bytes_moved / (m.median_ms * 1e-3) / 1e9
+
+
 def _time_copy(nbytes: int, device: str, timing: dict) -> Measurement:
     src = torch.rand(nbytes // 4, device=device)
     dst = torch.empty_like(src)

@@ -65,6 +65,7 @@ def columns(baseline: str, options: list[str]) -> list:
         ("iqr_ms", "IQR ms", fmt_float(2)),
         ("gbps", "GB/s", fmt_fixed(0)),
         ("pct_copy", "% copy", fmt_fixed(1)),
+        ("pct_copy_same", "% copy same size", fmt_fixed(1)),
         (f"speedup_vs_{baseline}", f"vs {baseline}", fmt_fixed(2)),
         ("rel_err", "rel err", fmt_float(2)),
         ("compile_s", "compile s", fmt_fixed(1)),

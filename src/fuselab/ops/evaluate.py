@@ -236,8 +236,9 @@ def bench_op(
 ) -> list[dict]:
     """Sweep impls x dtypes x shapes (x option values), one row per case, appended to `out` (JSON lines).
 
-    Rows carry the environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling, the
-    speed-up against the op's baseline impl measured in the same run, and the error against the reference.
+    Rows carry the environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling and of a copy of the
+    same bytes timed after the sweep, the speed-up against the op's baseline impl measured in the same run, and the
+    error against the reference.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     names = list(impls or op.impls)
@@ -257,11 +258,20 @@ def bench_op(
         return {**row, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
 
     rows = run_sweep(cases, run, out=out, description=f"bench {op.name}", show_progress=show_progress)
-    return add_derived(rows, op.baseline, copy_gbps, peer_fields=("op", "dtype", "shape", *op.options))
+    sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
+    same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing or {}) for b in sizes}
+    return add_derived(rows, op.baseline, copy_gbps, ("op", "dtype", "shape", *op.options), same_size)
 
 
-def add_derived(rows: list[dict], baseline: str, copy_gbps: float | None, peer_fields: Sequence[str]) -> list[dict]:
-    """Add pct_copy (GB/s as % of the copy ceiling) and speedup_vs_<baseline> (baseline median / this median).
+def add_derived(
+    rows: list[dict],
+    baseline: str,
+    copy_gbps: float | None,
+    peer_fields: Sequence[str],
+    same_size_copy: dict[int, float] | None = None,
+) -> list[dict]:
+    """Add pct_copy (GB/s as % of the copy ceiling), speedup_vs_<baseline> (baseline median / this median) and,
+    given same_size_copy ({bytes moved: GB/s of a copy moving as many}), copy_same_gbps and pct_copy_same.
 
     peer_fields: the fields that must match for two rows to be the same case run by different impls.
     """
@@ -274,6 +284,9 @@ def add_derived(rows: list[dict], baseline: str, copy_gbps: float | None, peer_f
         if row.get("error"):
             continue
         row["pct_copy"] = 100 * row["gbps"] / copy_gbps if copy_gbps and row.get("gbps") else None
+        same = (same_size_copy or {}).get(row.get("bytes"))
+        row["copy_same_gbps"] = same
+        row["pct_copy_same"] = 100 * row["gbps"] / same if same and row.get("gbps") else None
         reference_ms = base.get(peer(row))
         row[f"speedup_vs_{baseline}"] = reference_ms / row["median_ms"] if reference_ms else None
     return rows

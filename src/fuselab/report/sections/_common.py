@@ -63,6 +63,7 @@ _KEEP = (
     "tflops",
     "gbps",
     "pct_copy",
+    "pct_copy_same",
     "speedup_vs_torch",
     "rel_err",
     "compile_s",
