@@ -1,7 +1,8 @@
-"""Does the L2 flush between repetitions cost the timed kernel anything? fuselab's timer (like triton's do_bench)
-flushes by writing a buffer twice the L2's size, which leaves the L2 full of dirty lines; the next kernel may pay for
-writing them back. This times the same kernels with that flush, with a flush that only reads (clean lines), and with
-none (a 32 MiB copy shows whether a flush evicts at all: without one it is served from L2).
+"""Does the L2 flush between repetitions cost the timed kernel anything? triton's do_bench (and fuselab's timer until
+2026-11-30) flushes by writing a buffer twice the L2's size, which leaves the L2 full of dirty lines; the next kernel
+may pay for writing them back. This times the same kernels with that flush, with fuselab's flush that only reads
+(clean lines), and with none. A sum over 16 MiB (read only, fits in L2) shows whether a flush evicts at all: without
+one it is served from L2.
 
     PYTHONPATH=src python3 benchmarks/l2_flush_study.py --out l2_flush.json
 """
@@ -21,14 +22,16 @@ p.add_argument("--out", required=True)
 args = p.parse_args()
 dev = torch.device("cuda")
 TIMING = dict(warmup_ms=20, rep_ms=100, min_reps=10)
-write_flush = timer.L2Flusher.__call__
+read_flush = timer.L2Flusher.__call__  # fuselab's: reads 2x the L2
 
 
-def read_flush(self) -> None:
-    self.buffer.sum(dtype=torch.int32)  # reads 2x the L2, writes 4 bytes
+def write_flush(self) -> None:
+    self.buffer.zero_()  # as triton.testing.do_bench
 
 
 def cases():
+    x = torch.rand(2**22, device=dev)
+    yield "sum 16 MiB", x.nbytes, lambda: x.sum()
     for mib in (32, 128, 256, 2048):
         src = torch.rand(mib * 2**20 // 4, device=dev)
         dst = torch.empty_like(src)
@@ -50,7 +53,7 @@ for name, nbytes, fn in cases():
         timer.L2Flusher.__call__ = write_flush if mode == "write" else read_flush
         m = timer.benchmark(fn, device=dev, flush_l2=mode != "none", **TIMING)
         row[mode] = {"median_ms": m.median_ms, "gbps": nbytes / m.median_ms / 1e6}
-    timer.L2Flusher.__call__ = write_flush
+    timer.L2Flusher.__call__ = read_flush
     rows.append(row)
     print(f"{name:32s} " + "  ".join(f"{k} {row[k]['gbps']:6.0f} GB/s" for k in ("write", "read", "none")), flush=True)
 with open(args.out, "w") as f:
