@@ -103,6 +103,7 @@ class Measurement:
             "mode": self.mode,
             "host_ms": self.host_ms,
             "flushed_l2": self.flushed_l2,
+            "l2_flush": L2Flusher.METHOD if self.flushed_l2 else None,
             "warnings": self.warnings,
         }
 
@@ -129,6 +130,8 @@ class L2Flusher:
     flush and 4186 after a reading one; a 2 GiB copy 4245 and 4258 (benchmarks/l2_flush_study.py). A reading flush
     also writes back, before the timed region, what the previous repetition left dirty.
     """
+
+    METHOD = "read"  # recorded with each measurement: results before 2026-11-30 were taken with a writing flush
 
     def __init__(self, device: torch.device) -> None:
         props = torch.cuda.get_device_properties(device)
