@@ -38,9 +38,10 @@ from fuselab.ops.softmax._shared import define_custom_ops
 from fuselab.ops.softmax.spec import SOFTMAX
 
 # Thresholds timed on the H200 (copy ceiling ~4270 GB/s) with tune.py and the exploration of 2026-11-29/30
-# (2^26-element tensors; benchmarks/results/h200/logs/). A row held whole by one program: up to ROW_MAX columns. fp32
-# rows of 32768 moved 3915-3945 GB/s this way (split: 3142-3336); bf16 rows of 65536 are faster split in pairs
-# (2792-2818 GB/s against 2190-2736 whole, where ptxas spills).
+# (2^26-element tensors; benchmarks/results/h200/logs/), all with the timer's former L2 flush, which wrote a buffer:
+# at these sizes its GB/s are some 5% below today's, but each comparison was timed side by side. A row held whole by
+# one program: up to ROW_MAX columns. fp32 rows of 32768 moved 3915-3945 GB/s this way (split: 3142-3336); bf16 rows
+# of 65536 are faster split in pairs (2792-2818 GB/s against 2190-2736 whole, where ptxas spills).
 ROW_MAX = 32768
 # Backward holds y and dy, so fewer.
 BACKWARD_ROW_MAX = 8192
