@@ -106,3 +106,15 @@ def test_bad_input_gets_a_clear_error(tmp_path, args, message):
     out = fuselab(*args, cache=tmp_path)
     assert out.returncode == 2
     assert message in out.stderr
+
+
+def test_bench_plot_axis_is_what_varies():
+    """Sizes that differ in element count are plotted against it; a sweep at one element count (softmax's widths)
+    against the last dimension instead of a single column of points."""
+    from fuselab.cli.bench import plot_axis
+
+    sizes = [{"numel": n, "shape": [n]} for n in (16, 64)]
+    assert plot_axis(sizes)[1:] == ("numel", "elements")
+    widths = [{"numel": 4096, "shape": [4096 // w, w]} for w in (128, 512)] + [{"error": "oom", "shape": [1, 7]}]
+    points, x, _ = plot_axis(widths)
+    assert x == "last_dim" and [p["last_dim"] for p in points] == [128, 512, 7]

@@ -48,11 +48,20 @@ def run(args: argparse.Namespace) -> int:
         write_csv(rows, args.csv)
     if args.plot:
         ceiling = ceilings["copy_gbps"] if ceilings else None
-        plot_metric(rows, args.plot, x="numel", y="gbps", ceiling=ceiling, ylabel="GB/s", title=op.name)
+        points, x, xlabel = plot_axis(rows)
+        plot_metric(points, args.plot, x=x, y="gbps", ceiling=ceiling, xlabel=xlabel, ylabel="GB/s", title=op.name)
     failed = [r for r in rows if r.get("error")]
     if failed:
         console.print(f"[yellow]{len(failed)} case(s) failed or were unavailable (see the error column)[/yellow]")
     return 0
+
+
+def plot_axis(rows: list[dict]) -> tuple[list[dict], str, str]:
+    """(rows, x field, x label) for the GB/s plot: the element count where it varies across the rows, else the last
+    dimension (softmax sweeps the row width at a fixed element count), added to each row as `last_dim`."""
+    if len({r.get("numel") for r in rows if not r.get("error")}) > 1:
+        return rows, "numel", "elements"
+    return [{**r, "last_dim": (r.get("shape") or [1])[-1]} for r in rows], "last_dim", "last dimension"
 
 
 def columns(baseline: str, options: list[str]) -> list:
