@@ -14,6 +14,7 @@
 
 #include <climits>
 
+#include "../_cuda/elements.h"
 #include "gelu.h"
 
 namespace fuselab::gelu {
@@ -56,29 +57,11 @@ __device__ __forceinline__ float gelu_grad(float x) {
   }
 }
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Vec {
-  T v[kVec];
-};
-
 // out = gelu(x), or out = dy * gelu'(x) when kBackward. All arrays hold n elements; dy is unused forward.
 template <typename T, int kVec, Form F, bool kBackward>
 __global__ void __launch_bounds__(kThreads)
     gelu_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out, int64_t n) {
-  using V = Vec<T, kVec>;
+  using V = Pack<T, kVec>;
   const int64_t n_vec = n / kVec;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x;
 

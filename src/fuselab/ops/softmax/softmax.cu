@@ -19,6 +19,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "../_cuda/elements.h"
 #include "softmax.h"
 
 namespace fuselab {
@@ -30,25 +31,6 @@ constexpr int kMaxBlockThreads = 512;
 constexpr int kLoopThreads = 512;
 constexpr int kMaxElemsPerThread = 32;  // a row held in registers: at most this many fp32 values per thread
 constexpr int kUnroll = 4;              // packs in flight per thread in the looped kernels
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// VEC consecutive elements, loaded and stored as one access (16 bytes when VEC = 16 / sizeof(T)).
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
 
 template <typename T, int VEC>
 __device__ __forceinline__ void load(const T* __restrict__ p, float* out) {
