@@ -87,3 +87,12 @@ def check_tensor(
     if x.dim() < min_dim:
         raise ValueError(f"{impl}: expected a tensor with at least {min_dim} dimension(s), got shape {tuple(x.shape)}")
     return x
+
+
+def check_matches(grad: torch.Tensor, of: torch.Tensor, *, impl: str, names: tuple[str, str]) -> None:
+    """Raise a ValueError unless `grad` has the shape, dtype and device of `of` (names: how the message calls them)."""
+    if grad.shape != of.shape or grad.dtype != of.dtype or grad.device != of.device:
+        raise ValueError(
+            f"{impl}: {names[0]} {tuple(grad.shape)} {grad.dtype} on {grad.device} must match"
+            f" {names[1]} {tuple(of.shape)} {of.dtype} on {of.device}"
+        )

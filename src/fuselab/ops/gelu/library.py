@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fuselab.ops.backends import check_tensor
+from fuselab.ops.backends import check_matches, check_tensor
 from fuselab.ops.gelu.spec import check_form
 
 Forward = Callable[[torch.Tensor, bool], torch.Tensor]  # (contiguous x, tanh form?) -> y
@@ -35,11 +35,7 @@ def define_gelu_ops(
 
     def check_grad(grad: torch.Tensor, x: torch.Tensor) -> None:
         check_tensor(grad, impl=f"{name} backward", devices=devices)
-        if grad.shape != x.shape or grad.dtype != x.dtype or grad.device != x.device:
-            raise ValueError(
-                f"{name} backward: grad {tuple(grad.shape)} {grad.dtype} on {grad.device} must match"
-                f" x {tuple(x.shape)} {x.dtype} on {x.device}"
-            )
+        check_matches(grad, x, impl=f"{name} backward", names=("grad", "x"))
 
     def like(x: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(x, memory_format=torch.contiguous_format)

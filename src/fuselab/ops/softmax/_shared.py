@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fuselab.ops.backends import check_tensor
+from fuselab.ops.backends import check_matches, check_tensor
 
 # launch(x, y): y = softmax of each row of x; both (rows, width) with unit column stride, rows >= 1, width >= 1.
 ForwardLaunch = Callable[[torch.Tensor, torch.Tensor], None]
@@ -54,11 +54,7 @@ def define_custom_ops(
     def check_grad(y: torch.Tensor, dy: torch.Tensor) -> None:
         check(y)
         check_tensor(dy, impl=f"{name} backward", devices=devices)
-        if dy.shape != y.shape or dy.dtype != y.dtype or dy.device != y.device:
-            raise ValueError(
-                f"{name} backward: dy {tuple(dy.shape)} {dy.dtype} on {dy.device} must match"
-                f" y {tuple(y.shape)} {y.dtype} on {y.device}"
-            )
+        check_matches(dy, y, impl=f"{name} backward", names=("dy", "y"))
 
     def like(x: torch.Tensor) -> torch.Tensor:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
