@@ -1,9 +1,11 @@
 """GELU forward and backward as fused Triton kernels (imported lazily: only this module needs Triton).
 
-One program handles BLOCK contiguous elements: 16 KiB of input (4096 fp32 or 8192 fp16/bf16), with 8 warps that is
-4 x 16-byte vectors per thread in flight, enough to keep H200 memory busy while the grid (2^16 programs at 2^28
-elements) spreads over all SMs. Offsets are 64-bit (program_id cast first), so tensors may pass 2^31 elements.
-Math is in fp32. The tanh form is written with exp2 (works under the interpreter, one MUFU.EX2 on the GPU):
+One program handles BLOCK contiguous elements: 4 KiB of input (1024 fp32 or 2048 fp16/bf16), one 16-byte vector per
+thread at 8 warps in fp32, two at 4 warps in 16 bits; 2^28 fp32 elements make 2^18 programs. On the H200 (reading L2
+flush, benchmarks/results/h200/logs/gelu_blocks.log) these moved 4084-4292 GB/s in fp32 at 2^24-2^28 (0.975-0.998x
+F.gelu) against 3953-4115 for 16 KiB at 8 warps (1.007-1.030x); bf16 3666-4251 against 3399-4177. Offsets are
+64-bit (program_id cast first), so tensors may pass 2^31 elements. Math is in fp32. The tanh form is written with
+exp2 (works under the interpreter, one MUFU.EX2 on the GPU):
     0.5 * x * (1 + tanh(u)) = x * sigmoid(2u) = x / (1 + exp(-2u)),   u = sqrt(2/pi) * (x + 0.044715 x^3)
 which gives F.gelu's special values by itself: x = +inf -> inf / 1 = inf, x = -inf -> -inf / inf = NaN.
 """
@@ -19,8 +21,8 @@ import triton.language as tl
 
 from fuselab.ops.gelu.spec import KAPPA, SQRT1_2, SQRT_2_OVER_PI
 
-BLOCK_BYTES = 16384  # input bytes per program
-NUM_WARPS = 8
+BLOCK_BYTES = 4096  # input bytes per program
+NUM_WARPS = {4: 8, 2: 4}  # by element size
 
 # exp(-2u) = exp2(x * (C0 + C1 * x^2))
 C0: tl.constexpr = tl.constexpr(-2.0 * math.log2(math.e) * SQRT_2_OVER_PI)
@@ -78,7 +80,7 @@ TRITON_KERNELS = (gelu_forward_kernel, gelu_backward_kernel)
 
 def launch_config(dtype: torch.dtype) -> tuple[int, int]:
     """(BLOCK elements per program, num_warps) for `dtype`."""
-    return BLOCK_BYTES // dtype.itemsize, NUM_WARPS
+    return BLOCK_BYTES // dtype.itemsize, NUM_WARPS[dtype.itemsize]
 
 
 def _launch(kernel: triton.JITFunction, *tensors: torch.Tensor, tanh: bool) -> torch.Tensor:
