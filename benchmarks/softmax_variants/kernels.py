@@ -359,3 +359,76 @@ def rows_prefetch_pairs_kernel(x_ptr, y_ptr, n_rows, n_pairs, xs, ys, ROWS: tl.c
         inv = 1.0 / (tl.sum(lo, axis=1, keep_dims=True) + tl.sum(hi, axis=1, keep_dims=True))
         tl.store(y_ptr + rows * ys + cols, _pack(lo * inv, hi * inv), mask=(rows < n_rows) & (cols < n_pairs))
         start += step
+
+
+@triton.jit
+def _exp(x, FTZ: tl.constexpr):
+    """exp(x) in fp32; FTZ: ex2.approx.ftz (one MUFU.EX2; tl.exp's ex2.approx adds a compare and two scalings for
+    subnormals)."""
+    if FTZ:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _held_to_f32(x, SPELLING: tl.constexpr):
+    """16-bit x to fp32, three spellings the compiler does not merge: .to, a bit shift (bf16; fp16: PTX), PTX."""
+    if SPELLING == 0:
+        return x.to(tl.float32)
+    elif SPELLING == 1 and x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return _cvt(x, 2)
+
+
+@triton.jit
+def _softmax_tile(x, HOLD: tl.constexpr, FTZ: tl.constexpr):
+    """softmax along axis 1 of a [ROWS, BLOCK] tile; HOLD: x kept in its 16-bit type, converted three times and exp
+    computed twice, so only the 16-bit values stay live across the two reductions."""
+    if HOLD:
+        m = tl.max(_held_to_f32(x, 0), axis=1, keep_dims=True)
+        s = tl.sum(_exp(_held_to_f32(x, 1) - m, FTZ), axis=1, keep_dims=True)
+        y = _exp(_held_to_f32(x, 2) - m, FTZ) * (1.0 / s)
+    else:
+        xf = x.to(tl.float32)
+        e = _exp(xf - tl.max(xf, axis=1, keep_dims=True), FTZ)
+        y = e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
+    return y
+
+
+@triton.jit
+def rows_held_kernel(
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    xs,
+    ys,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HOLD: tl.constexpr,
+    FTZ: tl.constexpr,
+    AHEAD: tl.constexpr,
+):
+    """Rows kernel over tiles p, p + P, ... (P programs; P = number of tiles: one tile each), with HOLD and FTZ as in
+    _softmax_tile; AHEAD: the next tile is loaded before the math of this one."""
+    step = tl.num_programs(0) * ROWS
+    start = tl.program_id(0).to(tl.int64) * ROWS
+    rows = start + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    x = tl.load(x_ptr + rows * xs + cols, mask=(rows < n_rows) & (cols < n_cols), other=float("-inf"))
+    while start < n_rows:
+        after = rows + step
+        if AHEAD:
+            ahead = tl.load(x_ptr + after * xs + cols, mask=(after < n_rows) & (cols < n_cols), other=float("-inf"))
+        y = _softmax_tile(x, HOLD, FTZ)
+        tl.store(y_ptr + rows * ys + cols, y.to(y_ptr.dtype.element_ty), mask=(rows < n_rows) & (cols < n_cols))
+        if AHEAD:
+            x = ahead
+        else:
+            x = tl.load(x_ptr + after * xs + cols, mask=(after < n_rows) & (cols < n_cols), other=float("-inf"))
+        rows = after
+        start += step

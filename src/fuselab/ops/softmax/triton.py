@@ -72,11 +72,53 @@ MAXNREG = {(2, 16384): 40, (2, 512): 32}
 
 
 @triton.jit
-def _softmax_of_rows(x):
-    """softmax along axis 1 of a [ROWS, BLOCK] tile, in fp32."""
-    x = x.to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=1, keep_dims=True))
-    return e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
+def _exp(x, PTX: tl.constexpr):
+    """exp of fp32 x. PTX: one ex2.approx.ftz (a single MUFU.EX2; tl.exp's ex2.approx also compares and scales twice
+    for subnormals, which a softmax does not need: results below 2^-126 become 0). PTX False: tl.exp."""
+    if PTX:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _held_as_fp32(x, SPELLING: tl.constexpr, PTX: tl.constexpr):
+    """16-bit x as fp32, spelled one of three ways the compiler does not merge into one (see _softmax_of_rows):
+    .to; a bit shift (bf16; fp16: PTX); PTX cvt, not pure. PTX False (the interpreter): .to for the last two."""
+    if SPELLING == 1 and x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    elif SPELLING == 0 or not PTX:
+        return x.to(tl.float32)
+    else:
+        return tl.inline_asm_elementwise(
+            "cvt.f32.bf16 $0, $1;" if x.dtype == tl.bfloat16 else "cvt.f32.f16 $0, $1;",
+            "=r,h",
+            [x],
+            dtype=tl.float32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
+def _softmax_of_rows(x, HOLD: tl.constexpr, PTX: tl.constexpr):
+    """softmax along axis 1 of a [ROWS, BLOCK] tile, in fp32.
+
+    HOLD (16-bit x): x stays in its storage type between the passes, converted to fp32 for each (max, sum of exp,
+    output, exp computed twice), so only the 16-bit values are live across the two reductions: half the registers.
+    Spelled alike, the three conversions would be merged into one whose fp32 values stay live. PTX: fast exp.
+    """
+    if HOLD:
+        row_max = tl.max(_held_as_fp32(x, 0, PTX), axis=1, keep_dims=True)
+        total = tl.sum(_exp(_held_as_fp32(x, 1, PTX) - row_max, PTX), axis=1, keep_dims=True)
+        y = _exp(_held_as_fp32(x, 2, PTX) - row_max, PTX) * (1.0 / total)
+    else:
+        x = x.to(tl.float32)
+        e = _exp(x - tl.max(x, axis=1, keep_dims=True), PTX)
+        y = e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
+    return y
 
 
 @triton.jit
@@ -90,11 +132,13 @@ def _forward_rows_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     EVEN: tl.constexpr,
+    HOLD: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """ROWS whole rows per program. x, y: (n_rows, n_cols), unit column stride; BLOCK >= n_cols, a power of 2.
 
     EVEN (n_cols == BLOCK and ROWS divides n_rows): no masks. Otherwise rows past the end read the last row again
-    (no NaN from empty rows) and are not stored.
+    (no NaN from empty rows) and are not stored. HOLD, PTX: see _softmax_of_rows.
     """
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
@@ -103,7 +147,7 @@ def _forward_rows_kernel(
     else:
         x_rows = x_ptr + tl.minimum(rows, n_rows - 1) * x_row_stride
         x = tl.load(x_rows + cols, mask=cols < n_cols, other=float("-inf"))
-    y = _softmax_of_rows(x).to(y_ptr.dtype.element_ty)
+    y = _softmax_of_rows(x, HOLD, PTX).to(y_ptr.dtype.element_ty)
     if EVEN:
         tl.store(y_ptr + rows * y_row_stride + cols, y)
     else:
@@ -120,6 +164,7 @@ def _forward_rows_ahead_kernel(
     y_row_stride,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """The rows kernel, persistent and one tile ahead: program p of P takes the tiles p, p + P, ... and loads its
     next tile before the math of this one, so its loads are in flight while it computes. For rows so wide that one
@@ -136,7 +181,7 @@ def _forward_rows_ahead_kernel(
         ahead = tl.load(
             x_ptr + after * x_row_stride + cols, mask=(after < n_rows) & (cols < n_cols), other=float("-inf")
         )
-        y = _softmax_of_rows(x).to(y_ptr.dtype.element_ty)
+        y = _softmax_of_rows(x, False, PTX).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + rows * y_row_stride + cols, y, mask=(rows < n_rows) & (cols < n_cols))
         rows = after
         start += step
@@ -383,6 +428,7 @@ class Plan:
     kernel: "rows", "rows_ahead", "split", "split_pairs" or "looped". block: columns per tile (rows: the padded row;
     split: one chunk; looped: one step). rows: rows per program (rows kernels). num_warps: warps per program.
     maxnreg: registers per thread at most (ptxas spills the rest), so more programs fit on an SM; None: no cap.
+    hold: rows kernel, 16-bit rows: held in their storage type between the passes (half the registers).
     """
 
     kernel: str
@@ -390,6 +436,7 @@ class Plan:
     rows: int = 1
     num_warps: int = 4
     maxnreg: int | None = None
+    hold: bool = False
 
 
 def _warps(elements: int, itemsize: int) -> int:
@@ -479,14 +526,15 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
             even = x.element_size() == 4 and n_cols == plan.block and n_rows % plan.rows == 0
             _forward_rows_kernel[(triton.cdiv(n_rows, plan.rows),)](
                 x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block, EVEN=even,
-                num_warps=plan.num_warps, maxnreg=plan.maxnreg,
+                HOLD=plan.hold and x.element_size() == 2, PTX=not _interpreted(), num_warps=plan.num_warps,
+                maxnreg=plan.maxnreg,
             )  # fmt: skip
         elif plan.kernel == "rows_ahead":
             n_tiles = triton.cdiv(n_rows, plan.rows)
             programs = _sm_count(x.device.index) if x.is_cuda else INTERPRETER_PROGRAMS
             _forward_rows_ahead_kernel[(min(n_tiles, programs),)](
                 x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block,
-                num_warps=plan.num_warps, maxnreg=plan.maxnreg,
+                PTX=not _interpreted(), num_warps=plan.num_warps, maxnreg=plan.maxnreg,
             )  # fmt: skip
         elif plan.kernel in ("split", "split_pairs"):
             if plan.kernel == "split_pairs" and not _in_pairs(x, y):  # odd strides or offsets: one by one
