@@ -235,9 +235,42 @@ def test_cpu_triton_backward_paths(plan: str) -> None:
         assert rel_err(dx, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32], f"{plan}, width {width}"
 
 
+@interpreter_quiet
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+def test_cpu_triton_held_rows(dtype: torch.dtype) -> None:
+    """16-bit rows held in their storage type between the passes (Plan.hold; under the interpreter the bf16 bit-shift
+    conversion runs, the PTX ones fall back to .to): sliced rows, 1 and 4 rows per program, special rows."""
+    for width in PATH_WIDTHS:
+        (wide,) = SOFTMAX.make_inputs((13, width + 5), dtype, "cpu", width)
+        x = wide[:, 2 : 2 + width]
+        for rows in (1, 4):
+            plan = st.Plan("rows", st.triton.next_power_of_2(width), rows=rows, hold=True)
+            y = torch.full(x.shape, float("nan"), dtype=dtype)
+            st.launch_forward(x, y, plan)
+            assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"{plan}, width {width}"
+            specials = special_rows(dtype, "cpu", width)
+            y = torch.full_like(specials, float("nan"))
+            st.launch_forward(specials, y, plan)
+            assert_softmax_like_torch(y, specials, f"{plan}, width {width}")
+
+
+def test_alignment_in_elements() -> None:
+    """How many elements (up to 16 bytes) the width and the row strides are all multiples of."""
+    assert st._alignment(torch.empty(5, 17000, dtype=torch.bfloat16)) == 8  # 34000-byte rows: 16-byte vectors
+    assert st._alignment(torch.empty(5, 32768, dtype=torch.bfloat16)) == 8
+    assert st._alignment(torch.empty(5, 17002, dtype=torch.bfloat16)) == 2
+    assert st._alignment(torch.empty(5, 1000)) == 4
+    assert st._alignment(torch.empty(5, 1001)) == 1
+    wide = torch.empty(5, 1030)
+    assert st._alignment(wide[:, 2:1002]) == 2  # width 1000, row stride 1030
+    assert st._alignment(torch.empty(5, 1000), wide[:, 2:1002]) == 2  # every tensor counts
+    assert st._alignment(torch.empty(1, 24).expand(3, 24)) == 4  # row stride 0
+
+
 def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """The automatic choice: short rows several to a program (~TILE_BYTES each, SHORT_WARPS), rows up to ROW_MAX
-    whole (16-bit rows of 32768 persistent and a row ahead; registers capped at some widths), wider rows split
+    whole (bf16 rows of 16384-32768 held in bf16, fp16 rows of 32768 persistent and a row ahead; registers capped at
+    some widths), wider rows split
     across programs on a GPU (one chunk per SM at most; bf16 of even width in pairs) or looped."""
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
@@ -253,11 +286,14 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     assert st.forward_plan(32768, f32, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32)
     assert st.forward_plan(512, bf16, cpu) == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)  # MAXNREG
     assert st.forward_plan(512, f32, cpu) == st.Plan("rows", 512, rows=2, num_warps=1)
-    assert st.forward_plan(16384, bf16, cpu) == st.Plan("rows", 16384, rows=1, num_warps=16, maxnreg=40)
+    assert st.forward_plan(16384, bf16, cpu) == st.Plan("rows", 16384, 1, 16, maxnreg=40, hold=True)  # HELD_BF16
+    assert st.forward_plan(16384, f16, cpu) == st.Plan("rows", 16384, rows=1, num_warps=16, maxnreg=40)  # MAXNREG
     assert st.backward_plan(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4)  # no caps backward
-    assert st.forward_plan(16385, bf16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
-    assert st.forward_plan(32768, bf16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
+    assert st.forward_plan(16385, bf16, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
+    assert st.forward_plan(32768, bf16, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
+    assert st.forward_plan(16385, f16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)  # AHEAD
     assert st.forward_plan(32768, f16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
+    assert not any(st.forward_plan(w, d, cpu).hold for w in (1, 512, 8192, 32768) for d in (f32, f16))
     assert st.forward_plan(32769, f32, cpu).kernel == "looped"  # the interpreter cannot wait: no split
     assert st.forward_plan(65536, bf16, cpu).kernel == "looped"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -291,9 +327,10 @@ def test_cpu_triton_split_pairs_bf16() -> None:
         assert rel_err(y, reference(view)) <= SOFTMAX.tolerance[torch.bfloat16], f"{view.shape} {view.stride()}"
 
 
-# Launches each Triton kernel as the automatic choice would (fp32 and bf16) and compiles what it launched for sm_90.
-# In a fresh process: Triton 3.6's interpreter leaves triton.language.core patched after a kernel calls a library
-# @jit function (tl.max, tl.sum), and the compiler then fails on the patched builtins.
+# Launches each Triton kernel as the automatic choice would (fp32 and bf16) and compiles what it launched for sm_90;
+# then the held bf16 rows of 32768 alone, for their registers. In a fresh process: Triton 3.6's interpreter leaves
+# triton.language.core patched after a kernel calls a library @jit function (tl.max, tl.sum), and the compiler then
+# fails on the patched builtins.
 COMPILE_OFFLINE = """
 import json, torch
 import fuselab
@@ -303,35 +340,50 @@ from fuselab.profile.inspect import triton_compile_offline
 def launch_all():
     for dtype in (torch.float32, torch.bfloat16):
         for width, plan in ((128, None), (512, None), (4096, None), (16384, None),  # bf16 512, 16384: capped
+                            (1000, None), (17000, None),  # 16-byte rows whose width is no multiple of 16
                             (40000, st.Plan("split", 16384, num_warps=16)),
                             (40000, st.Plan("split_pairs", 8192, num_warps=4)),  # bf16 only; else split
-                            (70000, None), (20000, None)):  # looped (no split on the CPU), a wide row (bf16: ahead)
+                            (70000, None), (20000, None)):  # looped (no split on the CPU), a wide row (bf16: held)
             x = torch.empty(64, width, dtype=dtype)
             st.launch_forward(x, torch.empty_like(x), plan)
-            st.launch_backward(x, x, torch.empty_like(x))
+            if width != 17000:  # backward: looped, which declares no alignment (16-byte loads need 16 | width)
+                st.launch_backward(x, x, torch.empty_like(x))
+    x = torch.empty(64, 20000, dtype=torch.bfloat16)  # chosen for fp16 rows of 32768
+    st.launch_forward(x, torch.empty_like(x), st.Plan("rows_ahead", 32768, num_warps=32))
 
-st._interpreted = lambda: False  # compile what a GPU runs (inline PTX in the split-pairs kernel)
-kernels = triton_compile_offline(list(st.TRITON_KERNELS), launch_all, "sm_90")
-print(json.dumps([{"name": k.name, "loads": [a.bytes for a in k.loads], "stores": [a.bytes for a in k.stores],
-                   "spills": k.resources.spill_stores} for k in kernels]))
+def launch_held():
+    x = torch.empty(64, 32768, dtype=torch.bfloat16)
+    st.launch_forward(x, torch.empty_like(x))
+
+def described(kernels):
+    return [{"name": k.name, "loads": [a.bytes for a in k.loads], "stores": [a.bytes for a in k.stores],
+             "registers": k.resources.registers, "spills": k.resources.spill_stores} for k in kernels]
+
+st._interpreted = lambda: False  # compile what a GPU runs (inline PTX: fast exp, conversions, pairs)
+print(json.dumps({"all": described(triton_compile_offline(list(st.TRITON_KERNELS), launch_all, "sm_90")),
+                  "held": described(triton_compile_offline(list(st.TRITON_KERNELS), launch_held, "sm_90"))}))
 """
 
 
 @pytest.mark.slow
 def test_triton_kernels_compile_for_sm_90() -> None:
-    """Every Triton kernel compiles for sm_90 without a GPU, with 16-byte loads and stores and (where ptxas is
-    found) no register spills, register caps included."""
+    """Every Triton kernel compiles for sm_90 without a GPU, with 16-byte loads and stores (rows whose width is a
+    multiple of 16 bytes but not of 16 elements too) and (where ptxas is found) no register spills, register caps
+    included; held bf16 rows of 32768 at 32 warps take at most 32 registers, so two programs fit on an SM."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", COMPILE_OFFLINE], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    kernels = json.loads(done.stdout.strip().splitlines()[-1])
+    compiled = json.loads(done.stdout.strip().splitlines()[-1])
     names = {k.fn.__name__ if hasattr(k, "fn") else k.__name__ for k in st.TRITON_KERNELS}
-    assert {k["name"] for k in kernels} == names
-    for k in kernels:
+    assert {k["name"] for k in compiled["all"]} == names
+    for k in compiled["all"] + compiled["held"]:
         assert 16 in k["loads"], f"{k['name']}: no 16-byte loads: {k['loads']}"
         assert 16 in k["stores"], f"{k['name']}: no 16-byte stores: {k['stores']}"
         assert not k["spills"], f"{k['name']}: {k['spills']} bytes of register spills"
+    (held,) = compiled["held"]
+    if held["registers"] is not None:  # None where no ptxas was found
+        assert held["registers"] <= 32, held
 
 
 # ---------------------------------------------------------------------------------------------- gradients
@@ -503,10 +555,12 @@ def test_cuda_ops_trace_with_fake_tensors() -> None:
 # ---------------------------------------------------------------------------------------------- GPU
 
 # Widths around every threshold of both fused impls. Triton: rows kernel with 16/8/.../1 rows per program up to
-# 32768 (16-bit rows from 16385: persistent, a row ahead), split from 32769 (up to 132 chunks of 8192 on an H200),
+# 32768 (bf16 rows of 16384-32768 held in bf16, fp16 from 16385 persistent and a row ahead; 1000, 17000: 16-byte
+# rows whose width is no multiple of 16), split from 32769 (up to 132 chunks of 8192 on an H200),
 # looped past that. CUDA: sub-warp groups up to 32
 # packs, a warp up to 1024 columns, a block up to 16384, looped past that; 16-byte packs when rows are aligned.
-GPU_WIDTHS = (1, 2, 7, 31, 32, 33, 128, 129, 256, 1000, 1024, 1025, 2048, 4096, 8191, 16384, 16385, 32768, 32769, 50000)
+GPU_WIDTHS = (1, 2, 7, 31, 32, 33, 128, 129, 256, 1000, 1024, 1025, 2048, 4096, 8191, 16384, 16385, 17000, 24000,
+              32768, 32769, 50000)  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -531,7 +585,7 @@ def test_gpu_every_width_path(name: str, dtype: torch.dtype) -> None:
 def test_gpu_triton_forced_paths(dtype: torch.dtype) -> None:
     """Each Triton kernel away from where the choice puts it: the split kernel with small chunks and many rows (many
     programs waiting for each other at once), the looped kernel on widths the others would take, the persistent
-    rows-ahead kernel with many tiles per program."""
+    rows-ahead kernel with many tiles per program, held 16-bit rows at other widths and rows per program."""
     plans = (
         st.Plan("split", 1024, num_warps=4),
         st.Plan("split", 128, num_warps=4),
@@ -555,10 +609,11 @@ def test_gpu_triton_forced_paths(dtype: torch.dtype) -> None:
         ((1000, 24001), 1, 16),
     ):
         (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 13)
-        plan = st.Plan("rows_ahead", st.triton.next_power_of_2(shape[1]), rows, warps)
-        y = torch.full_like(x, float("nan"))
-        st.launch_forward(x, y, plan)
-        assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"{plan} {shape}"
+        block = st.triton.next_power_of_2(shape[1])
+        for plan in (st.Plan("rows_ahead", block, rows, warps), st.Plan("rows", block, rows, warps, hold=True)):
+            y = torch.full_like(x, float("nan"))
+            st.launch_forward(x, y, plan)
+            assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"{plan} {shape}"
 
 
 @pytest.mark.gpu
@@ -574,10 +629,13 @@ def test_gpu_many_rows_and_wide_rows(name: str) -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> None:
-    """Transposed and strided views, rows that start off 16-byte boundaries (x[:, 1:]) and 3-d views."""
+    """Transposed and strided views, rows that start off 16-byte boundaries (x[:, 1:]), 3-d views, and rows whose
+    width and stride are multiples of 16 bytes but not of 16 elements (x8[:, 8:1008]: 16-byte loads declared)."""
     (x,) = SOFTMAX.make_inputs((129, 1031), dtype, "cuda", 2)
     (x3,) = SOFTMAX.make_inputs((5, 64, 256), dtype, "cuda", 3)
-    for view in (x.t(), x[:, 1:], x[:, 1:-2], x[::2, 3:259], x3[:, 1:9, 1:], x3.transpose(0, 1)):
+    (x8,) = SOFTMAX.make_inputs((33, 1064), dtype, "cuda", 5)
+    views = (x.t(), x[:, 1:], x[:, 1:-2], x[::2, 3:259], x3[:, 1:9, 1:], x3.transpose(0, 1), x8[:, 8:1008], x8[1:, 4:])
+    for view in views:
         out = run(name, view)
         assert out.shape == view.shape and out.dtype == dtype
         assert rel_err(out, reference(view)) <= SOFTMAX.tolerance[dtype], f"{name} {view.shape} {view.stride()}"

@@ -10,9 +10,12 @@ Which kernel (`forward_plan`, thresholds below; docs/ops/softmax.md explains the
 - width <= ROW_MAX (32768 columns): `_forward_rows_kernel`, rows held whole in registers, read once and written once.
   Short rows go several to a program (a [ROWS, BLOCK] tile of about TILE_BYTES); from 1024 fp32 columns it is one
   row per program, the lecture's kernel. In fp32, masks are compiled out where the tile divides the tensor (EVEN);
-  at some widths registers are capped so one more program fits on an SM (MAXNREG).
-  Where one row fills an SM's registers (16-bit rows of 32768, AHEAD), `_forward_rows_ahead_kernel`: the same, but
+  at some widths registers are capped so one more program fits on an SM (MAXNREG). Wide bf16 rows (HELD_BF16) stay in
+  bf16 between the passes, converted for each and exp computed twice: half the registers, so twice the programs.
+  Where one row fills an SM's registers (fp16 rows of 32768, AHEAD), `_forward_rows_ahead_kernel`: the same, but
   persistent (one program per SM), each program loading its next row while it computes this one.
+  On a GPU, exp is one ex2.approx.ftz (`_exp`). Widths and strides that are multiples of a 16-byte vector but not of
+  16 elements are declared so (`_alignment`): Triton would otherwise read such rows a few bytes at a time.
 - wider, on a GPU, up to one chunk per SM: a row is cut into chunks, one program each; every program keeps its chunk
   in registers, publishes its (max, sum of exp) to global memory, waits for the other chunks of its row, and writes
   its chunk: the row is still read once and written once. `_forward_split_kernel` in general;
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from dataclasses import dataclass, replace
 
@@ -69,12 +73,20 @@ AHEAD = {2: (32768, 32)}
 # against 3924-3927. Other caps tried were no faster (benchmarks/results/h200/logs/softmax_explore_6.log). fp16 is
 # given bf16's caps untimed. Not for the backward kernel, which holds two tensors.
 MAXNREG = {(2, 16384): 40, (2, 512): 32}
+# bf16 rows held in bf16 between the passes (`Plan.hold`), by padded width: (warps, maxnreg). Timed with the reading
+# flush (softmax_explore_7/9), exp as ex2.approx.ftz: rows of 32768 at 32 warps need 32 registers, so two programs fit
+# on an SM: 3964-3966 GB/s against 3718 for rows_ahead (24000 columns: 3697 against 3426); 16384 at 16 warps capped
+# at 40: 4104 against 3953-4060 unheld. Not fp16: with no bit-shift spelling its held rows took 48 registers at
+# 32768 and moved 3171 GB/s against 3324 for rows_ahead.
+HELD_BF16 = {32768: (32, None), 16384: (16, 40)}
 
 
 @triton.jit
 def _exp(x, PTX: tl.constexpr):
     """exp of fp32 x. PTX: one ex2.approx.ftz (a single MUFU.EX2; tl.exp's ex2.approx also compares and scales twice
-    for subnormals, which a softmax does not need: results below 2^-126 become 0). PTX False: tl.exp."""
+    for subnormals, which a softmax does not need: results below 2^-126 become 0). PTX False: tl.exp.
+    On the H200 (softmax_explore_9) it moved 1-3% more at bf16 128-8192 and fp32 4096-32768, a tie at fp32 128-1024,
+    and 45% more with held rows (3966 GB/s against 2734 at bf16 32768)."""
     if PTX:
         return tl.inline_asm_elementwise(
             "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634], dtype=tl.float32, is_pure=True, pack=1
@@ -134,24 +146,27 @@ def _forward_rows_kernel(
     EVEN: tl.constexpr,
     HOLD: tl.constexpr,
     PTX: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """ROWS whole rows per program. x, y: (n_rows, n_cols), unit column stride; BLOCK >= n_cols, a power of 2.
 
     EVEN (n_cols == BLOCK and ROWS divides n_rows): no masks. Otherwise rows past the end read the last row again
-    (no NaN from empty rows) and are not stored. HOLD, PTX: see _softmax_of_rows.
+    (no NaN from empty rows) and are not stored. HOLD, PTX: see _softmax_of_rows. n_cols and the row strides come
+    divided by ALIGN (see `_alignment`).
     """
+    n_cols = n_cols * ALIGN  # at most 32768: no overflow; row offsets below are int64 before they are scaled
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
     if EVEN:
-        x = tl.load(x_ptr + rows * x_row_stride + cols)
+        x = tl.load(x_ptr + rows * x_row_stride * ALIGN + cols)
     else:
-        x_rows = x_ptr + tl.minimum(rows, n_rows - 1) * x_row_stride
+        x_rows = x_ptr + tl.minimum(rows, n_rows - 1) * x_row_stride * ALIGN
         x = tl.load(x_rows + cols, mask=cols < n_cols, other=float("-inf"))
     y = _softmax_of_rows(x, HOLD, PTX).to(y_ptr.dtype.element_ty)
     if EVEN:
-        tl.store(y_ptr + rows * y_row_stride + cols, y)
+        tl.store(y_ptr + rows * y_row_stride * ALIGN + cols, y)
     else:
-        tl.store(y_ptr + rows * y_row_stride + cols, y, mask=(rows < n_rows) & (cols < n_cols))
+        tl.store(y_ptr + rows * y_row_stride * ALIGN + cols, y, mask=(rows < n_rows) & (cols < n_cols))
 
 
 @triton.jit
@@ -165,24 +180,29 @@ def _forward_rows_ahead_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     PTX: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """The rows kernel, persistent and one tile ahead: program p of P takes the tiles p, p + P, ... and loads its
     next tile before the math of this one, so its loads are in flight while it computes. For rows so wide that one
-    program fills an SM's registers. Rows past the end are masked (read as -inf, not stored)."""
+    program fills an SM's registers. Rows past the end are masked (read as -inf, not stored). n_cols and the row
+    strides come divided by ALIGN (see `_alignment`)."""
+    n_cols = n_cols * ALIGN  # as in _forward_rows_kernel
     step = tl.num_programs(0) * ROWS
     start = tl.program_id(0).to(tl.int64) * ROWS
     rows = start + tl.arange(0, ROWS)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
-    ahead = tl.load(x_ptr + rows * x_row_stride + cols, mask=(rows < n_rows) & (cols < n_cols), other=float("-inf"))
+    ahead = tl.load(
+        x_ptr + rows * x_row_stride * ALIGN + cols, mask=(rows < n_rows) & (cols < n_cols), other=float("-inf")
+    )
     # `while`, not `for`: Triton 3.6's interpreter cannot run `for` to a runtime bound (see _forward_looped_kernel).
     while start < n_rows:
         x = ahead
         after = rows + step
         ahead = tl.load(
-            x_ptr + after * x_row_stride + cols, mask=(after < n_rows) & (cols < n_cols), other=float("-inf")
+            x_ptr + after * x_row_stride * ALIGN + cols, mask=(after < n_rows) & (cols < n_cols), other=float("-inf")
         )
         y = _softmax_of_rows(x, False, PTX).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + rows * y_row_stride + cols, y, mask=(rows < n_rows) & (cols < n_cols))
+        tl.store(y_ptr + rows * y_row_stride * ALIGN + cols, y, mask=(rows < n_rows) & (cols < n_cols))
         rows = after
         start += step
 
@@ -368,16 +388,21 @@ def _backward_rows_kernel(
     dx_row_stride,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
-    """dx = y * (dy - sum(dy * y)) for ROWS whole rows per program; all (n_rows, n_cols), unit column stride."""
+    """dx = y * (dy - sum(dy * y)) for ROWS whole rows per program; all (n_rows, n_cols), unit column stride.
+    n_cols and the row strides come divided by ALIGN (see `_alignment`)."""
+    n_cols = n_cols * ALIGN  # as in _forward_rows_kernel
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
     src = tl.minimum(rows, n_rows - 1)  # rows past the end read the last row again and are not stored
-    y = tl.load(y_ptr + src * y_row_stride + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + src * dy_row_stride + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + src * y_row_stride * ALIGN + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + src * dy_row_stride * ALIGN + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
     dx = y * (dy - tl.sum(y * dy, axis=1, keep_dims=True))
     tl.store(
-        dx_ptr + rows * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=(rows < n_rows) & (cols < n_cols)
+        dx_ptr + rows * dx_row_stride * ALIGN + cols,
+        dx.to(dx_ptr.dtype.element_ty),
+        mask=(rows < n_rows) & (cols < n_cols),
     )
 
 
@@ -474,6 +499,9 @@ def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
     """The forward kernel for rows of `width` (see the module docstring)."""
     block = triton.next_power_of_2(width)
     if block <= ROW_MAX:
+        if dtype == torch.bfloat16 and block in HELD_BF16:
+            warps, maxnreg = HELD_BF16[block]
+            return Plan("rows", block, 1, warps, maxnreg, hold=True)
         ahead_from, ahead_warps = AHEAD.get(dtype.itemsize, (ROW_MAX + 1, 0))
         if block >= ahead_from:
             return Plan("rows_ahead", block, 1, ahead_warps)
@@ -501,6 +529,16 @@ def _in_pairs(*tensors: torch.Tensor) -> bool:
     )
 
 
+def _alignment(*tensors: torch.Tensor) -> int:
+    """The most elements, up to one 16-byte vector, that the width and every row stride of `tensors` are multiples of.
+
+    Triton proves a load 16-byte aligned only from integers it sees divisible by 16: a bf16 row of 17000 columns
+    (34000 bytes, aligned) would be read 2 bytes at a time. Kernels declare this many instead (tl.multiple_of).
+    """
+    width = tensors[0].shape[1]
+    return math.gcd(16 // tensors[0].element_size(), width, *(t.stride(0) for t in tensors))
+
+
 INTERPRETER_PROGRAMS = 3  # persistent grids under the interpreter: a few programs, each taking several tiles
 
 
@@ -524,17 +562,19 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
             # Masks compiled out for fp32 tiles that divide the tensor: 0.1-0.3% faster at widths 128-1024. In 16 bits
             # the masked kernel was faster (bf16 rows of 128-256, 16 or 8 to a tile: 3922-3946 GB/s against 3841-3876).
             even = x.element_size() == 4 and n_cols == plan.block and n_rows % plan.rows == 0
+            a = _alignment(x, y)
             _forward_rows_kernel[(triton.cdiv(n_rows, plan.rows),)](
-                x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block, EVEN=even,
-                HOLD=plan.hold and x.element_size() == 2, PTX=not _interpreted(), num_warps=plan.num_warps,
-                maxnreg=plan.maxnreg,
+                x, y, n_rows, n_cols // a, x.stride(0) // a, y.stride(0) // a, ROWS=plan.rows, BLOCK=plan.block,
+                EVEN=even, HOLD=plan.hold and x.element_size() == 2, PTX=not _interpreted(), ALIGN=a,
+                num_warps=plan.num_warps, maxnreg=plan.maxnreg,
             )  # fmt: skip
         elif plan.kernel == "rows_ahead":
             n_tiles = triton.cdiv(n_rows, plan.rows)
             programs = _sm_count(x.device.index) if x.is_cuda else INTERPRETER_PROGRAMS
+            a = _alignment(x, y)
             _forward_rows_ahead_kernel[(min(n_tiles, programs),)](
-                x, y, n_rows, n_cols, x.stride(0), y.stride(0), ROWS=plan.rows, BLOCK=plan.block,
-                PTX=not _interpreted(), num_warps=plan.num_warps, maxnreg=plan.maxnreg,
+                x, y, n_rows, n_cols // a, x.stride(0) // a, y.stride(0) // a, ROWS=plan.rows, BLOCK=plan.block,
+                PTX=not _interpreted(), ALIGN=a, num_warps=plan.num_warps, maxnreg=plan.maxnreg,
             )  # fmt: skip
         elif plan.kernel in ("split", "split_pairs"):
             if plan.kernel == "split_pairs" and not _in_pairs(x, y):  # odd strides or offsets: one by one
@@ -574,9 +614,11 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: P
     strides = (y.stride(0), dy.stride(0), dx.stride(0))
     with _on(y.device):
         if plan.kernel == "rows":
+            a = _alignment(y, dy, dx)
             _backward_rows_kernel[(triton.cdiv(n_rows, plan.rows),)](
-                y, dy, dx, n_rows, n_cols, *strides, ROWS=plan.rows, BLOCK=plan.block, num_warps=plan.num_warps
-            )
+                y, dy, dx, n_rows, n_cols // a, *(s // a for s in strides), ROWS=plan.rows, BLOCK=plan.block, ALIGN=a,
+                num_warps=plan.num_warps,
+            )  # fmt: skip
         elif plan.kernel == "looped":
             _backward_looped_kernel[(n_rows,)](y, dy, dx, n_cols, *strides, BLOCK=plan.block, num_warps=plan.num_warps)
         else:

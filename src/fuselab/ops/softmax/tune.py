@@ -36,6 +36,8 @@ def candidates(width: int, dtype: torch.dtype, device: torch.device) -> list[st.
         plans += [replace(chosen, maxnreg=cap) for cap in (None, 32, 40, 48, 64)]
     if block >= 16384 and block <= st.ROW_MAX:
         plans += [st.Plan("rows_ahead", block, 1, warps) for warps in (16, 32)]
+    if item == 2 and 4096 <= block <= st.ROW_MAX:  # held in 16 bits: half the registers
+        plans += [st.Plan("rows", block, 1, w, cap, hold=True) for w in (8, 16, 32) for cap in (None, 40)]
     if block <= 2 * st.ROW_MAX:
         for tile_bytes in (4096, 8192, 16384):
             rows = max(1, tile_bytes // (block * item))
