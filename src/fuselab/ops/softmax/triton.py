@@ -248,6 +248,7 @@ def _forward_split_kernel(
     SPLIT: tl.constexpr,
     SPLIT_P2: tl.constexpr,
     CHUNK: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """One CHUNK of one row per program, SPLIT programs per row (grid n_rows * SPLIT); GPU only.
 
@@ -263,11 +264,11 @@ def _forward_split_kernel(
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
     chunk_max = tl.max(x, axis=0)
     shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)  # an all -inf chunk has sum 0, not NaN
-    chunk_sum = tl.sum(tl.exp(x - shift), axis=0)
+    chunk_sum = tl.sum(_exp(x - shift, PTX), axis=0)
     row_max, inv_sum = _row_max_and_inv_sum(
         max_ptr, sum_ptr, sync_ptr, ticket, row, chunk_max, chunk_sum, SPLIT, SPLIT_P2
     )
-    y = tl.exp(x - row_max) * inv_sum
+    y = _exp(x - row_max, PTX) * inv_sum
     tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -335,17 +336,17 @@ def _forward_split_pairs_kernel(
     chunk_max = tl.maximum(tl.max(first, axis=0), tl.max(second, axis=0))
     shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)  # an all -inf chunk has sum 0, not NaN
     first, second = _unpack_bf16_pairs(pairs, 1, PTX)
-    chunk_sum = tl.sum(tl.exp(first - shift), axis=0) + tl.sum(tl.exp(second - shift), axis=0)
+    chunk_sum = tl.sum(_exp(first - shift, PTX), axis=0) + tl.sum(_exp(second - shift, PTX), axis=0)
     row_max, inv_sum = _row_max_and_inv_sum(
         max_ptr, sum_ptr, sync_ptr, ticket, row, chunk_max, chunk_sum, SPLIT, SPLIT_P2
     )
     first, second = _unpack_bf16_pairs(pairs, 2, PTX)
-    y = _pack_bf16_pairs(tl.exp(first - row_max) * inv_sum, tl.exp(second - row_max) * inv_sum)
+    y = _pack_bf16_pairs(_exp(first - row_max, PTX) * inv_sum, _exp(second - row_max, PTX) * inv_sum)
     tl.store(y_ptr.to(tl.pointer_type(tl.int32)) + row * y_row_stride + cols, y, mask=mask)
 
 
 @triton.jit
-def _forward_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOCK: tl.constexpr):
+def _forward_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOCK: tl.constexpr, PTX: tl.constexpr):
     """One row per program in steps of BLOCK columns: online max and sum, then a second pass writes y."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
@@ -361,7 +362,7 @@ def _forward_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLO
         x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, x)
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a lane that saw only -inf keeps s = 0, not NaN
-        s = s * tl.exp(m - shift) + tl.exp(x - shift)
+        s = s * _exp(m - shift, PTX) + _exp(x - shift, PTX)
         m = m_new
         start += BLOCK
     row_max = tl.max(m, axis=0)
@@ -372,7 +373,7 @@ def _forward_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLO
         start = tl.multiple_of(start, BLOCK)
         mask = start + cols < n_cols
         x = tl.load(x_row + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        tl.store(y_row + start + cols, (tl.exp(x - row_max) * inv_sum).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + start + cols, (_exp(x - row_max, PTX) * inv_sum).to(y_ptr.dtype.element_ty), mask=mask)
         start -= BLOCK
 
 
@@ -594,12 +595,14 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
                 )  # fmt: skip
             else:
                 _forward_split_kernel[(n_rows * split,)](
-                    x, y, stats[0], stats[1], sync, n_cols, x.stride(0), y.stride(0), CHUNK=plan.block, **meta
-                )
+                    x, y, stats[0], stats[1], sync, n_cols, x.stride(0), y.stride(0), CHUNK=plan.block,
+                    PTX=not _interpreted(), **meta,
+                )  # fmt: skip
         elif plan.kernel == "looped":
             _forward_looped_kernel[(n_rows,)](
-                x, y, n_cols, x.stride(0), y.stride(0), BLOCK=plan.block, num_warps=plan.num_warps
-            )
+                x, y, n_cols, x.stride(0), y.stride(0), BLOCK=plan.block, PTX=not _interpreted(),
+                num_warps=plan.num_warps,
+            )  # fmt: skip
         else:
             raise ValueError(
                 f"unknown softmax kernel {plan.kernel!r}; known: rows, rows_ahead, split, split_pairs, looped"
