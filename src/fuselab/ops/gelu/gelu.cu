@@ -1,8 +1,10 @@
 // GELU forward and backward CUDA kernels, fp32 math for fp32/fp16/bf16 data (see gelu.h for the launchers).
 //
 // Memory-bound by design: each thread moves kUnroll 16-byte vectors per array (float4, or 8 halves/bfloat16s),
-// all loads issued before any math so that 64 bytes per thread and array are in flight; consecutive threads
-// touch consecutive vectors (coalesced). A block of 256 threads covers 16 KiB per array. The < 16 bytes left
+// all loads issued before any math; consecutive threads touch consecutive vectors (coalesced). One vector per
+// thread, a block of 256 threads covering 4 KiB per array: the Triton kernel's sweep on the H200 with the reading
+// L2 flush (benchmarks/results/h200/logs/gelu_blocks.log) found 4 KiB programs faster than 16 KiB (4 vectors per
+// thread, this kernel until 2026-11-30: 1.018-1.031x F.gelu in fp32). The < 16 bytes left
 // after the last whole vector go one element per thread in the last block; pointers that are not 16-byte
 // aligned (a view's offset) take the same kernel with 1-element "vectors". Indices are int64_t throughout.
 //
@@ -21,7 +23,7 @@ namespace fuselab::gelu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // vectors per thread and array
+constexpr int kUnroll = 1;  // vectors per thread and array
 
 // 2^(x (kC0 + kC1 x^2)) = exp(-2u), u = sqrt(2/pi) (x + 0.044715 x^3)
 constexpr float kC0 = -2.302208198144325f;   // -2 log2(e) sqrt(2/pi)
