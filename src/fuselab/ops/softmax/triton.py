@@ -561,8 +561,10 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
     with _on(x.device):
         if plan.kernel == "rows":
             # Masks compiled out for fp32 tiles that divide the tensor: 0.1-0.3% faster at widths 128-1024. In 16 bits
-            # the masked kernel was faster (bf16 rows of 128-256, 16 or 8 to a tile: 3922-3946 GB/s against 3841-3876).
-            even = x.element_size() == 4 and n_cols == plan.block and n_rows % plan.rows == 0
+            # the masked kernel was faster (bf16 rows of 128-256, 16 or 8 to a tile: 3922-3946 GB/s against 3841-3876;
+            # 1024: 4196-4201 against 4151-4158; 16384 capped: 3962-4014 against 3753-3813), but not for held rows
+            # (bf16 32768: 3983-4014 against 3880-3907; 16384: 4074-4076 against 4023-4102; softmax_explore_11).
+            even = (x.element_size() == 4 or plan.hold) and n_cols == plan.block and n_rows % plan.rows == 0
             a = _alignment(x, y)
             _forward_rows_kernel[(triton.cdiv(n_rows, plan.rows),)](
                 x, y, n_rows, n_cols // a, x.stride(0) // a, y.stride(0) // a, ROWS=plan.rows, BLOCK=plan.block,
