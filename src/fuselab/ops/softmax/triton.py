@@ -65,13 +65,16 @@ LOOP_BLOCK = 4096
 # Rows whose tile fills an SM's registers, by element size: from this padded width, the rows kernel runs persistent and
 # one tile ahead (`_forward_rows_ahead_kernel`, one program per SM) with these warps. bf16 rows of 32768: 3417-3458
 # GB/s against 3058-3072 for the rows kernel (fp16: 3187-3196 against 3013-3086); at 16384 it was slower (2808-3547
-# against 3682-3699), and in fp32 too (2597-3832 against 3934-4036).
+# against 3682-3699), and in fp32 too (2597-3832 against 3934-4036). Now for fp16 only: bf16 rows are held instead
+# (HELD_BF16, checked first). fp16 32768 with the fast exp: 3324 GB/s against 3245 with tl.exp, though ptxas then
+# spills 4 bytes (softmax_explore_9).
 AHEAD = {2: (32768, 32)}
 # Register caps for the forward rows kernel (ptxas maxnreg), by (element size, padded width), so one more program fits
 # on an SM. bf16 16384 at 16 warps: 51 -> 40 registers, 3 programs per SM instead of 2, 3860-3882 GB/s against
 # 3674-3694 (36 or 32 spill: 1633-2251). bf16 512, 4 rows at 4 warps: 37 -> 32, 16 programs instead of 13, 3945
 # against 3924-3927. Other caps tried were no faster (benchmarks/results/h200/logs/softmax_explore_6.log). fp16 is
-# given bf16's caps untimed. Not for the backward kernel, which holds two tensors.
+# given bf16's caps untimed; bf16 16384 is held now (HELD_BF16, its own cap). Not for the backward kernel, which holds
+# two tensors.
 MAXNREG = {(2, 16384): 40, (2, 512): 32}
 # bf16 rows held in bf16 between the passes (`Plan.hold`), by padded width: (warps, maxnreg). Timed with the reading
 # flush (softmax_explore_7/9), exp as ex2.approx.ftz: rows of 32768 at 32 warps need 32 registers, so two programs fit
