@@ -9,9 +9,10 @@ Which kernel (`forward_plan`, thresholds below; docs/ops/softmax.md explains the
 
 - width <= ROW_MAX (32768 columns): `_forward_rows_kernel`, rows held whole in registers, read once and written once.
   Short rows go several to a program (a [ROWS, BLOCK] tile of about TILE_BYTES); from 1024 fp32 columns it is one
-  row per program, the lecture's kernel. In fp32, masks are compiled out where the tile divides the tensor (EVEN);
-  at some widths registers are capped so one more program fits on an SM (MAXNREG). Wide bf16 rows (HELD_BF16) stay in
-  bf16 between the passes, converted for each and exp computed twice: half the registers, so twice the programs.
+  row per program, the lecture's kernel. In fp32 and for held rows, masks are compiled out where the tile divides the
+  tensor (EVEN); at some widths registers are capped so one more program fits on an SM (MAXNREG). Wide bf16 rows
+  (HELD_BF16) stay in bf16 between the passes, converted for each and exp computed twice: half the registers, so
+  twice the programs.
   Where one row fills an SM's registers (fp16 rows of 32768, AHEAD), `_forward_rows_ahead_kernel`: the same, but
   persistent (one program per SM), each program loading its next row while it computes this one.
   On a GPU, exp is one ex2.approx.ftz (`_exp`). Widths and strides that are multiples of a 16-byte vector but not of
@@ -259,7 +260,7 @@ def _forward_split_kernel(
     [1 + row] counts the chunks of a row that have published their (max, sum). Waiting for the rest of a row cannot
     deadlock: a program's work is its ticket, taken when it starts running, so the tickets taken are 0..T-1; every row
     but the last one begun has all its programs running, finishes, and frees room for the next tickets. It needs
-    SPLIT programs to fit on the GPU at once: the caller keeps SPLIT <= the number of SMs.
+    SPLIT programs to fit on the GPU at once: the caller keeps SPLIT <= the number of SMs. PTX: fast exp (`_exp`).
     """
     ticket, row, chunk = _row_of_ticket(sync_ptr, SPLIT)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -350,7 +351,8 @@ def _forward_split_pairs_kernel(
 
 @triton.jit
 def _forward_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOCK: tl.constexpr, PTX: tl.constexpr):
-    """One row per program in steps of BLOCK columns: online max and sum, then a second pass writes y."""
+    """One row per program in steps of BLOCK columns: online max and sum, then a second pass writes y. PTX: fast
+    exp (`_exp`)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     y_row = y_ptr + row * y_row_stride
