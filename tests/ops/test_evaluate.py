@@ -1,5 +1,6 @@
 """check_op and bench_op on a toy op, so the machinery is tested apart from any real kernel."""
 
+import json
 import math
 
 import pytest
@@ -90,6 +91,21 @@ def test_bench_rows_carry_speed_errors_and_environment(tmp_path):
     assert same > 0 and by_impl["compiled"]["copy_same_gbps"] == same
     assert by_impl["torch"]["pct_copy_same"] == pytest.approx(100 * by_impl["torch"]["gbps"] / same)
     assert "cuda only" in by_impl["gpu_only"]["error"]
+
+
+def test_bench_times_the_impls_of_one_case_back_to_back(tmp_path):
+    """The sweep runs case by case with the impl varying fastest (the log is written in run order), so impls that are
+    compared were timed next to each other, not a whole sweep apart."""
+    timing = {"warmup_ms": 1, "rep_ms": 2, "min_reps": 3}
+    log = tmp_path / "r.jsonl"
+    impls, shapes = ["torch", "wrong"], [(64,), (128,)]
+    dtypes = [torch.float32, torch.bfloat16]
+    rows = bench_op(make_toy(), impls=impls, dtypes=dtypes, shapes=shapes, device="cpu", out=log, timing=timing,
+                    show_progress=False)  # fmt: skip
+    expected = [(d, list(s), i) for d in ("float32", "bfloat16") for s in shapes for i in impls]
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["dtype"], r["shape"], r["impl"]) for r in logged] == expected
+    assert [(r["dtype"], r["shape"], r["impl"]) for r in rows] == expected
 
 
 def test_add_derived_compares_only_the_same_case():

@@ -245,8 +245,15 @@ def bench_op(
     for name in names:
         op.get_impl(name)
     dtypes = list(dtypes or [torch.float32, torch.bfloat16])
-    cases = grid(impl=names, dtype=[dtype_name(d) for d in dtypes], shape=[list(s) for s in shapes or op.bench_shapes])
-    cases = [{"op": op.name, **c, **opts} for c in cases for opts in option_grid(op, options)]
+    # Case-major, impl fastest: the impls of one case are timed back to back, so the ratios between them are not at the
+    # mercy of what drifts over a long sweep (clocks, temperature); impl-major put minutes between them.
+    cases = [
+        {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **opts}
+        for dtype in dtypes
+        for shape in shapes or op.bench_shapes
+        for opts in option_grid(op, options)
+        for name in names
+    ]
     env = environment(device)
     ceilings = ceilings_mod.get_ceilings(device)
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
