@@ -18,7 +18,7 @@ def rows(width, r, w, even):
     def fn(x, y):
         st._forward_rows_kernel[(triton.cdiv(x.shape[0], r),)](
             x, y, x.shape[0], width, x.stride(0), y.stride(0), ROWS=r, BLOCK=block, EVEN=even,
-            HOLD=False, PTX=False, num_warps=w,  # PTX False: tl.exp, as when it ran
+            HOLD=False, PTX=False, ALIGN=1, num_warps=w,  # PTX False: tl.exp, as when it ran
         )  # fmt: skip
 
     return fn

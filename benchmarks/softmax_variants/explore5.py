@@ -24,7 +24,7 @@ def capped(width, warps, maxnreg):
     def fn(x, y):
         st._forward_rows_kernel[(x.shape[0],)](
             x, y, x.shape[0], width, x.stride(0), y.stride(0), ROWS=1, BLOCK=block, EVEN=False,
-            HOLD=False, PTX=False, num_warps=warps, maxnreg=maxnreg,  # PTX False: tl.exp, as when it ran
+            HOLD=False, PTX=False, ALIGN=1, num_warps=warps, maxnreg=maxnreg,  # PTX False: tl.exp, as it ran
         )  # fmt: skip
 
     return fn
