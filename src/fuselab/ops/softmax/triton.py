@@ -16,7 +16,8 @@ Which kernel (`forward_plan`, thresholds below; docs/ops/softmax.md explains the
   Where one row fills an SM's registers (fp16 rows of 32768, AHEAD), `_forward_rows_ahead_kernel`: the same, but
   persistent (one program per SM), each program loading its next row while it computes this one.
   On a GPU, exp is one ex2.approx.ftz (`_exp`). Widths and strides that are multiples of a 16-byte vector but not of
-  16 elements are declared so (`_alignment`): Triton would otherwise read such rows a few bytes at a time.
+  16 elements are declared so (`_alignment`; all kernels but the split ones): Triton would otherwise read such rows a
+  few bytes at a time.
 - wider, on a GPU, up to one chunk per SM: a row is cut into chunks, one program each; every program keeps its chunk
   in registers, publishes its (max, sum of exp) to global memory, waits for the other chunks of its row, and writes
   its chunk: the row is still read once and written once. `_forward_split_kernel` in general;
@@ -350,12 +351,15 @@ def _forward_split_pairs_kernel(
 
 
 @triton.jit
-def _forward_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOCK: tl.constexpr, PTX: tl.constexpr):
+def _forward_looped_kernel(
+    x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOCK: tl.constexpr, PTX: tl.constexpr, ALIGN: tl.constexpr
+):
     """One row per program in steps of BLOCK columns: online max and sum, then a second pass writes y. PTX: fast
-    exp (`_exp`)."""
+    exp (`_exp`). n_cols and the row strides come divided by ALIGN (see `_alignment`)."""
+    n_cols = n_cols * ALIGN  # ALIGN is 1 from 2^31 columns, so this never overflows
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
-    y_row = y_ptr + row * y_row_stride
+    x_row = x_ptr + row * x_row_stride * ALIGN
+    y_row = y_ptr + row * y_row_stride * ALIGN
     cols = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)  # per lane: running max, and sum of exp(x - m)
     s = tl.zeros([BLOCK], tl.float32)
@@ -414,13 +418,15 @@ def _backward_rows_kernel(
 
 @triton.jit
 def _backward_looped_kernel(
-    y_ptr, dy_ptr, dx_ptr, n_cols, y_row_stride, dy_row_stride, dx_row_stride, BLOCK: tl.constexpr
+    y_ptr, dy_ptr, dx_ptr, n_cols, y_row_stride, dy_row_stride, dx_row_stride, BLOCK: tl.constexpr, ALIGN: tl.constexpr
 ):
-    """dx = y * (dy - sum(dy * y)), one row per program in steps of BLOCK: a pass for the sum, a pass for dx."""
+    """dx = y * (dy - sum(dy * y)), one row per program in steps of BLOCK: a pass for the sum, a pass for dx.
+    n_cols and the row strides come divided by ALIGN (see `_alignment`)."""
+    n_cols = n_cols * ALIGN  # as in _forward_looped_kernel
     row = tl.program_id(0).to(tl.int64)
-    y_row = y_ptr + row * y_row_stride
-    dy_row = dy_ptr + row * dy_row_stride
-    dx_row = dx_ptr + row * dx_row_stride
+    y_row = y_ptr + row * y_row_stride * ALIGN
+    dy_row = dy_ptr + row * dy_row_stride * ALIGN
+    dx_row = dx_ptr + row * dx_row_stride * ALIGN
     cols = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
     start = tl.full((), 0, tl.int64)  # `while`: see _forward_looped_kernel
@@ -539,9 +545,13 @@ def _alignment(*tensors: torch.Tensor) -> int:
     """The most elements, up to one 16-byte vector, that the width and every row stride of `tensors` are multiples of.
 
     Triton proves a load 16-byte aligned only from integers it sees divisible by 16: a bf16 row of 17000 columns
-    (34000 bytes, aligned) would be read 2 bytes at a time. Kernels declare this many instead (tl.multiple_of).
+    (34000 bytes, aligned) would be read 2 bytes at a time. Kernels take the width and strides divided by this and
+    multiply back by it as a constexpr, which the compiler can see. 1 from 2^31 columns: kernels scale the width back
+    in int32.
     """
     width = tensors[0].shape[1]
+    if width >= 2**31:
+        return 1
     return math.gcd(16 // tensors[0].element_size(), width, *(t.stride(0) for t in tensors))
 
 
@@ -606,9 +616,10 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
                     PTX=not _interpreted(), **meta,
                 )  # fmt: skip
         elif plan.kernel == "looped":
+            a = _alignment(x, y)
             _forward_looped_kernel[(n_rows,)](
-                x, y, n_cols, x.stride(0), y.stride(0), BLOCK=plan.block, PTX=not _interpreted(),
-                num_warps=plan.num_warps,
+                x, y, n_cols // a, x.stride(0) // a, y.stride(0) // a, BLOCK=plan.block, PTX=not _interpreted(),
+                ALIGN=a, num_warps=plan.num_warps,
             )  # fmt: skip
         else:
             raise ValueError(
@@ -630,7 +641,10 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: P
                 num_warps=plan.num_warps,
             )  # fmt: skip
         elif plan.kernel == "looped":
-            _backward_looped_kernel[(n_rows,)](y, dy, dx, n_cols, *strides, BLOCK=plan.block, num_warps=plan.num_warps)
+            a = _alignment(y, dy, dx)
+            _backward_looped_kernel[(n_rows,)](
+                y, dy, dx, n_cols // a, *(s // a for s in strides), BLOCK=plan.block, ALIGN=a, num_warps=plan.num_warps
+            )
         else:
             raise ValueError(f"unknown softmax backward kernel {plan.kernel!r}; known: rows, looped")
 
