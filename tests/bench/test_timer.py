@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from fuselab.bench import Measurement, benchmark
+from fuselab.bench import Measurement, benchmark, benchmark_side_by_side
 
 
 def test_statistics_of_known_samples():
@@ -105,3 +105,46 @@ def test_l2_flush_evicts():
     cached = benchmark(lambda: x.sum(), flush_l2=False, rep_ms=100)
     assert flushed.summary()["l2_flush"] == "read" and cached.summary()["l2_flush"] is None
     assert flushed.median_ms > 1.1 * cached.median_ms
+
+
+def _drifting_pair():
+    """Two identical calls on a machine that slows down with every call (as clocks do under a power limit)."""
+    calls = []
+
+    def make(name):
+        def fn():
+            calls.append(name)
+            time.sleep(0.0002 + 0.00005 * len(calls))
+
+        return fn
+
+    return {"a": make("a"), "b": make("b")}, calls
+
+
+def test_side_by_side_takes_turns_and_keeps_every_repetition():
+    fns, calls = _drifting_pair()
+    timed = benchmark_side_by_side(fns, rounds=4, warmup_ms=0, min_warmup=1, rep_ms=0, min_reps=10, max_reps=10)
+    assert set(timed) == {"a", "b"}
+    assert all(m.n == 10 and m.rounds == 4 and m.mode == "perf_counter" for m in timed.values())
+    assert timed["a"].summary()["rounds"] == 4
+    last = calls[-20:]  # the timed calls: shares of 3, 3, 2, 2 repetitions, a then b, four times over
+    assert last == ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3 + ["a"] * 2 + ["b"] * 2 + ["a"] * 2 + ["b"] * 2
+
+
+def test_side_by_side_spreads_drift_over_both_where_one_after_the_other_does_not():
+    fns, _ = _drifting_pair()
+    kw = {"warmup_ms": 0, "min_warmup": 1, "rep_ms": 0, "min_reps": 30, "max_reps": 30}
+    apart = benchmark_side_by_side(fns, rounds=1, **kw)
+    fns, _ = _drifting_pair()
+    turns = benchmark_side_by_side(fns, rounds=15, **kw)
+    ratio_apart = apart["b"].median_ms / apart["a"].median_ms
+    ratio_turns = turns["b"].median_ms / turns["a"].median_ms
+    assert ratio_apart > 1.25  # b ran after all of a's repetitions, on a slower machine
+    assert abs(ratio_turns - 1) < (ratio_apart - 1) / 3
+
+
+def test_side_by_side_rejects_no_rounds_and_no_callables():
+    with pytest.raises(ValueError, match="rounds"):
+        benchmark_side_by_side({"a": lambda: None}, rounds=0)
+    with pytest.raises(ValueError, match="at least one"):
+        benchmark_side_by_side({})

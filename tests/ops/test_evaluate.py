@@ -108,6 +108,35 @@ def test_bench_times_the_impls_of_one_case_back_to_back(tmp_path):
     assert [(r["dtype"], r["shape"], r["impl"]) for r in rows] == expected
 
 
+def test_bench_impls_of_a_case_take_turns_on_one_input(tmp_path):
+    """With rounds=3 the impls' timed calls alternate three times, all on the same input tensor; an impl that fails
+    is reported alone and the others are still timed."""
+    op = make_toy()
+    seen: list[tuple[str, int]] = []
+
+    def recording(name):
+        def fn(x):
+            seen.append((name, x.data_ptr()))
+            return x * x
+
+        return fn
+
+    op.impl("first")(recording("first"))
+    op.impl("second")(recording("second"))
+    op.impl("broken")(lambda x: x.reshape(3, -1))  # 4096 elements: raises
+    timing = {"warmup_ms": 0, "min_warmup": 1, "rep_ms": 0, "min_reps": 6, "max_reps": 6}
+    rows = bench_op(op, impls=["first", "broken", "second"], dtypes=[torch.float32], device="cpu", timing=timing,
+                    rounds=3, show_progress=False)  # fmt: skip
+    by_impl = {r["impl"]: r for r in rows}
+    assert by_impl["first"]["rounds"] == 3 and by_impl["first"]["n"] == 6 and by_impl["second"]["n"] == 6
+    assert "RuntimeError" in by_impl["broken"]["error"] and by_impl["second"]["error"] is None
+    assert len({ptr for _, ptr in seen}) == 1
+    timed = [name for name, _ in seen[-12:]]
+    assert timed == ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2
+    with pytest.raises(ValueError, match="rounds"):
+        bench_op(op, impls=["first"], device="cpu", rounds=0, show_progress=False)
+
+
 def test_add_derived_compares_only_the_same_case():
     rows = [
         {"impl": "torch", "dtype": "float32", "shape": [8], "median_ms": 2.0, "gbps": 50.0},

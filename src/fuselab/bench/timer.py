@@ -1,4 +1,5 @@
-"""Timing a callable correctly on the GPU (or the CPU): `benchmark(fn) -> Measurement`.
+"""Timing a callable correctly on the GPU (or the CPU): `benchmark(fn) -> Measurement`, and several callables that
+are to be compared, taking turns: `benchmark_side_by_side({name: fn}) -> {name: Measurement}`.
 
 On CUDA: warm-up (by count and by time, so clocks ramp and compilation happens before timing), synchronize,
 then per repetition an L2 flush (outside the timed region; it reads, so it leaves no dirty lines for the timed call
@@ -12,7 +13,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -29,7 +30,8 @@ class Measurement:
     """Times of repeated calls, in milliseconds, and what they were measured with.
 
     samples_ms: every repetition's time. host_ms: median host-side time for one call to return (the host's
-    dispatch cost; on the GPU the call is still running then).
+    dispatch cost; on the GPU the call is still running then). rounds: how many turns the repetitions were taken in,
+    alternating with the callables compared against (1: all at once).
     mode: "events", "cuda_graph", "perf_counter" or a pitfall name.
     """
 
@@ -39,6 +41,7 @@ class Measurement:
     label: str = ""
     host_ms: float | None = None
     flushed_l2: bool = False
+    rounds: int = 1
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -104,6 +107,7 @@ class Measurement:
             "host_ms": self.host_ms,
             "flushed_l2": self.flushed_l2,
             "l2_flush": L2Flusher.METHOD if self.flushed_l2 else None,
+            "rounds": self.rounds,
             "warnings": self.warnings,
         }
 
@@ -169,10 +173,7 @@ def benchmark(
     """
     if pitfall is not None and pitfall not in PITFALLS:
         raise ValueError(f"unknown pitfall {pitfall!r}; known: {', '.join(PITFALLS)}")
-    dev = torch.device(device) if device is not None else _default_device()
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    dev, sync = _device_and_sync(device)
 
     if pitfall == "no_sync":
         for _ in range(min_warmup):
@@ -185,24 +186,108 @@ def benchmark(
     if pitfall == "no_warmup":
         return Measurement(_timed_with_sync(fn, sync, min_reps), mode="no_warmup", device=str(dev), label=label)
 
+    reps, host_ms = _warm_up_and_plan(fn, sync, warmup_ms, min_warmup, rep_ms, min_reps, max_reps)
+    if dev.type == "cuda" and cuda_graph:
+        with torch.cuda.device(dev):
+            samples = _graph_times(fn, reps)
+        return Measurement(samples, mode="cuda_graph", device=str(dev), label=label, host_ms=host_ms)
+    timed = _repetitions(dev, sync, flush_l2)
+    mode = "events" if dev.type == "cuda" else "perf_counter"
+    flushed = flush_l2 and dev.type == "cuda"
+    samples = timed(fn, reps, host_ms)
+    return Measurement(samples, mode=mode, device=str(dev), label=label, host_ms=host_ms, flushed_l2=flushed)
+
+
+def benchmark_side_by_side(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    rounds: int = 5,
+    device: str | torch.device | None = None,
+    warmup_ms: float = 200.0,
+    min_warmup: int = 3,
+    rep_ms: float = 500.0,
+    min_reps: int = 10,
+    max_reps: int = 1000,
+    flush_l2: bool = True,
+) -> dict[str, Measurement]:
+    """Time callables that are to be compared by taking turns: each is warmed up, then in each of `rounds` rounds each
+    runs a 1/rounds share of its repetitions. Whatever drifts while they are timed (clocks under a power limit,
+    temperature, a neighbour) falls on all of them alike, which timing one after the other does not give.
+
+    Per callable, the repetitions, warm-up and L2 flush are those of `benchmark` (same arguments); the samples of all
+    rounds make one Measurement, keyed like `fns`.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if not fns:
+        raise ValueError("benchmark_side_by_side needs at least one callable")
+    dev, sync = _device_and_sync(device)
+    plans = {name: _warm_up_and_plan(fn, sync, warmup_ms, min_warmup, rep_ms, min_reps, max_reps)
+             for name, fn in fns.items()}  # fmt: skip
+    timed = _repetitions(dev, sync, flush_l2)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for turn in range(rounds):
+        for name, fn in fns.items():
+            reps, host_ms = plans[name]
+            share = reps // rounds + (turn < reps % rounds)  # the shares add up to reps
+            if share:
+                samples[name] += timed(fn, share, host_ms)
+    mode = "events" if dev.type == "cuda" else "perf_counter"
+    flushed = flush_l2 and dev.type == "cuda"
+    return {
+        name: Measurement(
+            samples[name],
+            mode=mode,
+            device=str(dev),
+            label=name,
+            host_ms=plans[name][1],
+            flushed_l2=flushed,
+            rounds=rounds,
+        )
+        for name in fns
+    }
+
+
+def _device_and_sync(device: str | torch.device | None) -> tuple[torch.device, Callable[[], None]]:
+    """The device to time on (the current CUDA device, else the CPU, if None) and how to wait for it."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    return dev, sync
+
+
+def _warm_up_and_plan(
+    fn: Callable[[], object],
+    sync: Callable[[], None],
+    warmup_ms: float,
+    min_warmup: int,
+    rep_ms: float,
+    min_reps: int,
+    max_reps: int,
+) -> tuple[int, float]:
+    """Warm fn up; return (repetitions that fill about rep_ms within the bounds, median host ms for a call)."""
     per_call_ms = _warm_up(fn, sync, warmup_ms, min_warmup)
     reps = int(min(max_reps, max(min_reps, rep_ms / max(per_call_ms, 1e-6))))
     host_ms = statistics.median(_host_times_synced(fn, sync, min(reps, 20)))
+    return reps, host_ms
 
+
+def _repetitions(
+    dev: torch.device, sync: Callable[[], None], flush_l2: bool
+) -> Callable[[Callable[[], object], int, float], list[float]]:
+    """timed(fn, reps, host_ms) -> ms per call: CUDA events (L2 flushed first if asked) on a GPU, else perf_counter."""
     if dev.type != "cuda":
-        samples = _timed_with_sync(fn, sync, reps)
-        return Measurement(samples, mode="perf_counter", device=str(dev), label=label, host_ms=host_ms)
-    with torch.cuda.device(dev):
-        if cuda_graph:
-            samples = _graph_times(fn, reps)
-            return Measurement(samples, mode="cuda_graph", device=str(dev), label=label, host_ms=host_ms)
-        flusher = L2Flusher(dev) if flush_l2 else None
-        samples = _event_times(fn, reps, flusher, cover_ms=2 * host_ms + 0.02)
-    return Measurement(samples, mode="events", device=str(dev), label=label, host_ms=host_ms, flushed_l2=flush_l2)
+        return lambda fn, reps, host_ms: _timed_with_sync(fn, sync, reps)
+    flusher = L2Flusher(dev) if flush_l2 else None
 
+    def timed(fn: Callable[[], object], reps: int, host_ms: float) -> list[float]:
+        with torch.cuda.device(dev):
+            return _event_times(fn, reps, flusher, cover_ms=2 * host_ms + 0.02)
 
-def _default_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return timed
 
 
 def _warm_up(fn: Callable[[], object], sync: Callable[[], None], warmup_ms: float, min_warmup: int) -> float:

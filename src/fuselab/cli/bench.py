@@ -22,6 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", type=Path, help="also plot GB/s against size (PNG)")
     p.add_argument("--rep-ms", type=float, default=500.0, help="time to spend repeating each case (ms)")
     p.add_argument("--warmup-ms", type=float, default=200.0, help="minimum warm-up per case (ms)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="the impls of a case take turns, each timing 1/ROUNDS of its repetitions per round (1: one after another)",
+    )
     p.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (launch-bound kernels)")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")
     p.set_defaults(func=run)
@@ -36,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         "cuda_graph": args.cuda_graph,
         "flush_l2": not args.no_flush,
     }
-    rows = bench_op(op, out=log, timing=timing, **kwargs)
+    rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, **kwargs)
     console = Console()
     console.print(make_table(rows, columns(op.baseline, list(op.options)), title=f"bench {op.name}"))
     ceilings = get_ceilings(kwargs["device"], measure=False)

@@ -6,6 +6,7 @@ limit?" through the harness (fuselab.bench), one JSON row per case.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Callable, Sequence
@@ -16,8 +17,8 @@ import torch
 from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
-from fuselab.bench.sweep import grid, run_sweep
-from fuselab.bench.timer import benchmark
+from fuselab.bench.sweep import case_key, grid, run_sweep
+from fuselab.bench.timer import benchmark, benchmark_side_by_side
 from fuselab.ops.registry import Impl, Op, Shape
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -197,29 +198,53 @@ _PER_CASE = {"shape", "key", "rel_err", "grad_rel_err", "status", "reason", "see
 
 
 def bench_case(
-    op: Op, impl: Impl, shape: Shape, dtype: torch.dtype, device: str, options: dict, timing: dict
-) -> dict[str, object]:
-    """Time one impl at one shape; also its error against the reference on the same input."""
-    fn = prepare(impl, device)
+    op: Op,
+    impls: Sequence[Impl],
+    shape: Shape,
+    dtype: torch.dtype,
+    device: str,
+    options: dict,
+    timing: dict,
+    rounds: int = 5,
+) -> dict[str, dict | Exception]:
+    """Time the impls of one case on one fresh input, taking turns over `rounds` rounds (`benchmark_side_by_side`;
+    CUDA-graph timing runs them one after the other). Per impl: its row (speed, and its error against the reference
+    on the same input), or the exception that stopped it. An exception while timing stops them all."""
     inputs = op.make_inputs(shape, dtype, device, fresh_seed())
-    out = fn(*inputs, **options)
     ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
-    rel_err = relative_error(out, ref)
-    del out, ref
-    m = benchmark(lambda: fn(*inputs, **options), label=f"{op.name}/{impl.name}", device=device, **timing)
-    seconds = m.median_ms * 1e-3
-    row: dict[str, object] = {
-        **m.summary(),
-        "rel_err": rel_err,
-        "numel": inputs[0].numel(),
-        "bytes": op.bytes_moved(shape, dtype),
-        "gbps": op.bytes_moved(shape, dtype) / seconds / 1e9 if seconds > 0 else None,
-        "tflops": op.flops(shape) / seconds / 1e12 if seconds > 0 else None,
-    }
-    if isinstance(fn, WatchedCompile):
-        row.update(compile_s=fn.compile_s, compile_graphs=fn.graphs, compile_flags=fn.flags)
-        row["warnings"] = [*row["warnings"], *fn.flags]
-    return row
+    results: dict[str, dict | Exception] = {}
+    fns: dict[str, Callable[..., torch.Tensor]] = {}
+    for impl in impls:
+        try:
+            fn = prepare(impl, device)
+            results[impl.name] = {"rel_err": relative_error(fn(*inputs, **options), ref)}
+            fns[impl.name] = fn
+        except Exception as exc:  # this impl fails alone; the others are still timed
+            results[impl.name] = exc
+            if isinstance(exc, torch.OutOfMemoryError):
+                torch.cuda.empty_cache()
+    del ref
+    calls = {name: functools.partial(fn, *inputs, **options) for name, fn in fns.items()}
+    try:
+        if timing.get("cuda_graph"):  # graph replays are not taken in turns
+            measured = {name: benchmark(call, label=name, device=device, **timing) for name, call in calls.items()}
+        else:
+            events = {k: v for k, v in timing.items() if k != "cuda_graph"}
+            measured = benchmark_side_by_side(calls, rounds=rounds, device=device, **events)
+    except Exception as exc:
+        return {name: exc if name in fns else result for name, result in results.items()}
+    nbytes, flops = op.bytes_moved(shape, dtype), op.flops(shape)
+    for name, m in measured.items():
+        seconds = m.median_ms * 1e-3
+        row = results[name]
+        row.update(m.summary(), numel=inputs[0].numel(), bytes=nbytes)
+        row["gbps"] = nbytes / seconds / 1e9 if seconds > 0 else None
+        row["tflops"] = flops / seconds / 1e12 if seconds > 0 else None
+        fn = fns[name]
+        if isinstance(fn, WatchedCompile):
+            row.update(compile_s=fn.compile_s, compile_graphs=fn.graphs, compile_flags=fn.flags)
+            row["warnings"] = [*row["warnings"], *fn.flags]
+    return results
 
 
 def bench_op(
@@ -232,21 +257,24 @@ def bench_op(
     device: str | None = None,
     out: str | Path | None = None,
     timing: dict | None = None,
+    rounds: int = 5,
     show_progress: bool = True,
 ) -> list[dict]:
     """Sweep impls x dtypes x shapes (x option values), one row per case, appended to `out` (JSON lines).
 
-    Rows carry the environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling and of a copy of the
-    same bytes timed after the sweep, the speed-up against the op's baseline impl measured in the same run, and the
-    error against the reference.
+    The impls of one case are timed together on the same input, taking turns over `rounds` rounds, so the ratios
+    between them are not at the mercy of what drifts (clocks under a power limit, temperature). Rows carry the
+    environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling and of a copy of the same bytes timed
+    after the sweep, the speed-up against the op's baseline impl, and the error against the reference.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     names = list(impls or op.impls)
     for name in names:
         op.get_impl(name)
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     dtypes = list(dtypes or [torch.float32, torch.bfloat16])
-    # Case-major, impl fastest: the impls of one case are timed back to back, so the ratios between them are not at the
-    # mercy of what drifts over a long sweep (clocks, temperature); impl-major put minutes between them.
+    # Case-major, impl fastest: the log is written in the order the impls were measured.
     cases = [
         {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **opts}
         for dtype in dtypes
@@ -257,12 +285,20 @@ def bench_op(
     env = environment(device)
     ceilings = ceilings_mod.get_ceilings(device)
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
+    measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
 
     def run(case: dict) -> dict:
-        impl = op.get_impl(case["impl"])
-        opts = {k: case[k] for k in op.options}
-        row = bench_case(op, impl, tuple(case["shape"]), DTYPES[case["dtype"]], device, opts, timing or {})
-        return {**row, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
+        together = case_key({k: v for k, v in case.items() if k != "impl"})
+        if together not in measured:
+            opts = {k: case[k] for k in op.options}
+            shape, dtype = tuple(case["shape"]), DTYPES[case["dtype"]]
+            measured[together] = bench_case(
+                op, [op.get_impl(n) for n in names], shape, dtype, device, opts, timing or {}, rounds
+            )
+        result = measured[together][case["impl"]]
+        if isinstance(result, Exception):
+            raise result
+        return {**result, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
 
     rows = run_sweep(cases, run, out=out, description=f"bench {op.name}", show_progress=show_progress)
     sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
