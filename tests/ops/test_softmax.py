@@ -758,6 +758,7 @@ def test_tuner_runs_and_checks_each_plan(capsys: pytest.CaptureFixture[str]) -> 
 
     tune.main(["--dtype", "fp32", "--width", "5000", "--elements", "2^13", "--quick"])
     out = capsys.readouterr().out
-    assert "float32 width 5000 (1 rows)" in out and "torch.softmax" in out
+    assert "float32 width 5000 (1 rows)" in out and "torch.softmax" in out and "torch.compile" in out
+    assert "/ compile:" in out  # the chosen plan against both references, timed side by side
     assert "chosen" in out and "best" in out and "Plan(kernel='looped'" in out
     assert "rel err" not in out  # every plan computed the right thing

@@ -5,21 +5,25 @@
 
 For each width (rows = elements / width) it times the plan `forward_plan` picks and alternatives: register caps,
 other tile sizes and warp counts for the rows kernel, the persistent rows-ahead kernel, chunk sizes and warps for
-the split kernels, the looped kernel; and torch.softmax. Each plan is checked against the float64 reference first.
-Printed: GB/s (bytes read + written) per plan, the best one, and the chosen plan's time against torch.softmax's.
-Timing by fuselab.bench (warm-up, L2 flush, CUDA events).
+the split kernels, the looped kernel; and torch.softmax and torch.compile (of the naive softmax). Each plan is checked
+against the float64 reference first. Printed: GB/s (bytes read + written) per plan, the best one, and the chosen
+plan's time against the two references'. Timing by fuselab.bench, all of a width's plans taking turns
+(benchmark_side_by_side: warm-up, L2 flush, CUDA events).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 import torch
 import triton
 
-from fuselab.bench.timer import benchmark
+from fuselab.bench.compiled import WatchedCompile
+from fuselab.bench.timer import benchmark_side_by_side
 from fuselab.ops.evaluate import parse_dtype, relative_error
 from fuselab.ops.registry import parse_shape
 from fuselab.ops.softmax import triton as st
@@ -39,7 +43,7 @@ def candidates(width: int, dtype: torch.dtype, device: torch.device) -> list[st.
     if item == 2 and 4096 <= block <= st.ROW_MAX:  # held in 16 bits: half the registers
         plans += [st.Plan("rows", block, 1, w, cap, hold=True) for w in (8, 16, 32) for cap in (None, 40)]
     if block <= 2 * st.ROW_MAX:
-        for tile_bytes in (4096, 8192, 16384):
+        for tile_bytes in (2048, 4096, 8192, 16384):
             rows = max(1, tile_bytes // (block * item))
             warps = st._warps(block * rows, item)
             plans += [st.Plan("rows", block, rows, w) for w in (max(1, warps // 2), warps, min(32, 2 * warps))]
@@ -64,7 +68,9 @@ def gbps(nbytes: int, ms: float) -> float:
 
 
 def tune_width(width: int, dtype: torch.dtype, elements: int, device: torch.device, quick: bool) -> dict:
-    """Time every candidate at (elements // width, width); returns {plan: GB/s} and torch.softmax's GB/s."""
+    """Time every candidate at (elements // width, width), side by side with torch.softmax and torch.compile of the
+    naive softmax (all take turns, `benchmark_side_by_side`); returns {plan: ms and GB/s, or its error} and the two
+    references' ms and GB/s."""
     rows = max(1, elements // width)
     (x,) = SOFTMAX.make_inputs((rows, width), dtype, str(device), 0)
     check_rows = slice(0, min(rows, 64))  # the reference on a few rows: float64 of all of x is large
@@ -72,7 +78,8 @@ def tune_width(width: int, dtype: torch.dtype, elements: int, device: torch.devi
     nbytes = SOFTMAX.bytes_moved((rows, width), dtype)
     timing = {"warmup_ms": 10, "rep_ms": 20, "min_reps": 3} if quick else {"warmup_ms": 50, "rep_ms": 150}
     y = torch.empty_like(x)
-    results = {}
+    results: dict[st.Plan, dict] = {}
+    calls: dict[object, Callable[[], object]] = {}
     for plan in candidates(width, dtype, device):
         y.fill_(float("nan"))
         st.launch_forward(x, y, plan)
@@ -80,10 +87,16 @@ def tune_width(width: int, dtype: torch.dtype, elements: int, device: torch.devi
         if not err <= SOFTMAX.tolerance[dtype]:
             results[plan] = {"error": f"rel err {err:.2e}"}
             continue
-        ms = benchmark(lambda plan=plan: st.launch_forward(x, y, plan), device=device, **timing).median_ms
-        results[plan] = {"ms": ms, "gbps": gbps(nbytes, ms)}
-    torch_ms = benchmark(lambda: torch.softmax(x, dim=-1), device=device, **timing).median_ms
-    return {"rows": rows, "plans": results, "torch": {"ms": torch_ms, "gbps": gbps(nbytes, torch_ms)}}
+        results[plan] = {}
+        calls[plan] = functools.partial(st.launch_forward, x, y, plan)
+    compiled = WatchedCompile(SOFTMAX.get_impl("compile").fn)  # as `fuselab bench` times it
+    calls["torch"] = lambda: torch.softmax(x, dim=-1)
+    calls["compile"] = lambda: compiled(x)
+    timed = benchmark_side_by_side(calls, device=device, **timing)
+    for key, m in timed.items():
+        results.setdefault(key, {}).update(ms=m.median_ms, gbps=gbps(nbytes, m.median_ms))
+    references = {key: results.pop(key) for key in ("torch", "compile")}
+    return {"rows": rows, "plans": results, **references}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,14 +116,17 @@ def main(argv: list[str] | None = None) -> None:
             chosen = next(iter(out["plans"]))
             timed = {plan: r for plan, r in out["plans"].items() if "ms" in r}
             best = min(timed, key=lambda plan: timed[plan]["ms"])
-            print(f"\n{str(dtype).removeprefix('torch.')} width {width} ({out['rows']} rows):"
-                  f" torch.softmax {out['torch']['gbps']:.0f} GB/s")  # fmt: skip
+            name = str(dtype).removeprefix("torch.")
+            print(f"\n{name} width {width} ({out['rows']} rows): torch.softmax {out['torch']['gbps']:.0f} GB/s,"
+                  f" torch.compile {out['compile']['gbps']:.0f}")  # fmt: skip
             for plan, r in out["plans"].items():
                 mark = ("chosen " if plan == chosen else "       ") + ("best" if plan == best else "    ")
                 shown = f"{r['gbps']:7.0f} GB/s" if "gbps" in r else r["error"]
                 print(f"  {mark} {shown}  {plan}")
             if chosen in timed:
-                print(f"  chosen/torch time: {timed[chosen]['ms'] / out['torch']['ms']:.3f}x")
+                ms = timed[chosen]["ms"]
+                vs_torch, vs_compile = ms / out["torch"]["ms"], ms / out["compile"]["ms"]
+                print(f"  chosen / torch time: {vs_torch:.3f}x, / compile: {vs_compile:.3f}x")
             if args.json:
                 with open(args.json, "a") as f:
                     row = {"dtype": str(dtype), "width": width, **out}
