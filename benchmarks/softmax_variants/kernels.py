@@ -3,6 +3,8 @@
 import triton
 import triton.language as tl
 
+from fuselab.ops.softmax import triton as st
+
 
 @triton.jit
 def _to_f32_again(x, BITS: tl.constexpr):
@@ -432,3 +434,27 @@ def rows_held_kernel(
             x = tl.load(x_ptr + after * xs + cols, mask=(after < n_rows) & (cols < n_cols), other=float("-inf"))
         rows = after
         start += step
+
+
+@triton.jit
+def rows_even_kernel(
+    x_ptr, y_ptr, xs, ys, ROWS: tl.constexpr, BLOCK: tl.constexpr, STREAM: tl.constexpr, RECOMPUTE: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    """Round 12: the package's rows kernel, masks out (width == BLOCK, ROWS divides the rows), fast exp, with
+    STREAM: stores marked streaming (.cs, evict first); RECOMPUTE: exp computed again for the output and divided,
+    as Inductor's kernel does, instead of kept and multiplied by the reciprocal of the sum."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    x = tl.load(x_ptr + rows * xs + cols).to(tl.float32)
+    m = tl.max(x, axis=1, keep_dims=True)
+    if RECOMPUTE:
+        s = tl.sum(st._exp(x - m, PTX), axis=1, keep_dims=True)
+        y = st._exp(x - m, PTX) / s
+    else:
+        e = st._exp(x - m, PTX)
+        y = e * (1.0 / tl.sum(e, axis=1, keep_dims=True))
+    if STREAM:
+        tl.store(y_ptr + rows * ys + cols, y.to(y_ptr.dtype.element_ty), cache_modifier=".cs")
+    else:
+        tl.store(y_ptr + rows * ys + cols, y.to(y_ptr.dtype.element_ty))
