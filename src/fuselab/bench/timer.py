@@ -188,16 +188,14 @@ def benchmark(
     if pitfall == "no_warmup":
         return Measurement(_timed_with_sync(fn, sync, min_reps), mode="no_warmup", device=str(dev), label=label)
 
-    reps, host_ms = _warm_up_and_plan(fn, sync, warmup_ms, min_warmup, rep_ms, min_reps, max_reps)
     if dev.type == "cuda" and cuda_graph:
+        reps, host_ms = _warm_up_and_plan(fn, sync, warmup_ms, min_warmup, rep_ms, min_reps, max_reps)
         with torch.cuda.device(dev):
             samples = _graph_times(fn, reps)
         return Measurement(samples, mode="cuda_graph", device=str(dev), label=label, host_ms=host_ms)
-    timed = _repetitions(dev, sync, flush_l2)
-    mode = "events" if dev.type == "cuda" else "perf_counter"
-    flushed = flush_l2 and dev.type == "cuda"
-    samples = timed(fn, reps, host_ms)
-    return Measurement(samples, mode=mode, device=str(dev), label=label, host_ms=host_ms, flushed_l2=flushed)
+    timing = {"warmup_ms": warmup_ms, "min_warmup": min_warmup, "rep_ms": rep_ms, "min_reps": min_reps,
+              "max_reps": max_reps, "flush_l2": flush_l2}  # fmt: skip
+    return benchmark_side_by_side({label: fn}, rounds=1, device=dev, **timing)[label]
 
 
 def benchmark_side_by_side(
