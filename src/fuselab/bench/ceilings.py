@@ -111,3 +111,16 @@ def get_ceilings(device: str | None = None, *, refresh: bool = False, measure: b
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(ceilings, indent=1))
     return ceilings
+
+
+def peak_tflops(ceilings: dict | None, dtype: str) -> float | None:
+    """The measured matmul TFLOP/s a compute-bound kernel in `dtype` is held against: bf16's for 16-bit dtypes (fp16
+    runs at the bf16 rate on the tensor cores), tf32's for float32 where measured (else plain fp32's)."""
+    if not ceilings:
+        return None
+    rates = ceilings.get("matmul_tflops") or {}
+    if dtype in ("bfloat16", "float16"):
+        return rates.get("bf16")
+    if dtype == "float32":
+        return rates.get("tf32") or rates.get("fp32")
+    return None

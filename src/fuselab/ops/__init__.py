@@ -1,6 +1,8 @@
-"""Ops, one folder each. Importing this package registers every built-in op and its implementations."""
+"""Ops, one folder each. Importing this package discovers every folder under ops/ and so registers each op and
+its implementations (nothing here names an op: a new folder is found by every tool)."""
 
-from fuselab.ops import gelu, softmax  # noqa: F401  (registration by import)
-from fuselab.ops.registry import Impl, Op, all_ops, format_shape, get_op, parse_shape, register_op
+from fuselab.ops.registry import Impl, Op, Option, all_ops, discover, format_shape, get_op, parse_shape, register_op
 
-__all__ = ["Impl", "Op", "all_ops", "format_shape", "get_op", "parse_shape", "register_op"]
+discover(__name__)
+
+__all__ = ["Impl", "Op", "Option", "all_ops", "format_shape", "get_op", "parse_shape", "register_op"]

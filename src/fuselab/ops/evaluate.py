@@ -81,7 +81,8 @@ def option_grid(op: Op, options: dict[str, object] | None) -> list[dict[str, obj
     if options:
         return [op.resolve_options(options)]
     keys = list(op.options)
-    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(op.options[k] for k in keys))]
+    sweeps = (op.options[k].sweep for k in keys)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*sweeps)]
 
 
 def prepare(impl: Impl, device: str) -> Callable[..., torch.Tensor]:
@@ -104,7 +105,7 @@ def check_case(
 ) -> dict[str, object]:
     """One impl on one fresh random input against the float64 reference (and its gradient, if it has one)."""
     fn = prepare(impl, device)
-    inputs = op.make_inputs(shape, dtype, device, seed)
+    inputs = op.make_inputs(shape, dtype, device, seed, **options)
     ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
     poison_allocator(ref.numel() * inputs[0].element_size(), device)
     out = fn(*inputs, **options)
@@ -210,7 +211,7 @@ def bench_case(
     """Time the impls of one case on one fresh input, taking turns over `rounds` rounds (`benchmark_side_by_side`;
     CUDA-graph timing runs them one after the other). Per impl: its row (speed, and its error against the reference
     on the same input), or the exception that stopped it. An exception while timing stops them all."""
-    inputs = op.make_inputs(shape, dtype, device, fresh_seed())
+    inputs = op.make_inputs(shape, dtype, device, fresh_seed(), **options)
     ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
     results: dict[str, dict | Exception] = {}
     fns: dict[str, Callable[..., torch.Tensor]] = {}
@@ -233,11 +234,11 @@ def bench_case(
             measured = benchmark_side_by_side(calls, rounds=rounds, device=device, **events)
     except Exception as exc:
         return {name: exc if name in fns else result for name, result in results.items()}
-    nbytes, flops = op.bytes_moved(shape, dtype), op.flops(shape)
+    nbytes, flops = op.case_cost(shape, dtype, options)
     for name, m in measured.items():
         seconds = m.median_ms * 1e-3
         row = results[name]
-        row.update(m.summary(), numel=inputs[0].numel(), bytes=nbytes)
+        row.update(m.summary(), numel=inputs[0].numel(), bytes=nbytes, flops=flops, bound=op.bound)
         row["gbps"] = nbytes / seconds / 1e9 if seconds > 0 else None
         row["tflops"] = flops / seconds / 1e12 if seconds > 0 else None
         fn = fns[name]
@@ -301,9 +302,16 @@ def bench_op(
         return {**result, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
 
     rows = run_sweep(cases, run, out=out, description=f"bench {op.name}", show_progress=show_progress)
-    sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
-    same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing or {}) for b in sizes}
-    return add_derived(rows, op.baseline, copy_gbps, ("op", "dtype", "shape", *op.options), same_size)
+    same_size = {}
+    if op.bound == "memory":  # a copy of the same bytes, timed once per size: what such a size can reach
+        sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
+        same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing or {}) for b in sizes}
+    rows = add_derived(rows, op.baseline, copy_gbps, ("op", "dtype", "shape", *op.options), same_size)
+    for row in rows:
+        peak = ceilings_mod.peak_tflops(ceilings, row["dtype"])
+        if not row.get("error") and peak and row.get("tflops") is not None:
+            row["pct_peak"] = 100 * row["tflops"] / peak
+    return rows
 
 
 def add_derived(

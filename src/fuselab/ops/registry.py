@@ -1,20 +1,29 @@
 """The op registry: an op is described once, its implementations register against it.
 
-An :class:`Op` holds everything every tool needs (a float64 reference, an input maker, a cost model,
-tolerances); an :class:`Impl` is one way of computing it. Tools (check, bench, profile, report) take any op
-and any impl from here and never special-case one.
+An :class:`Op` holds everything every tool needs (a float64 reference, named inputs, typed options, a cost model and
+the bound it implies, tolerances, the shapes each tool starts from, its nn module and report prose); an
+:class:`Impl` is one way of computing it. Tools (check, bench, profile, inspect, report) take any op and any impl
+from here and never special-case one. Registration is discovery: every package under ``fuselab/ops/`` that calls
+:func:`register_op` when imported is found by :func:`all_ops` (see :func:`discover`).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import torch
 
 Shape = tuple[int, ...]
-InputMaker = Callable[[Shape, torch.dtype, str, int], tuple[torch.Tensor, ...]]
+# make_inputs(shape, dtype, device, seed, **options) -> the op's input tensors, in the order of Op.inputs
+InputMaker = Callable[..., tuple[torch.Tensor, ...]]
+Bound = Literal["memory", "compute"]
+MODES = ("quick", "cpu", "gpu")
 
 _REGISTRY: dict[str, Op] = {}
 
@@ -27,6 +36,57 @@ class UnknownName(KeyError):
 
 
 @dataclass(frozen=True)
+class Option:
+    """A typed keyword option of an op: its type is the default's (str, bool, int or float).
+
+    choices: the accepted values (the first is not necessarily the default); empty: any value of the type.
+    check and bench sweep every choice when the user names none; options without choices keep their default.
+    """
+
+    name: str
+    default: str | bool | int | float
+    choices: tuple = ()
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.choices and self.default not in self.choices:
+            raise ValueError(f"option {self.name}: default {self.default!r} is not among {self.choices}")
+
+    @property
+    def kind(self) -> type:
+        return type(self.default)
+
+    @property
+    def sweep(self) -> tuple:
+        """The values a sweep that names none visits."""
+        return self.choices or (self.default,)
+
+    def parse(self, text: str | bool | int | float) -> str | bool | int | float:
+        """`text` (from the command line, or already typed) as this option's type; ValueError when not accepted."""
+        value: object = text
+        if isinstance(text, str) and self.kind is not str:
+            word = text.strip().lower()
+            try:
+                if self.kind is bool:
+                    if word not in ("true", "false", "1", "0", "yes", "no"):
+                        raise ValueError(word)
+                    value = word in ("true", "1", "yes")
+                else:
+                    value = self.kind(word)
+            except ValueError:
+                raise ValueError(f"option {self.name}={text!r} is not a {self.kind.__name__}") from None
+        elif self.kind is float and isinstance(text, int) and not isinstance(text, bool):
+            value = float(text)
+        if not isinstance(value, self.kind) or (self.kind is int and isinstance(value, bool)):
+            raise ValueError(f"option {self.name}={text!r} is not a {self.kind.__name__}")
+        if self.choices and value not in self.choices:
+            raise ValueError(
+                f"option {self.name}={value!r} is not accepted; accepted: {', '.join(map(str, self.choices))}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
 class Impl:
     """One implementation of an op.
 
@@ -35,6 +95,8 @@ class Impl:
     requires(device_type): None when usable on that device here, else the reason it is not (no Triton, no nvcc).
     compiled: fn is to be wrapped by torch.compile per case (the harness reports compile time apart).
     backward: fn supports autograd (gradients are checked against the reference).
+    triton_kernels: returns the @triton.jit functions the impl launches (what `inspect` compiles and shows).
+    cuda_source: the .cu file of its CUDA C++ kernels (what `inspect` compiles and shows).
     """
 
     name: str
@@ -44,6 +106,12 @@ class Impl:
     compiled: bool = False
     backward: bool = False
     doc: str = ""
+    triton_kernels: Callable[[], Sequence[object]] | None = None
+    cuda_source: Path | None = None
+
+    @property
+    def inspectable(self) -> bool:
+        return self.triton_kernels is not None or self.cuda_source is not None
 
     def unavailable(self, device: str | torch.device) -> str | None:
         """Why this impl cannot run on `device` here, or None when it can."""
@@ -62,29 +130,83 @@ class Impl:
 class Op:
     """An operation described once.
 
-    reference: float64 implementation, inputs already float64 (any device).
-    make_inputs(shape, dtype, device, seed): fresh random inputs (never zeros).
-    bytes_moved(shape, dtype): the fewest bytes a fused kernel must read + write.
-    flops(shape): floating-point operations of one call.
+    reference(*inputs, **options): float64 implementation, inputs already float64 (any device).
+    make_inputs(shape, dtype, device, seed, **options): fresh random inputs (never zeros), named by `inputs`.
+        `shape` is the op's one size descriptor (what `--shape` parses); the op says what its dimensions mean.
+    bytes_moved(shape, dtype, **options): the fewest bytes a fused kernel must read + write.
+    flops(shape, **options): floating-point operations of one call.
+    bound: "memory" (quoted in GB/s against the copy ceiling) or "compute" (TFLOP/s against the matmul ceiling).
     tolerance: max relative error ||out - ref|| / ||ref|| per dtype.
-    options: keyword options the impls accept, each with its allowed values, the first the default.
-    check_shapes / bench_shapes: defaults for `fuselab check` and `fuselab bench`.
-    baseline: the impl speed-ups are quoted against.
+    options: typed keyword options the impls accept (given as a sequence of Option, kept by name).
+    check_shapes / bench_shapes / profile_shape: defaults for `fuselab check`, `bench`, `profile` and `inspect`.
+    report: per report mode ("quick", "cpu", "gpu") what the report's section on the op measures:
+        {"check_shapes", "check_dtypes", "compile_check_shapes", "compile_check_dtypes", "bench_dtypes",
+         "bench_sweeps": [{"shapes": [...], "options": {...}}, ...] (the first is plotted),
+         "x": "numel" or "width" (the axis of its plots and tables)}; what a mode leaves out falls back to the op's
+        defaults (check_shapes, bench_shapes at default options, fp32).
+    random_shape(rng): one shape drawn for `bench --shapes random:N` (numpy Generator), or None.
+    module: the op's drop-in nn.Module (exposed as fuselab.nn.<its class name>); functional: {name: function}
+        exposed in fuselab.nn.functional.
+    prose: a Markdown file of the op's own words for its report section.
+    claims: the op's own claims, (text, criterion, fn(results) -> (figure, value, held)); questions: the lecture's
+        questions the op answers, (order, question, criterion, fn(results) -> (answer, value, held)); both read
+        by fuselab.studies.claims beside the claims it makes for every op.
+    baseline: the impl speed-ups are quoted against; peers: the impls the every-shape ratio is taken against.
     """
 
     name: str
     reference: Callable[..., torch.Tensor]
     make_inputs: InputMaker
-    bytes_moved: Callable[[Shape, torch.dtype], int]
-    flops: Callable[[Shape], int]
+    bytes_moved: Callable[..., int]
+    flops: Callable[..., int]
     tolerance: dict[torch.dtype, float]
     check_shapes: Sequence[Shape]
     bench_shapes: Sequence[Shape]
-    options: dict[str, tuple] = field(default_factory=dict)
+    options: dict[str, Option] | Sequence[Option] = field(default_factory=dict)
+    inputs: tuple[str, ...] = ("x",)
+    bound: Bound = "memory"
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
     baseline: str = "torch"
+    peers: tuple[str, ...] = ("torch", "compile")
     doc: str = ""
+    title: str = ""
+    profile_shape: Shape | None = None
+    report: dict[str, dict] = field(default_factory=dict)
+    random_shape: Callable[..., Shape] | None = None
+    module: type | None = None
+    functional: dict[str, Callable] = field(default_factory=dict)
+    prose: Path | None = None
+    claims: Sequence[tuple[str, str, Callable]] = ()
+    questions: Sequence[tuple[int, str, str, Callable]] = ()
     impls: dict[str, Impl] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, dict):
+            self.options = {o.name: o for o in self.options}
+        if self.bound not in ("memory", "compute"):
+            raise ValueError(f"op {self.name!r}: bound must be 'memory' or 'compute', got {self.bound!r}")
+        self.title = self.title or self.name
+
+    def report_plan(self, mode: str) -> dict:
+        """What the report measures of this op in `mode`, the op's defaults filling what the mode leaves out."""
+        plan = {
+            "check_shapes": list(self.check_shapes),
+            "check_dtypes": ["float32"],
+            "compile_check_shapes": list(self.check_shapes)[:1],
+            "compile_check_dtypes": ["float32"],
+            "bench_dtypes": ["float32"],
+            "bench_sweeps": [{"shapes": list(self.bench_shapes), "options": self.default_options()}],
+            "x": "numel",
+        }
+        plan.update(self.report.get(mode, {}))
+        return plan
+
+    def default_profile_shape(self) -> Shape:
+        """The shape profile and inspect use when given none: the op's, else its smallest benchmark shape."""
+        if self.profile_shape is not None:
+            return self.profile_shape
+        shapes = list(self.bench_shapes) or list(self.check_shapes)
+        return min(shapes, key=lambda s: torch.Size(s).numel())
 
     def impl(self, name: str, **kwargs: object) -> Callable[[Callable], Callable]:
         """Decorator registering `fn` as implementation `name` (keywords as in :class:`Impl`)."""
@@ -103,18 +225,24 @@ class Op:
         return self.impls[name]
 
     def default_options(self) -> dict[str, object]:
-        return {key: values[0] for key, values in self.options.items()}
+        return {key: option.default for key, option in self.options.items()}
 
     def resolve_options(self, given: dict[str, object] | None) -> dict[str, object]:
-        """The default options overridden by `given`; unknown keys or values raise ValueError."""
+        """The default options overridden by `given` (strings are parsed to each option's type); unknown keys or
+        values raise ValueError."""
         resolved = self.default_options()
         for key, value in (given or {}).items():
             if key not in self.options:
                 raise ValueError(f"op {self.name!r} has no option {key!r}; options: {list(self.options) or 'none'}")
-            if value not in self.options[key]:
-                raise ValueError(f"option {key}={value!r} not accepted by {self.name!r}; accepted: {self.options[key]}")
-            resolved[key] = value
+            try:
+                resolved[key] = self.options[key].parse(value)
+            except ValueError as e:
+                raise ValueError(f"{self.name}: {e}") from None
         return resolved
+
+    def case_cost(self, shape: Shape, dtype: torch.dtype, options: dict[str, object]) -> tuple[int, int]:
+        """(bytes moved, FLOPs) of one call at this case."""
+        return self.bytes_moved(shape, dtype, **options), self.flops(shape, **options)
 
 
 def register_op(op: Op) -> Op:
@@ -137,7 +265,21 @@ def all_ops() -> list[Op]:
 
 
 def _load_builtin_ops() -> None:
-    import fuselab.ops  # noqa: F401  (importing the package registers gelu, softmax, ...)
+    import fuselab.ops  # noqa: F401  (importing the package discovers and registers every op folder)
+
+
+def discover(package: str = "fuselab.ops") -> list[str]:
+    """Import every subpackage of `package` (each op folder registers itself); return their names.
+
+    Folders whose name starts with "_" (shared helpers such as _cuda) are skipped.
+    """
+    module = importlib.import_module(package)
+    names = []
+    for info in pkgutil.iter_modules(module.__path__):
+        if info.ispkg and not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")
+            names.append(info.name)
+    return names
 
 
 _POWER = re.compile(r"^(\d+)\^(\d+)$")

@@ -41,11 +41,11 @@ def user_op(spec: str, nargs: int = 1) -> Op:
     """An Op around the user's function (impl name: the function's name)."""
     fn = load_function(spec)
 
-    def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int) -> tuple[torch.Tensor, ...]:
+    def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, **_: object) -> tuple[torch.Tensor, ...]:
         gen = torch.Generator(device="cpu").manual_seed(seed)
         return tuple(torch.randn(shape, generator=gen, dtype=torch.float32).to(device, dtype) for _ in range(nargs))
 
-    def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
+    def bytes_moved(shape: Shape, dtype: torch.dtype, **_: object) -> int:
         return (nargs + 1) * torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size()
 
     name = getattr(fn, "__name__", "fn")
@@ -54,8 +54,9 @@ def user_op(spec: str, nargs: int = 1) -> Op:
         reference=fn,
         make_inputs=make_inputs,
         bytes_moved=bytes_moved,
-        flops=lambda shape: 0,
+        flops=lambda shape, **_: 0,
         tolerance={torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float64: 1e-12},
+        inputs=tuple(f"x{i}" for i in range(nargs)),
         check_shapes=[(1000,)],
         bench_shapes=[(2**20,)],
         baseline=name,

@@ -149,6 +149,6 @@ def impl_callable(
     from fuselab.ops.evaluate import prepare
 
     fn = prepare(op.get_impl(impl_name), device)
-    inputs = op.make_inputs(shape, dtype, device, seed)
     kwargs = op.resolve_options(options)
+    inputs = op.make_inputs(shape, dtype, device, seed, **kwargs)
     return lambda: fn(*inputs, **kwargs)

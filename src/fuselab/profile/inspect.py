@@ -579,12 +579,10 @@ def _compile_jobs(request_path: str) -> None:
 
 
 def default_inspect_shape(op_name: str) -> Shape:
-    """The op's smallest benchmark shape: big enough to specialize like a real run."""
+    """The op's profile shape (else its smallest benchmark shape): big enough to specialize like a real run."""
     from fuselab.ops.registry import get_op
 
-    op = get_op(op_name)
-    shapes = list(op.bench_shapes) or list(op.check_shapes)
-    return min(shapes, key=lambda s: torch.Size(s).numel())
+    return get_op(op_name).default_profile_shape()
 
 
 def inspect_impl(
@@ -595,30 +593,31 @@ def inspect_impl(
     shape: Shape | str | None = None,
     arch: str | None = None,
 ) -> Inspection:
-    """PTX/SASS/resources of op `op_name`'s implementation `impl_name` ("triton" or "cuda")."""
+    """PTX/SASS/resources of op `op_name`'s implementation `impl_name`: the Triton kernels its Impl lists
+    (`Impl.triton_kernels`), compiled as the impl launches them at `shape`, or its CUDA source (`Impl.cuda_source`)."""
     from fuselab.ops.registry import get_op, parse_shape
 
     op = get_op(op_name)
     impl = op.get_impl(impl_name)
     arch = arch or default_arch()
     _arch_number(arch)
-    if impl_name == "cuda" or impl_name.startswith("cuda"):
-        module = importlib.import_module(f"fuselab.ops.{op_name}.cuda")
-        cu_file = Path(module.CU_FILE)
-        kernels, notes = inspect_cuda_source(cu_file, arch=arch)
+    if impl.cuda_source is not None:
+        kernels, notes = inspect_cuda_source(Path(impl.cuda_source), arch=arch)
         kernels = _for_dtype(kernels, dtype, notes)
         return Inspection(op_name, impl_name, arch, kernels, notes)
-    if impl_name != "triton" and not impl_name.startswith("triton"):
-        raise ValueError(f"inspect shows Triton and CUDA implementations; {impl_name!r} is neither (try triton, cuda)")
-
-    module = importlib.import_module(f"fuselab.ops.{op_name}.triton")
-    kernels = list(getattr(module, "TRITON_KERNELS", ()))
+    if impl.triton_kernels is None:
+        inspectable = [name for name, i in op.impls.items() if i.inspectable]
+        raise ValueError(
+            f"inspect shows Triton and CUDA C++ kernels; {op_name} {impl_name!r} declares neither"
+            f" (inspectable: {', '.join(inspectable) or 'none'})"
+        )
+    kernels = list(impl.triton_kernels())
     if not kernels:
-        raise ValueError(f"fuselab.ops.{op_name}.triton lists no TRITON_KERNELS")
-    shape = parse_shape(shape) if isinstance(shape, str) else shape or default_inspect_shape(op_name)
+        raise ValueError(f"{op_name} {impl_name} lists no Triton kernels")
+    shape = parse_shape(shape) if isinstance(shape, str) else shape or op.default_profile_shape()
     gpu = torch.cuda.is_available()
-    inputs = op.make_inputs(shape, dtype, "cuda" if gpu else "cpu", 0)
     options = op.default_options()
+    inputs = op.make_inputs(shape, dtype, "cuda" if gpu else "cpu", 0, **options)
 
     def run() -> None:
         if not impl.backward:

@@ -43,12 +43,12 @@ def run_full_report(
     show_progress: bool = True,
 ) -> dict[str, dict]:
     """Run (or resume) every section into `out`; return the section records by name."""
-    from fuselab.report.sections import SECTIONS
+    from fuselab.report.sections import sections as all_sections
 
     device = resolve_device(device)
     mode = mode_for(device, quick)
     ctx = Context(out=Path(out), device=device, mode=mode, budget=BUDGETS[mode], show_progress=show_progress)
-    return run_report(sections or SECTIONS, ctx, fresh=fresh, only=only, console=console)
+    return run_report(sections or all_sections(), ctx, fresh=fresh, only=only, console=console)
 
 
 __all__ = ["Context", "Section", "resolve_device", "run_full_report", "run_report", "run_section"]

@@ -1,7 +1,9 @@
-"""What each mode of the report measures: sizes, dtypes and timing per section.
+"""What each mode of the report measures in the sections that are not an op's: sizes, dtypes and timing.
 
 quick: tiny sizes, seconds per section (the CPU test). cpu: the default without a GPU, within 5 minutes on 2 cores
 (Triton is checked under its interpreter, never timed). gpu: the full report, within 10 minutes on an H200.
+What an op's own section measures in each mode is the op's (`Op.report`, in its folder). The pitfalls and profile
+entries of kind "op" time a memory-bound op's impl (the first registered that has it).
 """
 
 from __future__ import annotations
@@ -11,33 +13,15 @@ QUICK = {
     "ceilings_refresh": False,
     "pitfalls": [
         {"kind": "matmul", "n": 128, "dtype": "float32"},
-        {"kind": "op", "op": "gelu", "impl": "compile", "shape": [2**12], "dtype": "float32"},
+        {"kind": "op", "impl": "compile", "shape": [2**12], "dtype": "float32"},
     ],
     "matmul_sizes": [2**k for k in range(4, 9)],
     "matmul_dtypes": ["float32"],
     "mlp_base": {"layers": 2, "steps": 2, "batch": 32, "dim": 64},
     "mlp_sweeps": {"layers": [1, 2, 4], "steps": [1, 2, 4], "batch": [16, 32, 64], "dim": [32, 64, 128]},
-    "gelu": {
-        "check_shapes": [(1023,), (3, 37, 129)],
-        "check_dtypes": ["float32"],
-        "compile_check_shapes": [(1023,)],
-        "compile_check_dtypes": ["float32"],
-        "bench_shapes": [(2**12,), (2**14,)],
-        "bench_dtypes": ["float32"],
-        "erf_shape": (2**12,),
-    },
-    "softmax": {
-        "check_shapes": [(37, 129), (4, 5, 300)],
-        "check_dtypes": ["float32"],
-        "compile_check_shapes": [(37, 129)],
-        "compile_check_dtypes": ["float32"],
-        "bench_numel": 2**14,
-        "bench_widths": [128, 1024],
-        "bench_dtypes": ["float32"],
-    },
-    "profile": {"warmup": 1, "iters": 2, "cases": None, "impls": [("gelu", "naive", (2**12,))]},
+    "profile": {"warmup": 1, "iters": 2, "cases": None, "op_impl": "naive", "op_numel": 2**12},
     "runahead": {"steps": 3, "layers": 2},
-    "inspect": [("gelu", "triton"), ("softmax", "triton")],
+    "inspect": "triton",  # the Triton impls of every op (compiled offline without a GPU)
 }
 
 CPU = {
@@ -46,8 +30,8 @@ CPU = {
     "ceilings_refresh": False,
     "pitfalls": [
         {"kind": "matmul", "n": 512, "dtype": "float32"},
-        {"kind": "op", "op": "gelu", "impl": "naive", "shape": [2**20], "dtype": "float32"},
-        {"kind": "op", "op": "gelu", "impl": "compile", "shape": [2**20], "dtype": "float32"},
+        {"kind": "op", "impl": "naive", "shape": [2**20], "dtype": "float32"},
+        {"kind": "op", "impl": "compile", "shape": [2**20], "dtype": "float32"},
     ],
     "matmul_sizes": [2**k for k in range(4, 11)],
     "matmul_dtypes": ["float32"],
@@ -58,38 +42,18 @@ CPU = {
         "batch": [32, 64, 128, 256, 512],
         "dim": [64, 128, 256, 512],
     },
-    "gelu": {
-        "check_shapes": [(0,), (1,), (1023,), (4097,), (65537,), (3, 37, 129)],
-        "check_dtypes": ["float32", "bfloat16"],
-        "compile_check_shapes": [(4097,)],
-        "compile_check_dtypes": ["float32"],
-        "bench_shapes": [(2**16,), (2**18,), (2**20,), (2**22,)],
-        "bench_dtypes": ["float32", "bfloat16"],
-        "erf_shape": (2**20,),
-    },
-    "softmax": {
-        "check_shapes": [(0, 7), (5, 0), (), (1, 1), (1000,), (37, 129), (4, 5, 300), (2, 5000), (3, 40000)],
-        "check_dtypes": ["float32", "bfloat16"],
-        "compile_check_shapes": [(37, 129)],
-        "compile_check_dtypes": ["float32"],
-        "bench_numel": 2**20,
-        "bench_widths": [128, 1024, 8192, 65536],
-        "bench_dtypes": ["float32"],
-    },
-    "profile": {"warmup": 2, "iters": 3, "cases": None, "impls": [("gelu", "naive", (2**20,))]},
+    "profile": {"warmup": 2, "iters": 3, "cases": None, "op_impl": "naive", "op_numel": 2**20},
     "runahead": {"steps": 10, "layers": 4},
-    "inspect": [("gelu", "triton"), ("softmax", "triton"), ("gelu", "cuda"), ("softmax", "cuda")],
+    "inspect": "all",  # every impl that declares kernels
 }
-
-SOFTMAX_WIDTHS_GPU = [128, 1024, 4096, 8192, 16384, 32768, 65536, 262144]
 
 GPU = {
     "timing": {"warmup_ms": 100.0, "rep_ms": 200.0, "min_reps": 10, "max_reps": 1000},
     "ceilings_refresh": True,
     "pitfalls": [
         {"kind": "matmul", "n": 4096, "dtype": "bfloat16"},
-        {"kind": "op", "op": "gelu", "impl": "naive", "shape": [2**24], "dtype": "float32"},
-        {"kind": "op", "op": "gelu", "impl": "compile", "shape": [2**24], "dtype": "float32"},
+        {"kind": "op", "impl": "naive", "shape": [2**24], "dtype": "float32"},
+        {"kind": "op", "impl": "compile", "shape": [2**24], "dtype": "float32"},
     ],
     "matmul_sizes": [2**k for k in range(4, 14)],
     "matmul_dtypes": ["float32", "bfloat16"],
@@ -100,27 +64,9 @@ GPU = {
         "batch": [128, 256, 512, 1024, 2048, 4096, 8192],
         "dim": [256, 512, 1024, 2048, 4096, 8192],
     },
-    "gelu": {
-        "check_shapes": None,  # the op's own check shapes
-        "check_dtypes": ["float32", "float16", "bfloat16"],
-        "compile_check_shapes": [(3, 37, 129)],  # one compile per case: few cases
-        "compile_check_dtypes": ["float32", "bfloat16"],
-        "bench_shapes": [(2**24,), (2**26,), (2**28,)],
-        "bench_dtypes": ["float32", "bfloat16"],
-        "erf_shape": (2**26,),
-    },
-    "softmax": {
-        "check_shapes": None,
-        "check_dtypes": ["float32", "float16", "bfloat16"],
-        "compile_check_shapes": [(3, 40000)],
-        "compile_check_dtypes": ["float32", "bfloat16"],
-        "bench_numel": 2**26,
-        "bench_widths": SOFTMAX_WIDTHS_GPU,
-        "bench_dtypes": ["float32", "bfloat16"],
-    },
-    "profile": {"warmup": 3, "iters": 5, "cases": None, "impls": [("gelu", "naive", (2**24,))]},
+    "profile": {"warmup": 3, "iters": 5, "cases": None, "op_impl": "naive", "op_numel": None},
     "runahead": {"steps": 20, "layers": 4},
-    "inspect": [("gelu", "triton"), ("softmax", "triton"), ("gelu", "cuda"), ("softmax", "cuda")],
+    "inspect": "all",  # every impl that declares kernels
 }
 
 BUDGETS = {"quick": QUICK, "cpu": CPU, "gpu": GPU}

@@ -1,73 +1,44 @@
-"""The lecture's claims and five check-your-understanding questions, each answered by a figure of this run.
+"""The lecture's claims and its five check-your-understanding questions, each answered by a figure of this run.
 
 Every number here is read from the results of the report's sections (never written in): a claim is "held" when
 its figure meets the stated criterion on this device, "not held" when it does not, and None (n/a) when this run
 could not measure it (a failed section, a kernel that does not run here, or a claim about an asynchronous
 device checked on the synchronous CPU).
 
-`results` maps a section name to that section's results, as fuselab.report.sections writes them:
-pitfalls {"cases"}, matmul {"rows", "regimes"}, mlp {"fits"}, gelu / softmax {"bench"}, profile / runahead
-{"facts"}, roofline {"points"}.
+The claims about the harness (pitfalls, matmul, MLP, profile, run-ahead) are written here; the claims about ops are
+generic, made for every registered op from its impls (naive against the fused built-in, torch.compile against
+naive, hand-written kernels against the built-in, the roofline), plus any an op declares in its folder
+(`Op.claims`, `Op.questions`). `results` maps a section name to that section's results, as the report writes them.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-Results = dict[str, dict]
-Finding = tuple[str, float | None, bool | None]  # (figure, value, held)
+from fuselab.ops.findings import (
+    Finding,
+    NotMeasured,
+    Results,
+    fmt_gbps,
+    fmt_ms,
+    fmt_x,
+    median_ratio,
+    ok_rows,
+    pairs,
+    section,
+)
+from fuselab.ops.registry import Op, all_ops
+
+__all__ = ["NotMeasured", "answer_questions", "evaluate_claims", "fmt_gbps", "verdict"]
 
 NAIVE_SLOWER = 2.0  # naive at least this many times slower than the fused built-in
 UNDERREPORT = 2.0  # timing without synchronize under-reports at least this much
 FIRST_CALL = 2.0  # a loop without warm-up over-reports at least this much
 LINEAR_R2 = 0.98  # MLP time linear in layers and steps
 SMALL_MATMUL_GAP = 10.0  # a large matmul reaches at least this many times the TFLOP/s of a small one
-NEAR_COPY_PCT = 80.0  # F.gelu's GB/s as % of the copy ceiling
 MATCH = 1.25  # "as fast as": within this factor of the time
-FUSION_GAIN = 2.0  # a fused GELU at least this many times faster than the naive one
-
-
-class NotMeasured(Exception):
-    """This run has no figure for a claim; the message says why."""
-
-
-# ------------------------------------------------------------------------------------------------ reading results
-
-
-def section(results: Results, name: str) -> dict:
-    if name not in results:
-        raise NotMeasured(f"section {name!r} did not finish")
-    return results[name]
-
-
-def ok_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if not r.get("error") and r.get("median_ms")]
-
-
-def bench_row(results: Results, op: str, impl: str, *, dtype: str = "float32", **match: object) -> dict:
-    """The op's bench row for impl and dtype (matching `match`, e.g. approximate="tanh") with the most elements."""
-    rows = [
-        r
-        for r in ok_rows(section(results, op).get("bench", []))
-        if r["impl"] == impl and r["dtype"] == dtype and all(r.get(k) == v for k, v in match.items())
-    ]
-    if not rows:
-        raise NotMeasured(f"no {op} {impl} {dtype} timing in this run")
-    return max(rows, key=lambda r: r["numel"])
-
-
-def gelu_row(results: Results, impl: str, numel: int | None = None) -> dict:
-    """The fp32 tanh-GELU row of impl at `numel` elements (default: its largest)."""
-    match = {"numel": numel} if numel is not None else {}
-    return bench_row(results, "gelu", impl, approximate="tanh", **match)
-
-
-def pairs(rows: list[dict], a: str, b: str, dtype: str = "float32") -> list[tuple[dict, dict]]:
-    """(row of impl a, row of impl b) at every shape both measured in `dtype`."""
-    by = {(r["impl"], tuple(r["shape"])): r for r in ok_rows(rows) if r["dtype"] == dtype}
-    return [(r, by[(b, s)]) for (impl, s), r in by.items() if impl == a and (b, s) in by]
+FUSION_GAIN = 2.0  # torch.compile at least this many times faster than the naive op
 
 
 def pitfall_case(results: Results, prefer: str) -> dict:
@@ -88,18 +59,6 @@ def matmul_pair(results: Results) -> tuple[dict, dict]:
     if large["n"] <= small["n"]:
         raise NotMeasured("no matmul sizes past 128 were measured")
     return small, large
-
-
-def fmt_x(value: float) -> str:
-    return f"{value:.3g}×"
-
-
-def fmt_gbps(value: float) -> str:
-    return f"{value:.0f} GB/s" if value >= 100 else f"{value:.3g} GB/s"
-
-
-def fmt_ms(value: float) -> str:
-    return f"{value * 1e3:.3g} µs" if value < 1 else f"{value:.4g} ms"
 
 
 # ------------------------------------------------------------------------------------------------ claims
@@ -236,126 +195,113 @@ def runahead(results: Results) -> Finding:
     return figure, lead, lead > 0
 
 
-@claim(
-    "The naive GELU (one kernel per op) is several times slower than the fused F.gelu.",
-    "gelu",
-    f"naive / F.gelu time ≥ {NAIVE_SLOWER:g}×",
-)
-def naive_gelu(results: Results) -> Finding:
-    naive = gelu_row(results, "naive")
-    torch_ = gelu_row(results, "torch", naive["numel"])
-    ratio = naive["median_ms"] / torch_["median_ms"]
-    figure = (
-        f"fp32, {naive['numel']:,} elements: naive {fmt_ms(naive['median_ms'])}, F.gelu "
-        f"{fmt_ms(torch_['median_ms'])}: {fmt_x(ratio)} slower"
-    )
-    return figure, ratio, ratio >= NAIVE_SLOWER
+def _compare_dtype(op: Op) -> str:
+    """Compute-bound ops are compared in bf16 (their tensor-core dtype), memory-bound ones in fp32."""
+    return "bfloat16" if op.bound == "compute" else "float32"
 
 
-@claim(
-    "GELU is memory-bound: the fused kernel runs near the copy bandwidth.",
-    "gelu",
-    f"F.gelu ≥ {NEAR_COPY_PCT:g}% of the copy GB/s",
-)
-def gelu_copy(results: Results) -> Finding:
-    row = gelu_row(results, "torch")
-    if row.get("pct_copy") is None:
-        raise NotMeasured("no copy ceiling to compare with")
-    figure = f"F.gelu fp32, {row['numel']:,} elements: {fmt_gbps(row['gbps'])} = {row['pct_copy']:.0f}% of copy"
-    return figure, row["pct_copy"], row["pct_copy"] >= NEAR_COPY_PCT
-
-
-@claim(
-    "torch.compile fuses the naive GELU into one kernel and removes most of its cost.",
-    "gelu",
-    f"compiled ≥ {FUSION_GAIN:g}× faster than naive",
-)
-def compile_fuses(results: Results) -> Finding:
-    naive = gelu_row(results, "naive")
-    comp = gelu_row(results, "compile", naive["numel"])
-    gain = naive["median_ms"] / comp["median_ms"]
-    figure = f"torch.compile(naive) {fmt_ms(comp['median_ms'])} vs naive {fmt_ms(naive['median_ms'])}: {fmt_x(gain)}"
-    return figure, gain, gain >= FUSION_GAIN
-
-
-def _matches_f_gelu(impl: str, what: str) -> None:
-    @claim(f"A hand-written {what} GELU kernel is about as fast as F.gelu.", "gelu", f"≤ {MATCH:g}× F.gelu's time")
-    def matches(results: Results) -> Finding:
-        torch_ = gelu_row(results, "torch")
-        mine = gelu_row(results, impl, torch_["numel"])
-        ratio = mine["median_ms"] / torch_["median_ms"]
-        figure = f"{what} {fmt_ms(mine['median_ms'])} vs F.gelu {fmt_ms(torch_['median_ms'])}: {fmt_x(ratio)} its time"
-        return figure, ratio, ratio <= MATCH
-
-
-_matches_f_gelu("triton", "Triton")
-_matches_f_gelu("cuda", "CUDA C++")
-
-
-@claim(
-    "The fused torch.softmax is several times faster than softmax written as separate ops.",
-    "softmax",
-    f"naive / torch.softmax time ≥ {NAIVE_SLOWER:g}× (median over widths)",
-)
-def softmax_fused(results: Results) -> Finding:
-    found = pairs(section(results, "softmax").get("bench", []), "naive", "torch")
+def _op_pairs(results: Results, op: Op, a: str, b: str) -> list[tuple[dict, dict]]:
+    found = pairs(section(results, op.name).get("bench", []), a, b, _compare_dtype(op), **op.default_options())
     if not found:
-        raise NotMeasured("no naive and torch softmax timings at the same shape")
-    ratio = statistics.median(n["median_ms"] / t["median_ms"] for n, t in found)
-    return (
-        f"fp32, median over {len(found)} widths: naive takes {fmt_x(ratio)} torch.softmax's time",
-        ratio,
-        (ratio >= NAIVE_SLOWER),
-    )
+        raise NotMeasured(f"no {op.name} {a} and {b} timings at the same shape in {_compare_dtype(op)}")
+    return found
+
+
+def op_claims(op: Op) -> list[Claim]:
+    """The lecture's claims about fusion, made for `op` from the impls it has."""
+    made = []
+    base = op.baseline
+    dtype = "bf16" if op.bound == "compute" else "fp32"
+    if "naive" in op.impls and base in op.impls:
+
+        def fused(results: Results) -> Finding:
+            found = _op_pairs(results, op, "naive", base)
+            ratio = median_ratio(found)
+            return (
+                f"{dtype}, median over {len(found)} shapes: naive takes {fmt_x(ratio)} {base}'s time",
+                ratio,
+                (ratio >= NAIVE_SLOWER),
+            )
+
+        made.append(
+            Claim(
+                f"{op.name}: the fused built-in ({base}) is several times faster than the op written as separate ops.",
+                op.name,
+                f"naive / {base} time ≥ {NAIVE_SLOWER:g}× (median over shapes)",
+                fused,
+            )
+        )
+    if op.bound == "memory" and "naive" in op.impls and "compile" in op.impls:
+
+        def compiled(results: Results) -> Finding:
+            found = _op_pairs(results, op, "naive", "compile")
+            gain = median_ratio(found)
+            return (
+                f"{dtype}, median over {len(found)} shapes: torch.compile(naive) {fmt_x(gain)} faster",
+                gain,
+                (gain >= FUSION_GAIN),
+            )
+
+        made.append(
+            Claim(
+                f"{op.name}: torch.compile fuses the naive version into one kernel and removes most of its cost.",
+                op.name,
+                f"compiled ≥ {FUSION_GAIN:g}× faster than naive",
+                compiled,
+            )
+        )
+    for impl, what in (("triton", "Triton"), ("cuda", "CUDA C++")):
+        if impl not in op.impls or base not in op.impls:
+            continue
+
+        def matches(results: Results, impl: str = impl, what: str = what) -> Finding:
+            found = _op_pairs(results, op, impl, base)
+            ratio = median_ratio(found)
+            return (
+                f"{dtype}, median over {len(found)} shapes: {what} takes {fmt_x(ratio)} {base}'s time",
+                ratio,
+                (ratio <= MATCH),
+            )
+
+        made.append(
+            Claim(
+                f"{op.name}: a hand-written {what} kernel is about as fast as {base}.",
+                op.name,
+                f"≤ {MATCH:g}× {base}'s time (median over shapes)",
+                matches,
+            )
+        )
+    made += [Claim(text, op.name, criterion, fn) for text, criterion, fn in op.claims]
+    return made
 
 
 @claim(
-    "A one-row-per-program Triton softmax reaches torch.softmax's bandwidth at moderate widths.",
-    "softmax",
-    f"≥ {100 / MATCH:.0f}% of torch's GB/s (median over widths ≤ 16384)",
-)
-def softmax_triton(results: Results) -> Finding:
-    found = [(t, b) for t, b in pairs(section(results, "softmax").get("bench", []), "triton", "torch")]
-    found = [(t, b) for t, b in found if t["shape"][-1] <= 16384]
-    if not found:
-        raise NotMeasured("no Triton softmax timing at widths up to 16384 (Triton is timed on a GPU only)")
-    ratio = statistics.median(t["gbps"] / b["gbps"] for t, b in found)
-    return (
-        f"fp32, median over {len(found)} widths: {100 * ratio:.0f}% of torch.softmax's GB/s",
-        ratio,
-        (ratio >= 1 / MATCH),
-    )
-
-
-@claim(
-    "GELU and softmax are memory-bound; a large matmul is compute-bound.",
+    "Elementwise and row-wise ops are memory-bound; a large matmul (and attention) is compute-bound.",
     "roofline",
-    "every GELU/softmax point left of the ridge, the largest matmul right of it",
+    "every memory-bound op's point left of the ridge, the largest matmul and compute-bound ops' largest right of it",
 )
 def roofline(results: Results) -> Finding:
     points = section(results, "roofline").get("points", [])
-    ew = [p for p in points if p.get("family") in ("gelu", "softmax")]
-    mm = [p for p in points if p.get("family") == "matmul"]
-    if not ew or not mm:
-        raise NotMeasured("no GELU/softmax or no matmul point to place")
-    biggest = max(mm, key=lambda p: p["ai"])
-    memory = sum(p["bound"] == "memory" for p in ew)
+    bounds = {op.name: op.bound for op in all_ops()}
+    memory_ops = [p for p in points if bounds.get(p.get("family")) == "memory"]
+    compute = [p for p in points if p.get("family") == "matmul" or bounds.get(p.get("family")) == "compute"]
+    if not memory_ops or not compute:
+        raise NotMeasured("no memory-bound op or no matmul point to place")
+    largest = {}
+    for p in compute:
+        if p["family"] not in largest or p["flops"] > largest[p["family"]]["flops"]:
+            largest[p["family"]] = p
+    memory = sum(p["bound"] == "memory" for p in memory_ops)
+    right = [p for p in largest.values() if p["bound"] == "compute"]
     figure = (
-        f"{memory} of {len(ew)} GELU/softmax points are memory-bound (AI ≤ {max(p['ai'] for p in ew):.2g} FLOP/B); "
-        f"{biggest['label']} (AI {biggest['ai']:.0f}) is {biggest['bound']}-bound at {biggest['pct_of_roof']:.0f}% "
-        "of its roof"
+        f"{memory} of {len(memory_ops)} memory-bound op points are left of the ridge (AI ≤ "
+        f"{max(p['ai'] for p in memory_ops):.2g} FLOP/B); "
+        + "; ".join(f"{p['label']} (AI {p['ai']:.0f}) is {p['bound']}-bound" for p in largest.values())
     )
-    return figure, biggest["ai"], memory == len(ew) and biggest["bound"] == "compute"
+    return figure, len(right), memory == len(memory_ops) and len(right) == len(largest)
 
 
 # ------------------------------------------------------------------------------------------------ questions
-
-
-@dataclass(frozen=True)
-class Question:
-    text: str
-    criterion: str
-    answer: Callable[[Results], tuple[str, float | None, bool | None]]  # (answer, value, held)
 
 
 def _q_sync(results: Results) -> tuple[str, float | None, bool | None]:
@@ -367,99 +313,52 @@ def _q_sync(results: Results) -> tuple[str, float | None, bool | None]:
     return text, ratio, held
 
 
-def _q_naive_gelu(results: Results) -> tuple[str, float | None, bool | None]:
-    naive = gelu_row(results, "naive")
-    torch_ = gelu_row(results, "torch", naive["numel"])
-    ratio = naive["median_ms"] / torch_["median_ms"]
+def _q_runahead(results: Results) -> tuple[str, float | None, bool | None]:
+    facts = section(results, "runahead").get("facts", {})
+    if facts.get("lead_ms") is None or not facts.get("gpu"):
+        raise NotMeasured("the run-ahead study needs a GPU (on the CPU every op runs synchronously)")
+    plain, printed = facts["wall_plain_ms"], facts["wall_print_ms"]
     text = (
-        "GELU is memory-bound: its arithmetic is cheap, moving the tensor is not. The naive version runs each op as "
-        "its own kernel, each reading and writing the whole tensor; F.gelu reads x once and writes y once. Here "
-        f"naive {fmt_ms(naive['median_ms'])} ({fmt_gbps(naive['gbps'])} of useful traffic) against F.gelu "
-        f"{fmt_ms(torch_['median_ms'])} ({fmt_gbps(torch_['gbps'])}): {fmt_x(ratio)} slower."
+        "Each launch returns as soon as the kernel is queued, so Python goes on to the next op while the GPU works: "
+        "the host's overhead is hidden as long as it stays ahead. Anything that needs a GPU value on the host "
+        "(`loss.item()`, a print of the loss, `.cpu()`, `torch.cuda.synchronize`) makes it wait for the queue "
+        "to drain, "
+        f"and from then on the overhead adds up. Here the plain loop ran up to {fmt_ms(facts['lead_ms'])} "
+        f"({facts.get('steps_ahead_max') or 0:.3g} steps) ahead of the GPU; printing the loss each step added "
+        f"{facts.get('added_syncs') or 0} synchronizations, {fmt_ms(facts.get('sync_wait_ms') or 0.0)} of waiting, "
+        f"and the loop took {fmt_ms(printed)} against {fmt_ms(plain)}."
     )
-    return text, ratio, ratio >= NAIVE_SLOWER
+    return text, facts["lead_ms"], facts["lead_ms"] > 0
 
 
-def _q_small_matmul(results: Results) -> tuple[str, float | None, bool | None]:
-    small, large = matmul_pair(results)
-    ratio = large["tflops"] / small["tflops"]
-    text = (
-        f"At n = {small['n']} a matmul is {small['flops'] / 1e6:.3g} MFLOP, done in {fmt_ms(small['median_ms'])}: "
-        "launch overhead and too few tiles to fill the device dominate. At "
-        f"n = {large['n']} ({large['flops'] / 1e9:.3g} GFLOP) there is work enough to keep every unit busy. Measured: "
-        f"{small['tflops']:.3g} against {large['tflops']:.3g} TFLOP/s ({fmt_x(ratio)})."
-    )
-    return text, ratio, ratio >= SMALL_MATMUL_GAP
+@dataclass(frozen=True)
+class Question:
+    order: int
+    text: str
+    criterion: str
+    answer: Callable[[Results], tuple[str, float | None, bool | None]]  # (answer, value, held)
 
 
-def _maybe_row(results: Results, impl: str, numel: int) -> list[dict]:
-    try:
-        return [gelu_row(results, impl, numel)]
-    except NotMeasured:
-        return []
+def questions() -> list[Question]:
+    """The lecture's five questions in its order: two about the harness answered here, the others by the ops that
+    declare them (`Op.questions`: (order, question, criterion, answer))."""
+    found = [
+        Question(
+            1,
+            "Why synchronize before reading the clock in a GPU benchmark?",
+            f"under-report ≥ {UNDERREPORT:g}× on a GPU",
+            _q_sync,
+        ),
+        Question(
+            3,
+            "How does the CPU running ahead of the GPU hide Python's overhead, and what makes it stop?",
+            "the CPU's lead > 0",
+            _q_runahead,
+        ),
+    ]
+    found += [Question(*q) for op in all_ops() for q in op.questions]
+    return sorted(found, key=lambda q: q.order)
 
-
-def _q_fusion(results: Results) -> tuple[str, float | None, bool | None]:
-    naive = gelu_row(results, "naive")
-    fused = [r for impl in ("torch", "compile", "triton", "cuda") for r in _maybe_row(results, impl, naive["numel"])]
-    if not fused:
-        raise NotMeasured("no fused GELU was timed")
-    best = min(fused, key=lambda r: r["median_ms"])
-    gain = naive["median_ms"] / best["median_ms"]
-    pct = f", {best['pct_copy']:.0f}% of the copy ceiling" if best.get("pct_copy") else ""
-    text = (
-        "Fewer trips through memory: a fused kernel reads its input once and writes its output once instead of once "
-        f"per op, so its time falls toward the copy time. The fastest fused GELU here ({best['impl']}) takes "
-        f"{fmt_ms(best['median_ms'])}{pct}: {fmt_x(gain)} faster than the naive one ({fmt_ms(naive['median_ms'])})."
-    )
-    return text, gain, gain >= FUSION_GAIN
-
-
-def _q_compile(results: Results) -> tuple[str, float | None, bool | None]:
-    comp = gelu_row(results, "compile")
-    hand = _maybe_row(results, "triton", comp["numel"])
-    rival = hand[0] if hand else gelu_row(results, "torch", comp["numel"])
-    ratio = comp["median_ms"] / rival["median_ms"]
-    name = "the Triton kernel" if hand else "F.gelu (Triton is not timed here)"
-    parts = [f"GELU: compiled {fmt_ms(comp['median_ms'])} vs {name} {fmt_ms(rival['median_ms'])} ({fmt_x(ratio)})"]
-    try:
-        found = pairs(section(results, "softmax").get("bench", []), "compile", "torch")
-    except NotMeasured:
-        found = []
-    if found:
-        share = statistics.median(c["gbps"] / t["gbps"] for c, t in found)
-        parts.append(
-            f"softmax fp32: compiled at {100 * share:.0f}% of torch.softmax's GB/s (median, {len(found)} widths)"
-        )
-    text = (
-        "When the op is a chain of elementwise or row-wise steps at static shapes, which Inductor fuses into the "
-        "kernel one would write by hand (compile per shape: past dynamo's recompile limit it silently runs eager "
-        "code). Here " + "; ".join(parts) + "."
-    )
-    return text, ratio, ratio <= MATCH
-
-
-QUESTIONS: list[Question] = [
-    Question(
-        "Why must you synchronize before reading the clock?", f"under-report ≥ {UNDERREPORT:g}× on a GPU", _q_sync
-    ),
-    Question(
-        "Why is the naive GELU slower than F.gelu although it does the same arithmetic?",
-        f"≥ {NAIVE_SLOWER:g}× slower",
-        _q_naive_gelu,
-    ),
-    Question(
-        "Why does a matmul at n = 128 reach far fewer TFLOP/s than at n = 2048?",
-        f"≥ {SMALL_MATMUL_GAP:g}× fewer TFLOP/s",
-        _q_small_matmul,
-    ),
-    Question("What does fusing buy for a memory-bound op?", f"fused ≥ {FUSION_GAIN:g}× faster than naive", _q_fusion),
-    Question(
-        "When is torch.compile as good as a hand-written kernel?",
-        f"compiled ≤ {MATCH:g}× the hand-written time",
-        _q_compile,
-    ),
-]
 
 _MISSING = (NotMeasured, LookupError, TypeError, ValueError, ZeroDivisionError)
 
@@ -472,7 +371,7 @@ def _why(exc: Exception) -> str:
 def evaluate_claims(results: Results) -> list[dict]:
     """Every claim: text, section, criterion, figure, value, held (True / False / None = not measured here)."""
     out = []
-    for c in CLAIMS:
+    for c in [*CLAIMS, *(made for op in all_ops() for made in op_claims(op))]:
         try:
             figure, value, held = c.measure(results)
         except _MISSING as exc:
@@ -491,9 +390,9 @@ def evaluate_claims(results: Results) -> list[dict]:
 
 
 def answer_questions(results: Results) -> list[dict]:
-    """The five questions: question, answer (quoting this run's figure), criterion, value, held."""
+    """The lecture's questions: question, answer (quoting this run's figure), criterion, value, held."""
     out = []
-    for q in QUESTIONS:
+    for q in questions():
         try:
             answer, value, held = q.answer(results)
         except _MISSING as exc:

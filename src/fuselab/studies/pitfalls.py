@@ -67,7 +67,8 @@ def op_maker(op_name: str, impl_name: str, shape: tuple[int, ...], dtype: torch.
 
         op = get_op(op_name)
         fn = prepare(op.get_impl(impl_name), device)
-        inputs = op.make_inputs(shape, dtype, device, fresh_seed())
-        return lambda: fn(*inputs)
+        options = op.default_options()
+        inputs = op.make_inputs(shape, dtype, device, fresh_seed(), **options)
+        return lambda: fn(*inputs, **options)
 
     return make

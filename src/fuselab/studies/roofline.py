@@ -91,7 +91,8 @@ def plot_roofline(
             linestyle=styles.get(name, ":"),
             label=f"roof {name}: {peak:.3g} TFLOP/s, {copy_gbps:.0f} GB/s",
         )
-    markers = {"matmul": "s", "gelu": "o", "softmax": "^"}
+    families = sorted({p.get("family", "") for p in placed} - {"matmul"})
+    markers = {"matmul": "s", **{f: "o^vD<>ph*"[i % 9] for i, f in enumerate(families)}}
     groups: dict[str, list[dict]] = {}
     for p in placed:
         groups.setdefault(p.get("group") or p["label"], []).append(p)

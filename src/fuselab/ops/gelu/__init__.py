@@ -10,6 +10,9 @@ from fuselab.ops.gelu import triton  # noqa: F401
 from fuselab.ops.gelu import cuda  # noqa: F401
 
 # isort: on
+from fuselab.ops.gelu.module import GELU as GELUModule
 from fuselab.ops.gelu.spec import GELU
+
+GELU.module = GELUModule  # fuselab.nn.GELU
 
 __all__ = ["GELU"]

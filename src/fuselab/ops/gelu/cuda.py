@@ -38,7 +38,7 @@ def _backward(grad: torch.Tensor, x: torch.Tensor, tanh: bool) -> torch.Tensor:
 gelu_cuda_op = define_gelu_ops("cuda", _forward, _backward, DEVICES)
 
 
-@GELU.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True)
+@GELU.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True, cuda_source=CU_FILE)
 def gelu_cuda(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """One fused CUDA C++ kernel: 16-byte vectors, 4 per thread in flight, fp32 math (ex2/rcp), 64-bit indices."""
     return gelu_cuda_op(x, approximate)

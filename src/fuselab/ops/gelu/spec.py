@@ -9,10 +9,12 @@ Special values follow F.gelu on the GPU: NaN -> NaN, +inf -> +inf, -inf -> NaN (
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
-from fuselab.ops.registry import Op, Shape, register_op
+from fuselab.ops.gelu import lecture
+from fuselab.ops.registry import Op, Option, Shape, register_op
 
 FORMS = ("tanh", "none")
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -35,22 +37,65 @@ def reference(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.erf(x * SQRT1_2))
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int) -> tuple[torch.Tensor]:
+def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, **options: object) -> tuple[torch.Tensor]:
     """x ~ 3 * N(0, 1) of `shape`: covers both tails (GELU -> 0 and GELU -> x) and the curved middle."""
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 3.0
     return (x.to(dtype),)
 
 
-def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
+def bytes_moved(shape: Shape, dtype: torch.dtype, **options: object) -> int:
     """Read x once, write y once: 2 * numel * itemsize bytes."""
     return 2 * math.prod(shape) * dtype.itemsize
 
 
-def flops(shape: Shape) -> int:
+def flops(shape: Shape, **options: object) -> int:
     """9 per element, counted on the tanh form: x*x, *x, *0.044715, +x, *sqrt(2/pi), tanh (as 1), +1, *x, *0.5."""
     return 9 * math.prod(shape)
 
+
+def random_shape(rng: object) -> Shape:
+    """One element count drawn log-uniform over 2^10..2^28, as a 1-D or 2-D shape (rows x a model width)."""
+    import numpy as np
+
+    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    numel = round(2 ** rng.uniform(10, 28))
+    if rng.random() < 0.5:
+        return (numel,)
+    width = int(rng.choice([768, 1024, 2048, 3072, 4096, 5120, 8192, 11008, 14336]))
+    return (max(1, numel // width), width)
+
+
+TANH = {"approximate": "tanh"}
+ERF = {"approximate": "none"}
+# What the report measures of GELU in each mode (see Op.report_plan): the tanh form at every size, erf at one.
+REPORT = {
+    "quick": {
+        "check_shapes": [(1023,), (3, 37, 129)],
+        "compile_check_shapes": [(1023,)],
+        "bench_sweeps": [{"shapes": [(2**12,), (2**14,)], "options": TANH}, {"shapes": [(2**12,)], "options": ERF}],
+    },
+    "cpu": {
+        "check_shapes": [(0,), (1,), (1023,), (4097,), (65537,), (3, 37, 129)],
+        "check_dtypes": ["float32", "bfloat16"],
+        "compile_check_shapes": [(4097,)],
+        "bench_sweeps": [
+            {"shapes": [(2**16,), (2**18,), (2**20,), (2**22,)], "options": TANH},
+            {"shapes": [(2**20,)], "options": ERF},
+        ],
+        "bench_dtypes": ["float32", "bfloat16"],
+    },
+    "gpu": {
+        "check_dtypes": ["float32", "float16", "bfloat16"],
+        "compile_check_shapes": [(3, 37, 129)],  # one compile per case: few cases
+        "compile_check_dtypes": ["float32", "bfloat16"],
+        "bench_sweeps": [
+            {"shapes": [(2**24,), (2**26,), (2**28,)], "options": TANH},
+            {"shapes": [(2**26,)], "options": ERF},
+        ],
+        "bench_dtypes": ["float32", "bfloat16"],
+    },
+}
 
 GELU = register_op(
     Op(
@@ -68,8 +113,15 @@ GELU = register_op(
         # no single-element shape: one value in a saturated tail makes ||out-ref||/||ref|| ill-conditioned
         check_shapes=[(0,), (17,), (1023,), (4097,), (65537,), (3, 37, 129)],
         bench_shapes=[(2**24,), (2**26,), (2**28,)],
-        options={"approximate": FORMS},
+        options=[Option("approximate", "tanh", FORMS, doc="'tanh' (the lecture's form) or 'none' (erf), as F.gelu")],
         baseline="torch",
+        title="GELU five ways",
         doc="GELU activation, y = x * Phi(x); option approximate='tanh' (default) or 'none' (erf), as F.gelu",
+        profile_shape=(2**24,),
+        report=REPORT,
+        random_shape=random_shape,
+        prose=Path(__file__).with_name("report.md"),
+        claims=lecture.CLAIMS,
+        questions=lecture.QUESTIONS,
     )
 )

@@ -42,7 +42,13 @@ def _backward(grad: torch.Tensor, x: torch.Tensor, tanh: bool) -> torch.Tensor:
 gelu_triton_op = define_gelu_ops("triton", _forward, _backward, DEVICES)
 
 
-@GELU.impl("triton", devices=DEVICES, requires=triton_unavailable, backward=True)
+@GELU.impl(
+    "triton",
+    devices=DEVICES,
+    requires=triton_unavailable,
+    backward=True,
+    triton_kernels=lambda: _kernels().TRITON_KERNELS,
+)
 def gelu_triton(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """One fused Triton kernel: 4 KiB per program, fp32 math, 64-bit offsets; backward fused too."""
     return gelu_triton_op(x, approximate)

@@ -23,4 +23,6 @@ else:
 from fuselab.ops.softmax import cuda  # noqa: F401
 from fuselab.ops.softmax.module import Softmax
 
+SOFTMAX.module = Softmax  # fuselab.nn.Softmax
+
 __all__ = ["SOFTMAX", "Softmax"]

@@ -38,7 +38,7 @@ DEVICES = ("cuda",)
 softmax_cuda_op = define_custom_ops("cuda", launch_forward, launch_backward, DEVICES)
 
 
-@SOFTMAX.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True)
+@SOFTMAX.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True, cuda_source=CU_FILE)
 def softmax_cuda(x: torch.Tensor) -> torch.Tensor:
     """CUDA C++: a warp (or fewer threads) per short row, a block per row held in registers, or a looped online
     softmax; warp-shuffle and block reductions, 16-byte accesses where aligned, fp32 math, 64-bit indices."""

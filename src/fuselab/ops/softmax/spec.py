@@ -3,35 +3,85 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 from fuselab.ops.registry import Op, Shape, register_op
 
 
-def reference(x: torch.Tensor) -> torch.Tensor:
+def reference(x: torch.Tensor, **options: object) -> torch.Tensor:
     """torch.softmax in float64 over the last dimension; any shape, any device."""
     return torch.softmax(x.to(torch.float64), dim=-1)
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int) -> tuple[torch.Tensor]:
+def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, **options: object) -> tuple[torch.Tensor]:
     """One tensor of `shape`, 4·N(0, 1): spread wide enough that the max subtraction matters, never all zeros."""
     generator = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * 4
     return (x.to(dtype),)
 
 
-def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
+def bytes_moved(shape: Shape, dtype: torch.dtype, **options: object) -> int:
     """Read x once, write y once."""
     return 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
-def flops(shape: Shape) -> int:
+def flops(shape: Shape, **options: object) -> int:
     """Per element: compare (max), subtract, exp, add (sum), multiply (by 1/sum); each counted as one."""
     return 5 * math.prod(shape)
 
 
 WIDTHS = [2**k for k in range(7, 19)]  # 128 ... 262144
+MODEL_WIDTHS = (1000, 3072, 4096, 11008, 32000, 50257, 128256, 151936)
+
+
+def random_shape(rng: object) -> Shape:
+    """(rows, width): width log-uniform over 1..2^20 (a fifth of the draws odd, a fifth common model widths),
+    rows making 2^16..2^26 elements in all."""
+    import numpy as np
+
+    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    pick = rng.random()
+    if pick < 0.2:
+        width = int(rng.choice(MODEL_WIDTHS))
+    else:
+        width = max(1, round(2 ** rng.uniform(0, 20)))
+        if pick < 0.4:
+            width |= 1
+    numel = 2 ** rng.uniform(16, 26)
+    return (max(1, int(numel // width)), width)
+
+
+def _widths(numel: int, widths: list[int]) -> list[Shape]:
+    return [(numel // w, w) for w in widths]
+
+
+REPORT = {
+    "quick": {
+        "check_shapes": [(37, 129), (4, 5, 300)],
+        "compile_check_shapes": [(37, 129)],
+        "bench_sweeps": [{"shapes": _widths(2**14, [128, 1024]), "options": {}}],
+        "x": "width",
+    },
+    "cpu": {
+        "check_shapes": [(0, 7), (5, 0), (), (1, 1), (1000,), (37, 129), (4, 5, 300), (2, 5000), (3, 40000)],
+        "check_dtypes": ["float32", "bfloat16"],
+        "compile_check_shapes": [(37, 129)],
+        "bench_sweeps": [{"shapes": _widths(2**20, [128, 1024, 8192, 65536]), "options": {}}],
+        "x": "width",
+    },
+    "gpu": {
+        "check_dtypes": ["float32", "float16", "bfloat16"],
+        "compile_check_shapes": [(3, 40000)],
+        "compile_check_dtypes": ["float32", "bfloat16"],
+        "bench_sweeps": [
+            {"shapes": _widths(2**26, [128, 1024, 4096, 8192, 16384, 32768, 65536, 262144]), "options": {}}
+        ],
+        "bench_dtypes": ["float32", "bfloat16"],
+        "x": "width",
+    },
+}
 
 SOFTMAX = register_op(
     Op(
@@ -57,5 +107,10 @@ SOFTMAX = register_op(
         ],
         bench_shapes=[(2**26 // w, w) for w in WIDTHS],
         doc="softmax over the last dimension: y = exp(x - max) / sum(exp(x - max)), math in fp32",
+        title="Softmax all ways",
+        profile_shape=(4096, 4096),
+        report=REPORT,
+        random_shape=random_shape,
+        prose=Path(__file__).with_name("report.md"),
     )
 )

@@ -654,7 +654,9 @@ DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for te
 softmax_triton_op = define_custom_ops("triton", launch_forward, launch_backward, DEVICES)
 
 
-@SOFTMAX.impl("triton", devices=DEVICES, requires=triton_unavailable, backward=True)
+@SOFTMAX.impl(
+    "triton", devices=DEVICES, requires=triton_unavailable, backward=True, triton_kernels=lambda: TRITON_KERNELS
+)
 def softmax_triton(x: torch.Tensor) -> torch.Tensor:
     """Triton, chosen by width: rows whole in registers (several short ones per program), a wide row split over
     programs that meet through global memory (bf16 held in pairs), or a looped online softmax. fp32 math, 64-bit row

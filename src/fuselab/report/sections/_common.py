@@ -36,48 +36,26 @@ def short_dtype(dtype: str) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
 
 
-_KEEP = (
-    "study",
-    "axis",
-    "value",
-    "layers",
-    "steps",
-    "batch",
-    "dim",
-    "op",
-    "impl",
-    "dtype",
-    "shape",
-    "approximate",
-    "n",
-    "numel",
-    "width",
-    "median_ms",
-    "iqr_ms",
-    "min_ms",
-    "reps",
-    "mode",
-    "flops",
-    "bytes",
-    "ai",
-    "tflops",
-    "gbps",
-    "pct_copy",
-    "pct_copy_same",
-    "speedup_vs_torch",
-    "rel_err",
-    "compile_s",
-    "compile_flags",
-    "warnings",
-    "error",
+_DROP = (
+    "key",
+    "device",
+    "gpu",
+    "torch",
+    "triton",
+    "mean_ms",
+    "max_ms",
+    "host_ms",
+    "flushed_l2",
+    "l2_flush",
+    "rounds",
+    "copy_same_gbps",
+    "compile_graphs",
 )
 
 
 def slim(row: dict) -> dict:
-    """A results row without the bulky fields (the JSON-lines logs keep everything)."""
-    out = {k: row[k] for k in _KEEP if k in row}
-    if row.get("study") != "matmul":
-        out.pop("n", None)  # in bench rows `n` counts the repetitions
-        if "n" in row:
-            out["reps"] = row["n"]
+    """A results row without the bulky or repeated fields (the JSON-lines logs keep everything)."""
+    out = {k: v for k, v in row.items() if k not in _DROP}
+    if row.get("study") != "matmul" and "n" in out:
+        out["reps"] = out.pop("n")  # in bench rows `n` counts the repetitions
     return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fuselab.ops.registry import format_shape, get_op
+from fuselab.ops.registry import all_ops, format_shape
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import g3, short_dtype
@@ -11,7 +11,7 @@ from fuselab.studies import roofline
 
 
 def roofline_points(results: dict[str, dict]) -> list[dict]:
-    """The measured kernels as roofline points: matmuls at every size, GELU (tanh) and softmax at every timing."""
+    """The measured kernels as roofline points: matmuls at every size, every op's timings at its default options."""
     points = []
     for r in results.get("matmul", {}).get("rows", []):
         if not r.get("error"):
@@ -27,21 +27,20 @@ def roofline_points(results: dict[str, dict]) -> list[dict]:
                     "median_ms": r["median_ms"],
                 }
             )
-    for name in ("gelu", "softmax"):
-        if name not in results:
-            continue
-        op = get_op(name)
-        for r in results[name].get("bench", []):
-            if r.get("error") or r.get("approximate", "tanh") != "tanh":
+    for op in all_ops():  # every op's timings at its default options
+        defaults = op.default_options()
+        for r in results.get(op.name, {}).get("bench", []):
+            options = {k: r.get(k) for k in defaults}
+            if r.get("error") or options != defaults or not r.get("median_ms"):
                 continue
             points.append(
                 {
-                    "label": f"{name} {r['impl']} {short_dtype(r['dtype'])} {format_shape(tuple(r['shape']))}",
-                    "group": f"{name} {r['impl']} {short_dtype(r['dtype'])}",
-                    "family": name,
-                    "kind": "elementwise",
+                    "label": f"{op.name} {r['impl']} {short_dtype(r['dtype'])} {format_shape(tuple(r['shape']))}",
+                    "group": f"{op.name} {r['impl']} {short_dtype(r['dtype'])}",
+                    "family": op.name,
+                    "kind": "matmul" if op.bound == "compute" else "elementwise",  # compute-bound: tensor cores
                     "dtype": r["dtype"],
-                    "flops": op.flops(tuple(r["shape"])),
+                    "flops": op.flops(tuple(r["shape"]), **options),
                     "bytes": r["bytes"],
                     "median_ms": r["median_ms"],
                 }
@@ -53,16 +52,17 @@ def roofline_section(ctx: Context, doc: Doc) -> dict:
     device = ctx.need("device")
     points = roofline_points(ctx.results)
     if not points:
-        raise LookupError("no measured kernel to place: the matmul, GELU and softmax sections did not finish")
+        raise LookupError("no measured kernel to place: the matmul and op sections did not finish")
     copy, peaks = device["copy_gbps"], device["matmul_tflops"]
     placed = roofline.place_all(points, copy, peaks)
     doc.text(
         f"Each measured kernel at its arithmetic intensity (FLOPs per byte it must move) against the roofs measured "
         f"here: memory {copy:.0f} GB/s, compute "
         + ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in peaks.items())
-        + ". Left of a ridge point a kernel is memory-bound (GELU, softmax: a handful of FLOPs per byte); right of "
-        "it compute-bound (large matmuls). Non-matmul kernels are held against the fp32 rate. % of roof is achieved "
-        "TFLOP/s over the roof at that intensity."
+        + ". Left of a ridge point a kernel is memory-bound (elementwise and row-wise ops: a handful of FLOPs per "
+        "byte); right of it compute-bound (large matmuls, attention). Memory-bound ops are held against the fp32 "
+        "rate, compute-bound ones against the tensor-core rate of their dtype. % of roof is achieved TFLOP/s over "
+        "the roof at that intensity."
     )
     doc.image(
         roofline.plot_roofline(placed, copy, peaks, ctx.plot("roofline.png")),
@@ -106,11 +106,18 @@ def claims_section(ctx: Context, doc: Doc) -> dict:
         ["#", "claim", "measured in this run", "criterion", "verdict"],
         [[i, c["claim"], c["figure"], c["criterion"], claims_mod.verdict(c["held"])] for i, c in enumerate(found, 1)],
     )
-    doc.text("### Check your understanding")
+    doc.text("### Check your understanding: the lecture's questions, answered from this run")
+    short = [a["answer"].split("\n\n", 1) for a in answers]
     doc.table(
         ["#", "question", "answer, from this run", "verdict"],
-        [[f"Q{i}", a["question"], a["answer"], claims_mod.verdict(a["held"])] for i, a in enumerate(answers, 1)],
+        [
+            [f"Q{i}", a["question"], s[0], claims_mod.verdict(a["held"])]
+            for i, (a, s) in enumerate(zip(answers, short, strict=True), 1)
+        ],
     )
+    for i, (a, s) in enumerate(zip(answers, short, strict=True), 1):
+        if len(s) > 1:
+            doc.text(f"**Q{i} in detail.** {a['question']}\n\n{s[1]}")
     headline = (
         f"**Claims reproduced on this device: {held} held, {not_held} not held, "
         f"{len(found) - held - not_held} n/a** (see [Claims reproduced](#sec-claims))"

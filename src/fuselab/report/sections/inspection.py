@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from fuselab.ops.registry import all_ops
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 
@@ -13,11 +14,19 @@ def inspect_section(ctx: Context, doc: Doc) -> dict:
 
     doc.text(
         "What the fused kernels compile to: registers per thread, spills, shared memory, and the widest global "
-        "load and store (`ld.global.v4.b32` moves 16 bytes per thread: vectorized; `.b32` only 4)."
+        "load and store (`ld.global.v4.b32` moves 16 bytes per thread: vectorized; `.b32` only 4). The PTX and SASS "
+        "themselves are not kept here: `fuselab inspect OP --impl IMPL --out DIR` writes them."
         + ("" if ctx.on_gpu else " Without a GPU the Triton kernels are compiled for sm_90 as the JIT would.")
     )
     items = []
-    for op_name, impl in ctx.budget["inspect"]:
+    which = ctx.budget["inspect"]
+    chosen = [
+        (op.name, name)
+        for op in all_ops()
+        for name, impl in op.impls.items()
+        if impl.inspectable and (which == "all" or (which == "triton") == (impl.triton_kernels is not None))
+    ]
+    for op_name, impl in chosen:
         try:
             inspection = inspect_impl(op_name, impl, dtype=torch.float32)
         except Exception as exc:  # one failing (no nvcc, say) leaves the others
@@ -25,7 +34,6 @@ def inspect_section(ctx: Context, doc: Doc) -> dict:
             items.append({"op": op_name, "impl": impl, "error": error[:3000]})
             doc.code(error, caption=f"{op_name} / {impl}: could not inspect", folded=True)
             continue
-        inspection.write(ctx.out / "traces" / "inspect" / f"{op_name}_{impl}")
         items.append({**inspection.to_json(), "summary": inspection.summary()})
         doc.code(inspection.summary(), caption=f"{op_name} / {impl}")
     if all("error" in i for i in items):

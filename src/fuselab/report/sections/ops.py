@@ -1,119 +1,66 @@
-"""The op sections: GELU and softmax, every impl checked against float64, then timed against the copy ceiling."""
+"""One section per op, rendered from its spec and its records alone: correctness against float64, then speed in
+GB/s against the copy ceiling (memory-bound ops) or TFLOP/s against the matmul ceiling (compute-bound ops), with
+plots. The op adds its own words (`Op.prose`), never its own table code; nothing here names an op."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fuselab.bench.results import plot_metric
 from fuselab.ops.evaluate import DTYPES, bench_op, check_op, summarize_checks
-from fuselab.ops.registry import Op, format_shape, get_op
+from fuselab.ops.registry import Op, format_shape
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import first_line, g3, ms, pow2, slim
 
 
-def gelu_section(ctx: Context, doc: Doc) -> dict:
-    op = get_op("gelu")
-    cfg = ctx.budget["gelu"]
-    doc.text(
-        "GELU five ways: `naive` (the tanh formula as separate PyTorch ops, one kernel and one trip through memory "
-        "each), `torch` (F.gelu, one fused kernel), `compile` (the naive formula under torch.compile, compiled per "
-        "shape), `triton` and `cuda` (hand-written fused kernels). Each moves 2 × numel × itemsize bytes at least, "
-        "so GB/s is set against the copy ceiling. The tanh form is timed at every size, the exact (erf) form at one."
-    )
-    check = _check(ctx, op, cfg)
-    summary = _check_doc(doc, op, check)
-    impls = _bench_impls(ctx, op)
-    timing = ctx.budget["timing"]
-    dtypes = [DTYPES[d] for d in cfg["bench_dtypes"]]
-    rows = bench_op(
-        op,
-        impls=impls,
-        dtypes=dtypes,
-        shapes=cfg["bench_shapes"],
-        options={"approximate": "tanh"},
-        device=ctx.device,
-        out=ctx.log("gelu", "bench"),
-        timing=timing,
-        show_progress=ctx.show_progress,
-    )
-    rows += bench_op(
-        op,
-        impls=impls,
-        dtypes=dtypes,
-        shapes=[cfg["erf_shape"]],
-        options={"approximate": "none"},
-        device=ctx.device,
-        out=ctx.log("gelu", "bench_erf"),
-        timing=timing,
-        show_progress=ctx.show_progress,
-    )
-    for r in rows:
-        r.setdefault("numel", math.prod(r["shape"]))
-    if not ctx.on_gpu:
-        doc.text("On the CPU, Triton runs under its interpreter: it is checked for correctness above, never timed.")
-    tanh = [r for r in rows if r.get("approximate") == "tanh"]
-    _bench_docs(ctx, doc, op, tanh, x="numel", xlabel="elements", title="GELU (tanh)")
-    erf = [r for r in rows if r.get("approximate") == "none"]
-    if erf:
-        table = [
-            [
-                r["impl"],
-                r["dtype"],
-                ms(r.get("median_ms")),
-                g3(r.get("gbps")),
-                g3(r.get("pct_copy")),
-                g3(r.get("speedup_vs_torch")),
-                first_line(r.get("error")),
-            ]
-            for r in erf
-        ]
-        doc.table(
-            ["impl", "dtype", "median", "GB/s", "% copy", "× vs torch", "note"],
-            table,
-            caption=f"GELU exact (erf) form at {pow2(erf[0]['numel'])} elements",
-        )
-    return {
-        "check": summary,
-        "check_failed": sum(r["status"] == "FAIL" for r in check),
-        "bench": [slim(r) for r in rows],
-    }
+def op_section(op: Op) -> Callable[[Context, Doc], dict]:
+    """The report section of `op`: check every impl, bench them side by side as the op's report plan says."""
 
+    def section(ctx: Context, doc: Doc) -> dict:
+        plan = op.report_plan(ctx.mode)
+        if op.prose is not None and op.prose.exists():
+            doc.text(op.prose.read_text())
+        check = _check(ctx, op, plan)
+        summary = _check_doc(doc, op, check)
+        impls = _bench_impls(ctx, op)
+        dtypes = [DTYPES[d] for d in plan["bench_dtypes"]]
+        sweeps = []
+        for i, sweep in enumerate(plan["bench_sweeps"]):
+            rows = bench_op(
+                op,
+                impls=impls,
+                dtypes=dtypes,
+                shapes=[tuple(s) for s in sweep["shapes"]],
+                options=sweep.get("options") or None,
+                device=ctx.device,
+                out=ctx.log(op.name, "bench" if i == 0 else f"bench{i}"),
+                timing=ctx.budget["timing"],
+                show_progress=ctx.show_progress,
+            )
+            for r in rows:
+                r.setdefault("numel", math.prod(r["shape"]))
+                r["width"] = r["shape"][-1] if r["shape"] else 1
+            sweeps.append(rows)
+        if not ctx.on_gpu and any("triton" in name for name in op.impls):
+            doc.text("On the CPU, Triton runs under its interpreter: it is checked for correctness above, never timed.")
+        x = plan["x"]
+        xlabel = {"numel": "elements", "width": "row width"}.get(x, x)
+        if sweeps:
+            _bench_docs(ctx, doc, op, sweeps[0], x=x, xlabel=xlabel)
+        for rows in sweeps[1:]:
+            _extra_table(doc, op, rows)
+        every = [r for rows in sweeps for r in rows]
+        return {
+            "check": summary,
+            "check_failed": sum(r["status"] == "FAIL" for r in check),
+            "bench": [slim(r) for r in every],
+            "bound": op.bound,
+        }
 
-def softmax_section(ctx: Context, doc: Doc) -> dict:
-    op = get_op("softmax")
-    cfg = ctx.budget["softmax"]
-    doc.text(
-        "Softmax over the last dimension, all ways: `naive` (max, subtract, exp, sum, divide as separate ops), "
-        "`torch` (torch.softmax), `compile` (the naive version under torch.compile, per shape), `triton` (one row "
-        "per program while a row fits, a looped kernel past that) and `cuda`. The tensor keeps "
-        f"{pow2(cfg['bench_numel'])} elements while the row width changes (rows = elements / width)."
-    )
-    check = _check(ctx, op, cfg)
-    summary = _check_doc(doc, op, check)
-    shapes = [(cfg["bench_numel"] // w, w) for w in cfg["bench_widths"]]
-    rows = bench_op(
-        op,
-        impls=_bench_impls(ctx, op),
-        dtypes=[DTYPES[d] for d in cfg["bench_dtypes"]],
-        shapes=shapes,
-        device=ctx.device,
-        out=ctx.log("softmax", "bench"),
-        timing=ctx.budget["timing"],
-        show_progress=ctx.show_progress,
-    )
-    for r in rows:
-        r["width"] = r["shape"][-1]
-        r.setdefault("numel", math.prod(r["shape"]))
-    if not ctx.on_gpu:
-        doc.text("On the CPU, Triton runs under its interpreter: it is checked for correctness above, never timed.")
-    _bench_docs(ctx, doc, op, rows, x="width", xlabel="row width", title="softmax")
-    return {
-        "check": summary,
-        "check_failed": sum(r["status"] == "FAIL" for r in check),
-        "bench": [slim(r) for r in rows],
-    }
+    section.__name__ = f"{op.name}_section"
+    return section
 
 
 def _bench_impls(ctx: Context, op: Op) -> list[str]:
@@ -121,24 +68,24 @@ def _bench_impls(ctx: Context, op: Op) -> list[str]:
     return [name for name in op.impls if ctx.on_gpu or "triton" not in name]
 
 
-def _check(ctx: Context, op: Op, cfg: dict) -> list[dict]:
+def _check(ctx: Context, op: Op, plan: dict) -> list[dict]:
     """check_op on every impl; compiled impls (one compile per case) on fewer shapes and dtypes."""
     plain = [name for name, impl in op.impls.items() if not impl.compiled]
     compiled = [name for name, impl in op.impls.items() if impl.compiled]
     rows = check_op(
         op,
         impls=plain,
-        dtypes=[DTYPES[d] for d in cfg["check_dtypes"]],
-        shapes=cfg["check_shapes"],
+        dtypes=[DTYPES[d] for d in plan["check_dtypes"]],
+        shapes=plan["check_shapes"],
         device=ctx.device,
         show_progress=ctx.show_progress,
     )
-    if compiled and cfg["compile_check_shapes"]:
+    if compiled and plan["compile_check_shapes"]:
         rows += check_op(
             op,
             impls=compiled,
-            dtypes=[DTYPES[d] for d in cfg["compile_check_dtypes"]],
-            shapes=cfg["compile_check_shapes"],
+            dtypes=[DTYPES[d] for d in plan["compile_check_dtypes"]],
+            shapes=plan["compile_check_shapes"],
             device=ctx.device,
             show_progress=ctx.show_progress,
         )
@@ -156,7 +103,7 @@ def _check_doc(doc: Doc, op: Op, rows: list[dict]) -> list[dict]:
             s["cases"],
             g3(s["rel_err"]),
             g3(s["grad_rel_err"]),
-            g3(op.tolerance[DTYPES[s["dtype"]]]),
+            g3(op.tolerance.get(DTYPES[s["dtype"]])),
             {"pass": "pass", "FAIL": "**FAIL**"}.get(s["status"], s["status"]),
             first_line(s.get("reason")),
         ]
@@ -183,86 +130,63 @@ def _check_doc(doc: Doc, op: Op, rows: list[dict]) -> list[dict]:
     return summary
 
 
-def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xlabel: str, title: str) -> None:
-    """Per dtype a table of time · GB/s against `x`; then what could not run, every timing (folded) and the plots."""
+def _speed(op: Op) -> tuple[str, str, str, str]:
+    """(rate field, its unit, % field, what the % is of) for the op's bound."""
+    if op.bound == "compute":
+        return "tflops", "TFLOP/s", "pct_peak", "the matmul ceiling"
+    return "gbps", "GB/s", "pct_copy", "the copy ceiling"
+
+
+def _cell(r: dict | None, op: Op) -> str:
+    rate, unit, pct, _ = _speed(op)
+    if r is None:
+        return ""
+    if r.get("error"):
+        return "unavailable" if "Unavailable" in str(r["error"]) else "failed"
+    share = f" ({r[pct]:.0f}%)" if r.get(pct) is not None else ""
+    noisy = " ~" if r.get("warnings") else ""
+    return f"{ms(r['median_ms'])} · {g3(r.get(rate), unit)}{share}{noisy}"
+
+
+def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xlabel: str) -> None:
+    """Per dtype (and option values) a table of time · rate against `x`; what could not run; every timing (folded);
+    the plots of rate and time against `x`."""
+    rate, unit, _pct, of = _speed(op)
     ok = [r for r in rows if not r.get("error")]
-    copy = ctx.results.get("device", {}).get("copy_gbps")
-    for dtype in dict.fromkeys(r["dtype"] for r in rows):
-        mine = [r for r in rows if r["dtype"] == dtype]
+    variants = dict.fromkeys((r["dtype"], *[r.get(k) for k in op.options]) for r in rows)
+    for variant in variants:
+        mine = [r for r in rows if (r["dtype"], *[r.get(k) for k in op.options]) == variant]
         xs = sorted({r[x] for r in mine})
         impls = list(dict.fromkeys(r["impl"] for r in mine))
-        table = []
-        for impl in impls:
-            cells = [impl]
-            for v in xs:
-                r = next((r for r in mine if r["impl"] == impl and r[x] == v), None)
-                if r is None:
-                    cells.append("")
-                elif r.get("error"):
-                    cells.append("unavailable" if "Unavailable" in str(r["error"]) else "failed")
-                else:
-                    pct = f" ({r['pct_copy']:.0f}%)" if r.get("pct_copy") is not None else ""
-                    cells.append(f"{ms(r['median_ms'])} · {g3(r['gbps'], 'GB/s')}{pct}")
-            table.append(cells)
+        table = [
+            [impl, *[_cell(next((r for r in mine if r["impl"] == impl and r[x] == v), None), op) for v in xs]]
+            for impl in impls
+        ]
+        label = ", ".join(str(v) for v in variant)
         doc.table(
             [f"impl \\ {xlabel}", *[pow2(v) for v in xs]],
             table,
-            caption=f"{title}, {dtype}: time · GB/s (% of the copy ceiling)",
+            caption=f"{op.name}, {label}: time · {unit} (% of {of}; ~ marks a noisy measurement)",
         )
     notes = unavailable_notes(rows)
     if notes:
         doc.text("Not timed here:\n\n" + notes)
-    full = [
-        [
-            r["impl"],
-            r["dtype"],
-            format_shape(tuple(r["shape"])),
-            *[r.get(k) for k in op.options],
-            ms(r.get("median_ms")),
-            ms(r.get("iqr_ms")),
-            g3(r.get("gbps")),
-            g3(r.get("pct_copy")),
-            g3(r.get("pct_copy_same")),
-            g3(r.get(f"speedup_vs_{op.baseline}")),
-            g3(r.get("rel_err")),
-            g3(r.get("compile_s")),
-            first_line(r.get("error")) or "; ".join(r.get("compile_flags") or []),
-        ]
-        for r in rows
-    ]
-    doc.table(
-        [
-            "impl",
-            "dtype",
-            "shape",
-            *op.options,
-            "median",
-            "IQR",
-            "GB/s",
-            "% copy",
-            "% copy same size",
-            f"× vs {op.baseline}",
-            "rel err",
-            "compile s",
-            "note",
-        ],
-        full,
-        caption="every timing",
-        folded=True,
-    )
+    _full_table(doc, op, rows)
     if ok:
+        ceiling = _ceiling(ctx, op)
         doc.image(
             plot_metric(
                 ok,
-                ctx.plot(f"{op.name}_gbps.png"),
+                ctx.plot(f"{op.name}_{rate}.png"),
                 x=x,
-                y="gbps",
-                ceiling=copy,
+                y=rate,
+                ceiling=ceiling,
+                ceiling_label=of.removeprefix("the "),
                 xlabel=xlabel,
-                ylabel="GB/s",
-                title=title,
+                ylabel=unit,
+                title=op.name,
             ),
-            f"{title}: GB/s against {xlabel}, with the copy ceiling.",
+            f"{op.name}: {unit} against {xlabel}, with {of}.",
         )
         doc.image(
             plot_metric(
@@ -273,10 +197,62 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xla
                 xlabel=xlabel,
                 ylabel="ms",
                 logy=True,
-                title=title,
+                title=op.name,
             ),
-            f"{title}: time against {xlabel} (log-log).",
+            f"{op.name}: time against {xlabel} (log-log).",
         )
+
+
+def _ceiling(ctx: Context, op: Op) -> float | None:
+    device = ctx.results.get("device", {})
+    if op.bound == "memory":
+        return device.get("copy_gbps")
+    rates = device.get("matmul_tflops") or {}
+    return rates.get("bf16") or rates.get("fp32")
+
+
+def _full_table(doc: Doc, op: Op, rows: list[dict], caption: str = "every timing", folded: bool = True) -> None:
+    rate, unit, pct, _ = _speed(op)
+    memory = op.bound == "memory"
+    table = [
+        [
+            r["impl"],
+            r["dtype"],
+            format_shape(tuple(r["shape"])),
+            *[r.get(k) for k in op.options],
+            ms(r.get("median_ms")),
+            ms(r.get("iqr_ms")),
+            g3(r.get(rate)),
+            g3(r.get(pct)),
+            *([g3(r.get("pct_copy_same"))] if memory else []),
+            g3(r.get(f"speedup_vs_{op.baseline}")),
+            g3(r.get("rel_err")),
+            g3(r.get("compile_s")),
+            first_line(r.get("error")) or "; ".join([*(r.get("warnings") or [])][:2]),
+        ]
+        for r in rows
+    ]
+    headers = [
+        "impl",
+        "dtype",
+        "shape",
+        *op.options,
+        "median",
+        "IQR",
+        unit,
+        "% copy" if memory else "% peak",
+        *(["% copy same size"] if memory else []),
+        f"× vs {op.baseline}",
+        "rel err",
+        "compile s",
+        "note",
+    ]
+    doc.table(headers, table, caption=caption, folded=folded)
+
+
+def _extra_table(doc: Doc, op: Op, rows: list[dict]) -> None:
+    options = ", ".join(f"{k}={rows[0].get(k)}" for k in op.options) if rows else ""
+    _full_table(doc, op, rows, caption=f"{op.name} at {options}", folded=False)
 
 
 def unavailable_notes(rows: Sequence[dict]) -> str:

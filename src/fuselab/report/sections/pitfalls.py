@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fuselab.bench.results import pyplot, save_figure
 from fuselab.ops.evaluate import DTYPES
-from fuselab.ops.registry import format_shape
+from fuselab.ops.registry import Op, all_ops, format_shape
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import first_line, ms, pow2, short_dtype
@@ -20,9 +20,18 @@ def _pitfall_maker(case: dict, device: str) -> tuple[str, pitfalls.Maker]:
         n = case["n"]
         return f"matmul {n}³ {short}", pitfalls.matmul_maker(n, dtype, device)
     shape = tuple(case["shape"])
-    what = {"naive": "naive", "torch": "F.gelu", "compile": "torch.compile"}.get(case["impl"], case["impl"])
-    label = f"{case['op']} {what} {format_shape(tuple(pow2(s) for s in shape))} {short}"
-    return label, pitfalls.op_maker(case["op"], case["impl"], shape, dtype, device)
+    op = pitfall_op(case["impl"])
+    what = {"compile": "torch.compile"}.get(case["impl"], case["impl"])
+    label = f"{op.name} {what} {format_shape(tuple(pow2(s) for s in shape))} {short}"
+    return label, pitfalls.op_maker(op.name, case["impl"], shape, dtype, device)
+
+
+def pitfall_op(impl: str) -> Op:
+    """The op whose impl the pitfalls time: the first memory-bound op registered with that impl."""
+    for op in all_ops():
+        if op.bound == "memory" and impl in op.impls:
+            return op
+    raise LookupError(f"no memory-bound op has an impl named {impl!r}")
 
 
 def pitfalls_section(ctx: Context, doc: Doc) -> dict:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from fuselab.ops.registry import get_op
+from fuselab.ops.registry import Shape, all_ops, format_shape
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
-from fuselab.report.sections._common import first_line, pow2
+from fuselab.report.sections._common import first_line
 
 
 def profile_section(ctx: Context, doc: Doc) -> dict:
@@ -22,10 +22,13 @@ def profile_section(ctx: Context, doc: Doc) -> dict:
     cfg = ctx.budget["profile"]
     names = cfg["cases"] or list(CASES)
     runs: list[tuple[str, str, Callable[[], object]]] = [(n, CASES[n].doc, CASES[n].make(ctx.device)) for n in names]
-    for op_name, impl, shape in cfg["impls"]:
-        op = get_op(op_name)
+    for op in all_ops():  # every op's naive impl: the many kernels fusion removes
+        impl = cfg["op_impl"]
+        if impl not in op.impls or op.get_impl(impl).unavailable(ctx.device):
+            continue
+        shape = shrink(op.default_profile_shape(), cfg["op_numel"])
         fn = impl_callable(op, impl, shape, torch.float32, ctx.device)
-        runs.append((f"{op_name}_{impl}", f"{op_name} {impl}, {pow2(math.prod(shape))} elements, float32", fn))
+        runs.append((f"{op.name}_{impl}", f"{op.name} {impl}, shape {format_shape(shape)}, float32", fn))
     doc.text(
         "torch.profiler on the lecture's cases: each operator the code called, and below it (└) the GPU kernels it "
         "launched, with their total time over the profiled calls. Traces (open in https://ui.perfetto.dev) are in "
@@ -97,7 +100,7 @@ def profile_section(ctx: Context, doc: Doc) -> dict:
         cdist_kernels=n_of("cdist"),
         gelu_add_kernels=n_of("gelu_add"),
         softmax_add_kernels=n_of("softmax_add"),
-        naive_gelu_kernels=n_of("gelu_naive"),
+        naive_kernels={op.name: n_of(f"{op.name}_{cfg['op_impl']}") for op in all_ops()},
         matmul_kernels={
             k.removeprefix("matmul"): ", ".join(cases[k]["kernels"] or ["(CPU: no kernels)"])
             for k in ("matmul128", "matmul2048")
@@ -105,6 +108,19 @@ def profile_section(ctx: Context, doc: Doc) -> dict:
         },
     )
     return {"cases": cases, "facts": facts}
+
+
+def shrink(shape: Shape, numel: int | None) -> Shape:
+    """`shape` with its largest dimensions halved (the last one only when it is the only one left above 1) until it
+    holds at most `numel` elements; None keeps it whole."""
+    dims = list(shape)
+    while numel is not None and math.prod(dims) > numel:
+        lead = [i for i in range(len(dims) - 1) if dims[i] > 1]
+        i = max(lead, key=lambda j: dims[j]) if lead else len(dims) - 1
+        if dims[i] <= 1:
+            break
+        dims[i] = max(1, dims[i] // 2)
+    return tuple(dims)
 
 
 def runahead_section(ctx: Context, doc: Doc) -> dict:

@@ -1,0 +1,27 @@
+"""Drop-in modules backed by fuselab's kernels, one per op that declares one (`Op.module`), found by discovery:
+`fuselab.nn.GELU(impl="triton")`, `fuselab.nn.Softmax(dim=-1, impl="cuda")`, ... and `fuselab.nn.functional`.
+"""
+
+from __future__ import annotations
+
+from fuselab.ops.registry import all_ops
+
+
+def modules() -> dict[str, type]:
+    """{class name: module class} of every registered op that has one."""
+    return {op.module.__name__: op.module for op in all_ops() if op.module is not None}
+
+
+def __getattr__(name: str) -> object:
+    if name == "functional":
+        from fuselab.nn import functional
+
+        return functional
+    found = modules()
+    if name in found:
+        return found[name]
+    raise AttributeError(f"fuselab.nn has no {name!r}; modules: {', '.join(sorted(found)) or 'none'}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*modules(), "functional", "modules"])

@@ -1,0 +1,70 @@
+"""Reading a figure out of the report's results, for the claims and questions an op or a study answers.
+
+`results` maps a section name to its results (an op's section is named after the op and holds {"bench": rows}).
+A figure this run could not measure raises NotMeasured, saying why; the claim is then shown as n/a.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+Results = dict[str, dict]
+Finding = tuple[str, float | None, bool | None]  # (figure, value, held)
+
+
+class NotMeasured(Exception):
+    """This run has no figure for a claim; the message says why."""
+
+
+def section(results: Results, name: str) -> dict:
+    if name not in results:
+        raise NotMeasured(f"section {name!r} did not finish")
+    return results[name]
+
+
+def ok_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if not r.get("error") and r.get("median_ms")]
+
+
+def bench_rows(results: Results, op: str, impl: str, *, dtype: str = "float32", **match: object) -> list[dict]:
+    """The op's timed rows of impl in dtype whose fields equal `match` (e.g. approximate="tanh")."""
+    return [
+        r
+        for r in ok_rows(section(results, op).get("bench", []))
+        if r["impl"] == impl and r["dtype"] == dtype and all(r.get(k) == v for k, v in match.items())
+    ]
+
+
+def bench_row(results: Results, op: str, impl: str, *, dtype: str = "float32", **match: object) -> dict:
+    """The op's bench row for impl and dtype (matching `match`) with the most elements."""
+    rows = bench_rows(results, op, impl, dtype=dtype, **match)
+    if not rows:
+        raise NotMeasured(f"no {op} {impl} {dtype} timing in this run")
+    return max(rows, key=lambda r: r["numel"])
+
+
+def pairs(rows: list[dict], a: str, b: str, dtype: str = "float32", **match: object) -> list[tuple[dict, dict]]:
+    """(row of impl a, row of impl b) at every shape both measured in `dtype` (rows matching `match`)."""
+    by = {
+        (r["impl"], tuple(r["shape"])): r
+        for r in ok_rows(rows)
+        if r["dtype"] == dtype and all(r.get(k) == v for k, v in match.items())
+    }
+    return [(r, by[(b, s)]) for (impl, s), r in by.items() if impl == a and (b, s) in by]
+
+
+def median_ratio(found: list[tuple[dict, dict]]) -> float:
+    """The median over shapes of time(a) / time(b)."""
+    return statistics.median(a["median_ms"] / b["median_ms"] for a, b in found)
+
+
+def fmt_x(value: float) -> str:
+    return f"{value:.3g}×"
+
+
+def fmt_gbps(value: float) -> str:
+    return f"{value:.0f} GB/s" if value >= 100 else f"{value:.3g} GB/s"
+
+
+def fmt_ms(value: float) -> str:
+    return f"{value * 1e3:.3g} µs" if value < 1 else f"{value:.4g} ms"
