@@ -252,6 +252,11 @@ def register_op(op: Op) -> Op:
     return op
 
 
+def unregister_op(name: str) -> None:
+    """Remove an op (an op a test or a plugin registered for a while); unknown names are ignored."""
+    _REGISTRY.pop(name, None)
+
+
 def get_op(name: str) -> Op:
     _load_builtin_ops()
     if name not in _REGISTRY:
