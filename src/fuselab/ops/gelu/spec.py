@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from fuselab.ops.gelu import lecture
 from fuselab.ops.registry import Op, Option, Shape, register_op
 
 FORMS = ("tanh", "none")
@@ -121,7 +120,5 @@ GELU = register_op(
         report=REPORT,
         random_shape=random_shape,
         prose=Path(__file__).with_name("report.md"),
-        claims=lecture.CLAIMS,
-        questions=lecture.QUESTIONS,
     )
 )
