@@ -86,6 +86,8 @@ REPORT = {
 SOFTMAX = register_op(
     Op(
         name="softmax",
+        title="Softmax all ways",
+        doc="softmax over the last dimension: y = exp(x - max) / sum(exp(x - max)), math in fp32",
         reference=reference,
         make_inputs=make_inputs,
         bytes_moved=bytes_moved,
@@ -106,8 +108,6 @@ SOFTMAX = register_op(
             (3, 40000),  # wider than a row held whole by one program: the looped/split kernels
         ],
         bench_shapes=[(2**26 // w, w) for w in WIDTHS],
-        doc="softmax over the last dimension: y = exp(x - max) / sum(exp(x - max)), math in fp32",
-        title="Softmax all ways",
         profile_shape=(4096, 4096),
         report=REPORT,
         random_shape=random_shape,
