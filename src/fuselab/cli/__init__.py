@@ -44,7 +44,7 @@ def debug() -> bool:
     return os.environ.get("FUSELAB_DEBUG", "") not in ("", "0")
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as one line each, `fuselab: warning: ...` (with FUSELAB_DEBUG, Python's own form)."""
     print(f"fuselab: warning: {message}", file=file or sys.stderr)
 

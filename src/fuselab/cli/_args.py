@@ -35,7 +35,9 @@ def _shape(text: str, *, allow_empty: bool) -> Shape:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if not allow_empty and 0 in shape:
-        raise argparse.ArgumentTypeError(f"bad shape {text!r}: it has no elements to time; every dimension must be >= 1")
+        raise argparse.ArgumentTypeError(
+            f"bad shape {text!r}: it has no elements to time; every dimension must be >= 1"
+        )
     return shape
 
 
@@ -94,7 +96,9 @@ def device_arg(text: str) -> str:
             raise argparse.ArgumentTypeError(f"{text}: no CUDA GPU in this process; use --device cpu")
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
-            raise argparse.ArgumentTypeError(f"{text}: no such GPU; this machine has {count} (cuda:0 to cuda:{count - 1})")
+            raise argparse.ArgumentTypeError(
+                f"{text}: no such GPU; this machine has {count} (cuda:0 to cuda:{count - 1})"
+            )
     return str(device)
 
 
@@ -123,9 +127,7 @@ def add_op_arguments(p: argparse.ArgumentParser, *, several: bool = True, check:
     add_impl_argument(p)
     if several:
         p.add_argument("--dtype", action="append", type=dtype_arg, help="fp32, fp16, bf16 (float32, ...), repeated")
-        p.add_argument(
-            "--shape", action="append", type=shape_type, help="shape(s) like 2^24 or 4096x1024, repeated (default: the op's)"
-        )
+        p.add_argument("--shape", action="append", type=shape_type, help="shape(s) like 2^24 or 4096x1024, repeated")
     else:
         p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="fp32, fp16, bf16 (default fp32)")
         p.add_argument("--shape", type=shape_type, help="shape like 2^24 or 4096x1024 (default: the op's first)")
@@ -138,7 +140,7 @@ def add_impl_argument(p: argparse.ArgumentParser, default: str | None = None) ->
     p.add_argument(  # no argparse default: "append" would add to it; commands fall back to `default` themselves
         "--impl",
         action="append",
-        help="implementation(s), comma-separated or repeated" + (f" (default {default})" if default else " (default: all)"),
+        help=f"implementation(s), comma-separated or repeated (default: {default or 'all'})",
     )
 
 

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, **kwargs)
     measured = [r for r in rows if not r.get("error")]
     if measured:
-        table = make_table(measured, columns(op.baseline, list(op.options)), title=f"bench {op.name}", mark_noisy="median_ms")
+        cols = columns(op.baseline, list(op.options))
+        table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms")
         print_table(table, console)
     if any(row_is_noisy(r) for r in measured):
         console.print(NOISY_LEGEND, soft_wrap=True)

@@ -16,6 +16,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fuselab.bench.results import NOISY_MARK, row_is_noisy
+
 Results = dict[str, dict]
 Finding = tuple[str, float | None, bool | None]  # (figure, value, held)
 
@@ -42,6 +44,26 @@ def section(results: Results, name: str) -> dict:
     return results[name]
 
 
+_READ: list[dict] = []  # the rows the claim being evaluated read (to say when one of them is noisy)
+
+
+def _used(*rows: dict) -> None:
+    _READ.extend(rows)
+
+
+def noisy_note(rows: list[dict]) -> str:
+    """'' when none of the rows is noisy, else what a verdict resting on them must say."""
+    noisy = [r for r in rows if row_is_noisy(r)]
+    if not noisy:
+        return ""
+    worst = max(noisy, key=lambda r: r["iqr_ms"] / r["median_ms"])
+    what = " ".join(str(worst[k]) for k in ("impl", "dtype", "label", "n") if worst.get(k) is not None)
+    return (
+        f" {NOISY_MARK} rests on a noisy timing ({what}: IQR {100 * worst['iqr_ms'] / worst['median_ms']:.0f}% of the "
+        "median); rerun on a quiet machine before trusting the verdict"
+    )
+
+
 def ok_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if not r.get("error") and r.get("median_ms")]
 
@@ -55,7 +77,9 @@ def bench_row(results: Results, op: str, impl: str, *, dtype: str = "float32", *
     ]
     if not rows:
         raise NotMeasured(f"no {op} {impl} {dtype} timing in this run")
-    return max(rows, key=lambda r: r["numel"])
+    row = max(rows, key=lambda r: r["numel"])
+    _used(row)
+    return row
 
 
 def gelu_row(results: Results, impl: str, numel: int | None = None) -> dict:
@@ -67,14 +91,18 @@ def gelu_row(results: Results, impl: str, numel: int | None = None) -> dict:
 def pairs(rows: list[dict], a: str, b: str, dtype: str = "float32") -> list[tuple[dict, dict]]:
     """(row of impl a, row of impl b) at every shape both measured in `dtype`."""
     by = {(r["impl"], tuple(r["shape"])): r for r in ok_rows(rows) if r["dtype"] == dtype}
-    return [(r, by[(b, s)]) for (impl, s), r in by.items() if impl == a and (b, s) in by]
+    found = [(r, by[(b, s)]) for (impl, s), r in by.items() if impl == a and (b, s) in by]
+    _used(*(r for pair in found for r in pair))
+    return found
 
 
 def pitfall_case(results: Results, prefer: str) -> dict:
     cases = [c for c in section(results, "pitfalls").get("cases", []) if not c.get("error")]
     if not cases:
         raise NotMeasured("no pitfall case finished")
-    return next((c for c in cases if prefer in c["label"]), cases[0])
+    case = next((c for c in cases if prefer in c["label"]), cases[0])
+    _used(case)
+    return case
 
 
 def matmul_pair(results: Results) -> tuple[dict, dict]:
@@ -87,6 +115,7 @@ def matmul_pair(results: Results) -> tuple[dict, dict]:
     large = next((r for r in rows if r["n"] == 2048), rows[-1])
     if large["n"] <= small["n"]:
         raise NotMeasured("no matmul sizes past 128 were measured")
+    _used(small, large)
     return small, large
 
 
@@ -473,10 +502,13 @@ def evaluate_claims(results: Results) -> list[dict]:
     """Every claim: text, section, criterion, figure, value, held (True / False / None = not measured here)."""
     out = []
     for c in CLAIMS:
+        _READ.clear()
         try:
             figure, value, held = c.measure(results)
         except _MISSING as exc:
             figure, value, held = f"not measured: {_why(exc)}", None, None
+        note = noisy_note(_READ) if held is not None else ""
+        figure += note
         out.append(
             {
                 "claim": c.text,
@@ -485,6 +517,7 @@ def evaluate_claims(results: Results) -> list[dict]:
                 "figure": figure,
                 "value": value,
                 "held": held,
+                "noisy": bool(note),
             }
         )
     return out
@@ -494,14 +527,26 @@ def answer_questions(results: Results) -> list[dict]:
     """The five questions: question, answer (quoting this run's figure), criterion, value, held."""
     out = []
     for q in QUESTIONS:
+        _READ.clear()
         try:
             answer, value, held = q.answer(results)
         except _MISSING as exc:
             answer, value, held = f"not measured in this run: {_why(exc)}", None, None
-        out.append({"question": q.text, "answer": answer, "criterion": q.criterion, "value": value, "held": held})
+        note = noisy_note(_READ) if held is not None else ""
+        out.append(
+            {
+                "question": q.text,
+                "answer": answer + note,
+                "criterion": q.criterion,
+                "value": value,
+                "held": held,
+                "noisy": bool(note),
+            }
+        )
     return out
 
 
-def verdict(held: bool | None) -> str:
-    """The mark shown in the report."""
-    return {True: "✅ held", False: "❌ not held", None: "– n/a"}[held]
+def verdict(held: bool | None, noisy: bool = False) -> str:
+    """The mark shown in the report; a verdict resting on a noisy timing carries NOISY_MARK."""
+    mark = {True: "✅ held", False: "❌ not held", None: "– n/a"}[held]
+    return f"{mark} {NOISY_MARK}" if noisy and held is not None else mark

@@ -104,12 +104,18 @@ def claims_section(ctx: Context, doc: Doc) -> dict:
     )
     doc.table(
         ["#", "claim", "measured in this run", "criterion", "verdict"],
-        [[i, c["claim"], c["figure"], c["criterion"], claims_mod.verdict(c["held"])] for i, c in enumerate(found, 1)],
+        [
+            [i, c["claim"], c["figure"], c["criterion"], claims_mod.verdict(c["held"], c.get("noisy", False))]
+            for i, c in enumerate(found, 1)
+        ],
     )
     doc.text("### Check your understanding")
     doc.table(
         ["#", "question", "answer, from this run", "verdict"],
-        [[f"Q{i}", a["question"], a["answer"], claims_mod.verdict(a["held"])] for i, a in enumerate(answers, 1)],
+        [
+            [f"Q{i}", a["question"], a["answer"], claims_mod.verdict(a["held"], a.get("noisy", False))]
+            for i, a in enumerate(answers, 1)
+        ],
     )
     headline = (
         f"**Claims reproduced on this device: {held} held, {not_held} not held, "

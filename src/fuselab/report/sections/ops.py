@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from fuselab.bench.results import plot_metric
+from fuselab.bench.results import NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
 from fuselab.ops.evaluate import DTYPES, bench_op, check_op, summarize_checks
 from fuselab.ops.registry import Op, format_shape, get_op
 from fuselab.report.doc import Doc
@@ -199,16 +199,20 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xla
                 if r is None:
                     cells.append("")
                 elif r.get("error"):
-                    cells.append("unavailable" if "Unavailable" in str(r["error"]) else "failed")
+                    status = r.get("status") or ("unavailable" if "Unavailable" in str(r["error"]) else "failed")
+                    cells.append(status if status in ("unavailable", "skipped", "refused") else "failed")
                 else:
                     pct = f" ({r['pct_copy']:.0f}%)" if r.get("pct_copy") is not None else ""
-                    cells.append(f"{ms(r['median_ms'])} · {g3(r['gbps'], 'GB/s')}{pct}")
+                    mark = NOISY_MARK if row_is_noisy(r) else ""
+                    cells.append(f"{ms(r['median_ms'])}{mark} · {g3(r['gbps'], 'GB/s')}{pct}")
             table.append(cells)
         doc.table(
             [f"impl \\ {xlabel}", *[pow2(v) for v in xs]],
             table,
             caption=f"{title}, {dtype}: time · GB/s (% of the copy ceiling)",
         )
+        if any(row_is_noisy(r) for r in mine):
+            doc.text(NOISY_LEGEND)
     notes = unavailable_notes(rows)
     if notes:
         doc.text("Not timed here:\n\n" + notes)
