@@ -1,6 +1,7 @@
 # fuselab: the two commands of the quick start, and a few more.
 #   make report   set up .venv and run the report (on the CPU when there is no GPU) into report/
 #   make test     set up .venv and run the tests (GPU tests are skipped without a GPU)
+#   make run ARGS="device"     any fuselab command, from the venv (or: source .venv/bin/activate; fuselab ...)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,9 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 TRITON ?= triton==3.6.0
 
-.PHONY: setup report test lint gpu-test clean
+ARGS ?=
+
+.PHONY: setup report run test lint gpu-test clean
 
 $(BIN)/fuselab: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +23,11 @@ $(BIN)/fuselab: pyproject.toml
 setup: $(BIN)/fuselab
 
 report: setup
-	$(BIN)/fuselab report --out report
+	$(BIN)/fuselab report --out report $(ARGS)
+
+# any command: make run ARGS="bench gelu --shape 2^20"
+run: setup
+	$(BIN)/fuselab $(ARGS)
 
 test: setup
 	$(BIN)/ruff check src tests

@@ -82,9 +82,9 @@ def test_a_failing_function_is_an_error_row_not_a_crash(tmp_path):
         str(tmp_path / "r.jsonl"),
         cache=tmp_path,
     )
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # every case failed: the run did not do what was asked
     (row,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
-    assert "always fails" in row["error"]
+    assert "always fails" in row["error"] and row["status"] == "error"
 
 
 def test_check_a_user_function(tmp_path):

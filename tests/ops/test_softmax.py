@@ -471,7 +471,7 @@ def test_triton_without_interpreter_says_why(monkeypatch: pytest.MonkeyPatch) ->
 def test_module_rejects_unknown_impl() -> None:
     with pytest.raises(ValueError, match=r"no impl 'fast'; known: naive, torch, compile, triton, cuda"):
         Softmax(impl="fast")
-    assert repr(Softmax("torch")) == "Softmax(impl='torch')"
+    assert repr(Softmax(-1, impl="torch")) == "Softmax(dim=-1, impl='torch')"
     from fuselab.nn import Softmax as NNSoftmax
 
     assert NNSoftmax is Softmax
@@ -483,10 +483,10 @@ def model_with(act: torch.nn.Module, device: str, seed: int = 0) -> torch.nn.Mod
 
 
 def check_drop_in(impl: str, device: str, dtype: torch.dtype = torch.float32) -> None:
-    """fuselab Softmax(impl) in place of torch.nn.Softmax(-1): same outputs and parameter gradients."""
+    """fuselab Softmax(dim=-1, impl=impl) in place of torch.nn.Softmax(-1): same outputs and parameter gradients."""
     x = torch.randn(17, 33, device=device, dtype=dtype)
     outs, grads = [], []
-    for act in (torch.nn.Softmax(dim=-1), Softmax(impl)):
+    for act in (torch.nn.Softmax(dim=-1), Softmax(dim=-1, impl=impl)):
         model = model_with(act, device).to(dtype)
         y = model(x)
         y.square().sum().backward()
@@ -511,7 +511,7 @@ def test_cpu_module_is_a_drop_in(impl: str) -> None:
 def test_cpu_custom_op_compiles_without_graph_breaks() -> None:
     """A model using fuselab::softmax_triton (kernel under the interpreter) compiles with fullgraph=True and
     Inductor on the CPU; forward and gradients equal eager mode's."""
-    model = model_with(Softmax("triton"), "cpu")
+    model = model_with(Softmax(-1, impl="triton"), "cpu")
     x = torch.randn(9, 33)
     eager = model(x)
     eager.sum().backward()
@@ -705,7 +705,7 @@ def test_gpu_opcheck(backend: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", FUSED)
 def test_gpu_compiles_without_graph_breaks(impl: str) -> None:
-    model = model_with(Softmax(impl), "cuda").to(torch.bfloat16)
+    model = model_with(Softmax(dim=-1, impl=impl), "cuda").to(torch.bfloat16)
     x = torch.randn(64, 33, device="cuda", dtype=torch.bfloat16)
     eager = model(x)
     torch._dynamo.reset()

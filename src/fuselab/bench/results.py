@@ -9,9 +9,19 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
+from fuselab.bench.timer import NOISY_IQR_FRACTION, is_noisy
+
 Column = tuple[str, str, Callable[[object], str]]  # (field, header, formatter)
+
+NOISY_MARK = "~"
+NOISY_LEGEND = (
+    f"{NOISY_MARK} noisy: IQR over {100 * NOISY_IQR_FRACTION:.0f}% of the median "
+    "(rerun with a longer --rep-ms, on a quieter machine)"
+)
+SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
 
 
 def fmt_float(digits: int = 3) -> Callable[[object], str]:
@@ -22,6 +32,32 @@ def fmt_fixed(digits: int) -> Callable[[object], str]:
     return lambda v: "" if v is None else f"{v:.{digits}f}" if isinstance(v, int | float) else str(v)
 
 
+def fmt_rate(v: object) -> str:
+    """A rate (GB/s, TFLOP/s) with the decimals its size needs: 4093, 51.2, 3.42, 0.0412."""
+    if v is None:
+        return ""
+    if not isinstance(v, int | float):
+        return str(v)
+    size = abs(v)
+    if size >= 100 or size == 0:
+        return f"{v:.0f}"
+    if size >= 10:
+        return f"{v:.1f}"
+    if size >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def fmt_dtype(v: object) -> str:
+    """float32 -> fp32 (tables stay narrow)."""
+    return "" if v is None else SHORT_DTYPES.get(str(v), str(v))
+
+
+def row_is_noisy(record: dict) -> bool:
+    """A measured row whose IQR is over NOISY_IQR_FRACTION of its median."""
+    return not record.get("error") and is_noisy(record.get("median_ms"), record.get("iqr_ms"))
+
+
 def fmt_plain(v: object) -> str:
     if v is None:
         return ""
@@ -30,24 +66,50 @@ def fmt_plain(v: object) -> str:
     return str(v)
 
 
-def make_table(records: Sequence[dict], columns: Sequence[Column], title: str = "") -> Table:
-    """A rich Table of the given columns; a row with an error shows it in place of the measurements."""
+def make_table(
+    records: Sequence[dict], columns: Sequence[Column], title: str = "", *, mark_noisy: str | None = None
+) -> Table:
+    """A rich Table of the given columns; a row with an error shows its first line in place of the measurements.
+
+    mark_noisy: the field (e.g. "median_ms") whose cell gets NOISY_MARK when the row is noisy (see row_is_noisy).
+    Cells do not wrap (a dtype stays "bfloat16", not "bfloat1/6"); print it with print_table, which widens the
+    console to the table when the output is not a terminal.
+    """
     table = Table(title=title or None, header_style="bold")
     for _, header, _ in columns:
-        table.add_column(header, overflow="fold")
+        table.add_column(header, no_wrap=True)
     for record in records:
         if record.get("error"):
             cells = [fmt(record.get(field)) for field, _, fmt in columns[:3]]
-            cells.append(f"[red]error: {str(record['error']).splitlines()[0][:100]}[/red]")
+            status = record.get("status") or "error"
+            cells.append(f"[red]{status}: {first_line(record['error'])[:100]}[/red]")
             cells += [""] * (len(columns) - len(cells))
             table.add_row(*cells[: len(columns)])
         else:
-            table.add_row(*(fmt(record.get(field)) for field, _, fmt in columns))
+            cells = []
+            for field, _, fmt in columns:
+                cell = fmt(record.get(field))
+                if field == mark_noisy and cell and row_is_noisy(record):
+                    cell += NOISY_MARK
+                cells.append(cell)
+            table.add_row(*cells)
     return table
 
 
-def print_table(records: Sequence[dict], columns: Sequence[Column], title: str = "", console: Console | None = None):
-    (console or Console()).print(make_table(records, columns, title))
+def first_line(text: object) -> str:
+    """The first line of an error message ('' for None)."""
+    return (str(text).strip().splitlines() or [""])[0] if text is not None else ""
+
+
+def print_table(table: Table, console: Console | None = None) -> None:
+    """Print a table whole: at a terminal rich fits it to the width; to a file or a pipe (80 columns by default) the
+    console is widened to the table's natural width, so no cell is folded."""
+    console = console or Console()
+    if not console.is_terminal:
+        width = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        if width > console.width:
+            console = Console(file=console.file, width=width, highlight=False, no_color=console.no_color)
+    console.print(table)
 
 
 def write_json(records: Sequence[dict], path: str | Path, meta: dict | None = None) -> Path:

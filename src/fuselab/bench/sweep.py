@@ -3,21 +3,45 @@
 A case is a flat dict of JSON values (op, impl, shape, dtype, ...); `run_case(case)` returns the measured
 fields. A case that raises (out of memory, compile error, unavailable backend) becomes a row with its error,
 and the sweep goes on. On a rerun, cases whose row succeeded are skipped; failed ones are tried again.
+
+Every row has a `status`: "ok", "error" (it raised), or the status of a :class:`NotRun` it raised ("unavailable",
+"skipped", "refused": the case was not run, and `error` says why). Each row is appended with one `os.write` on a
+file opened with O_APPEND, so a run killed mid-sweep leaves whole lines (at worst one torn last line, which the
+next run cuts off with a warning before it appends).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import traceback
+import os
+import sys
+import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 Case = dict[str, object]
 MAX_ERROR_CHARS = 2000
+PROGRESS_EVERY_S = 1.0  # without a terminal, a line per finished case, at most one a second (and the last)
+
+
+class NotRun(Exception):
+    """Raised by `run_case` for a case that is not run, on purpose: its row gets `status` and the message as `error`.
+
+    Subclasses set `status`: "skipped" (not worth running here), "unavailable" (cannot run here), "refused" (would
+    not fit). The message is the reason, shown as it is (no exception type in front of it).
+    """
+
+    status = "skipped"
+
+
+class SweepWarning(UserWarning):
+    """Something about a results log the user should know (a torn last line was cut off)."""
 
 
 def grid(**axes: Iterable[object]) -> list[Case]:
@@ -31,7 +55,7 @@ def case_key(case: Mapping[str, object]) -> str:
 
 
 def load_records(path: str | Path) -> list[dict]:
-    """All rows of a JSON-lines results file; a torn last line (a run killed mid-write) is ignored."""
+    """All rows of a JSON-lines results file; lines that are not JSON (a torn last line) are left out."""
     path = Path(path)
     if not path.exists():
         return []
@@ -47,6 +71,30 @@ def load_records(path: str | Path) -> list[dict]:
     return records
 
 
+def repair_log(path: str | Path) -> int:
+    """Cut off a torn last line (a run killed mid-write) so the next append starts on a line of its own.
+
+    Returns the bytes removed (0 when the file is whole or missing) and warns (SweepWarning) when it removes any.
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return 0
+    keep = data.rfind(b"\n") + 1  # 0 when the only line is torn
+    torn = len(data) - keep
+    with path.open("r+b") as f:
+        f.truncate(keep)
+    warnings.warn(
+        f"{path}: its last line was cut short (a run killed mid-write?); removed it ({torn} bytes), "
+        "so that case runs again",
+        SweepWarning,
+        stacklevel=2,
+    )
+    return torn
+
+
 def latest_by_key(records: Iterable[dict]) -> dict[str, dict]:
     """The last row of each case (a retried case keeps its newest row)."""
     latest: dict[str, dict] = {}
@@ -57,9 +105,15 @@ def latest_by_key(records: Iterable[dict]) -> dict[str, dict]:
 
 
 def append_record(path: Path, record: Mapping[str, object]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record, default=str) + "\n")
-        f.flush()
+    """Append one row as one line, with a single write on an O_APPEND descriptor (whole lines, even when killed)."""
+    data = (json.dumps(record, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, data)
+        while written < len(data):  # a regular file takes it all at once but for a full disk; finish the line
+            written += os.write(fd, data[written:])
+    finally:
+        os.close(fd)
 
 
 def run_sweep(
@@ -69,15 +123,21 @@ def run_sweep(
     *,
     description: str = "sweep",
     show_progress: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Run every case not already done in `out`; return one row per case (old and new), in case order.
 
-    Each row is the case's fields, the fields run_case returned, `key`, and `error` (None or the message).
+    Each row is the case's fields, the fields run_case returned, `key`, `status` and `error` (None or why).
+    log(message): where to say what is resumed and, when progress is on but stderr is not a terminal (no live bar),
+    a line per finished case, at most one a second (default: stderr).
     """
+    say = log or _stderr
     path = Path(out) if out is not None else None
+    done: dict[str, dict] = {}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    done = latest_by_key(load_records(path)) if path is not None else {}
+        repair_log(path)
+        done = latest_by_key(load_records(path))
     rows: dict[str, dict] = {}
     todo = []
     for case in cases:
@@ -86,30 +146,41 @@ def run_sweep(
             rows[key] = done[key]
         else:
             todo.append((key, case))
+    if rows:
+        say(f"resuming {path}: {len(rows)} of {len(cases)} cases done, {len(todo)} to run")
 
+    live = show_progress and sys.stderr.isatty()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, disable=not show_progress, transient=False) as progress:
+    last_line = time.perf_counter()
+    with Progress(*columns, console=Console(stderr=True), disable=not live, transient=False) as progress:
         task = progress.add_task(description, total=len(todo))
-        for key, case in todo:
+        for i, (key, case) in enumerate(todo, 1):
             progress.update(task, description=f"{description}: {_short(case)}")
+            start = time.perf_counter()
             row = {**case, **_run_one(run_case, case), "key": key}
             rows[key] = row
             if path is not None:
                 append_record(path, row)
             progress.advance(task)
+            now = time.perf_counter()
+            if show_progress and not live and (now - last_line >= PROGRESS_EVERY_S or i == len(todo)):
+                say(f"{description} [{i}/{len(todo)}] {_short(case)}: {row['status']} ({now - start:.1f} s)")
+                last_line = now
         progress.update(task, description=description)
     return [rows[case_key(case)] for case in cases]
 
 
 def _run_one(run_case: Callable[[Case], Mapping[str, object]], case: Case) -> dict[str, object]:
     try:
-        return {**run_case(case), "error": None}
+        return {"status": "ok", **run_case(case), "error": None}
+    except NotRun as exc:
+        return {"status": exc.status, "error": str(exc)[:MAX_ERROR_CHARS]}
     except torch.OutOfMemoryError as exc:
-        torch.cuda.empty_cache()
-        return {"error": f"out of memory: {_first_line(exc)}"}
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return {"status": "error", "error": f"out of memory: {_first_line(exc)}"}
     except Exception as exc:  # any failure of one case becomes its row; the sweep goes on
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        return {"error": detail[:MAX_ERROR_CHARS]}
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}".strip()[:MAX_ERROR_CHARS]}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -117,4 +188,13 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _short(case: Mapping[str, object]) -> str:
-    return " ".join(str(v) for v in case.values() if not isinstance(v, dict | list))[:60]
+    parts = [
+        "x".join(str(d) for d in v) if isinstance(v, list) and all(isinstance(d, int) for d in v) else str(v)
+        for v in case.values()
+        if not isinstance(v, dict)
+    ]
+    return " ".join(parts)[:70]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -116,12 +116,54 @@ class Measurement:
     def to_dict(self) -> dict[str, object]:
         return {**asdict(self), **self.summary()}
 
+    @property
+    def noisy(self) -> bool:
+        """IQR / median over NOISY_IQR_FRACTION: the median is not to be trusted to better than that."""
+        return is_noisy(self.median_ms, self.iqr_ms)
+
+    def __repr__(self) -> str:
+        return (
+            f"Measurement(label={self.label!r}, median={_fmt(self.median_ms)}, IQR={_fmt(self.iqr_ms)}, n={self.n}, "
+            f"mode={self.mode!r}, device={self.device!r})"
+        )
+
     def __str__(self) -> str:
         text = f"{self.label or 'fn'}: median {_fmt(self.median_ms)} (IQR {_fmt(self.iqr_ms)}, {self.n} runs"
         text += f", {self.mode})"
         if self.host_ms is not None:
             text += f"; host returns after {_fmt(self.host_ms)}"
         return "\n  ! ".join([text, *self.warnings])
+
+
+def is_noisy(median_ms: float | None, iqr_ms: float | None) -> bool:
+    """Whether a measurement with this median and IQR is noisy (IQR over NOISY_IQR_FRACTION of the median)."""
+    return bool(median_ms and iqr_ms is not None and median_ms > 0 and iqr_ms / median_ms > NOISY_IQR_FRACTION)
+
+
+class Measurements(dict[str, Measurement]):
+    """What benchmark_side_by_side returns: {name: Measurement}, printed as a table (median, IQR, runs, against
+    the fastest); '~' marks a noisy median."""
+
+    def table(self) -> str:
+        if not self:
+            return "Measurements()"
+        fastest = min(m.median_ms for m in self.values())
+        width = max(len("name"), *(len(name) for name in self))
+        lines = [f"{'name':<{width}}  {'median':>11}  {'IQR':>10}  {'runs':>5}  {'x fastest':>9}"]
+        for name, m in self.items():
+            mark = "~" if m.noisy else " "
+            ratio = m.median_ms / fastest if fastest > 0 else float("nan")
+            lines.append(
+                f"{name:<{width}}  {_fmt(m.median_ms):>10}{mark}  {_fmt(m.iqr_ms):>10}  {m.n:>5}  {ratio:>9.3f}"
+            )
+        if any(m.noisy for m in self.values()):
+            lines.append(f"~ noisy: IQR over {100 * NOISY_IQR_FRACTION:.0f}% of the median")
+        return "\n".join(lines)
+
+    __str__ = table
+
+    def __repr__(self) -> str:
+        return self.table()
 
 
 def _fmt(ms: float) -> str:
@@ -172,10 +214,13 @@ def benchmark(
     is kept busy about twice that long before each start event, so host launch latency stays out of the GPU time.
     pitfall: "no_warmup" times from the first call on; "no_sync" reads a host clock around the call without
     synchronizing, so it times the launch only. Both are wrong on purpose.
+    cuda_graph on a device other than CUDA raises ValueError (there is no graph to capture).
     """
     if pitfall is not None and pitfall not in PITFALLS:
         raise ValueError(f"unknown pitfall {pitfall!r}; known: {', '.join(PITFALLS)}")
     dev, sync = _device_and_sync(device)
+    if cuda_graph and dev.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs a CUDA device; this benchmark runs on {dev.type}")
 
     if pitfall == "no_sync":
         for _ in range(min_warmup):
@@ -209,7 +254,7 @@ def benchmark_side_by_side(
     min_reps: int = 10,
     max_reps: int = 1000,
     flush_l2: bool = True,
-) -> dict[str, Measurement]:
+) -> Measurements:
     """Time callables that are to be compared by taking turns: each is warmed up, then in each of `rounds` rounds each
     runs a 1/rounds share of its repetitions. Whatever drifts while they are timed (clocks under a power limit,
     temperature, a neighbour) falls on all of them alike, which timing one after the other does not give.
@@ -234,18 +279,21 @@ def benchmark_side_by_side(
                 samples[name] += timed(fn, share, host_ms)
     mode = "events" if dev.type == "cuda" else "perf_counter"
     flushed = flush_l2 and dev.type == "cuda"
-    return {
-        name: Measurement(
-            samples[name],
-            mode=mode,
-            device=str(dev),
-            label=name,
-            host_ms=plans[name][1],
-            flushed_l2=flushed,
-            rounds=rounds,
+    return Measurements(
+        (
+            name,
+            Measurement(
+                samples[name],
+                mode=mode,
+                device=str(dev),
+                label=name,
+                host_ms=plans[name][1],
+                flushed_l2=flushed,
+                rounds=rounds,
+            ),
         )
         for name in fns
-    }
+    )
 
 
 def _device_and_sync(device: str | torch.device | None) -> tuple[torch.device, Callable[[], None]]:
@@ -255,8 +303,12 @@ def _device_and_sync(device: str | torch.device | None) -> tuple[torch.device, C
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else _no_sync
     return dev, sync
+
+
+def _no_sync() -> None:
+    """The CPU's synchronize: nothing runs asynchronously there."""
 
 
 def _warm_up_and_plan(
@@ -268,9 +320,14 @@ def _warm_up_and_plan(
     min_reps: int,
     max_reps: int,
 ) -> tuple[int, float]:
-    """Warm fn up; return (repetitions that fill about rep_ms within the bounds, median host ms for a call)."""
+    """Warm fn up; return (repetitions that fill about rep_ms within the bounds, median host ms for a call).
+
+    On the CPU a call's host time is its time, so the warm-up's closing burst gives it (no extra calls).
+    """
     per_call_ms = _warm_up(fn, sync, warmup_ms, min_warmup)
     reps = int(min(max_reps, max(min_reps, rep_ms / max(per_call_ms, 1e-6))))
+    if sync is _no_sync:
+        return reps, per_call_ms
     host_ms = statistics.median(_host_times_synced(fn, sync, min(reps, 20)))
     return reps, host_ms
 

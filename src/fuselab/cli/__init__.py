@@ -1,34 +1,82 @@
 """The command line: `fuselab <command> ...`. Thin: each command module parses, calls the library, prints.
 
 A command module defines `register(subparsers)`, which adds its parser and sets `func(args) -> int` on it.
+Arguments shared by commands (OP, --impl, --dtype, --shape, --opt, --device) are parsed once, in `_args`.
+
+One error policy for every command: bad input and every expected failure (ValueError, TypeError, an unknown name,
+an unavailable impl, a file that cannot be read or written, a module that cannot be imported) print one line,
+`fuselab <command>: error: ...`, and exit 2; never a traceback. Anything else (a bug) prints one line too, and
+exits 3. Set FUSELAB_DEBUG=1 to see the traceback. Exit codes: 0 done; 1 the run found failures (a check failed,
+every case of a bench failed); 2 bad input or an expected error; 3 an unexpected error; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import warnings
+from typing import NoReturn
 
 import fuselab
 
 COMMANDS = ("device", "check", "bench", "profile", "inspect", "report")
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, LookupError, OSError, ImportError)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fuselab", description=fuselab.__doc__)
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `fuselab bench: error: argument --shape: bad shape '12xq' ...`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="fuselab", description=fuselab.__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"fuselab.cli.{name}").register(sub)
     return parser
 
 
+def debug() -> bool:
+    return os.environ.get("FUSELAB_DEBUG", "") not in ("", "0")
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line each, `fuselab: warning: ...` (with FUSELAB_DEBUG, Python's own form)."""
+    print(f"fuselab: warning: {message}", file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not debug():
+        warnings.showwarning = _show_warning
+    from fuselab.ops.evaluate import Unavailable  # after parsing: --help stays quick
+
     try:
         return int(args.func(args) or 0)
-    except (ValueError, LookupError, FileNotFoundError, ImportError) as exc:
-        print(f"fuselab {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted; finished results are kept", file=sys.stderr)
         return 130
+    except (*EXPECTED_ERRORS, Unavailable) as exc:
+        if debug():
+            raise
+        print(f"fuselab {args.command}: error: {_message(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: still one line, and how to see more
+        if debug():
+            raise
+        print(
+            f"fuselab {args.command}: error: {type(exc).__name__}: {_message(exc)} "
+            "(unexpected: run with FUSELAB_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 3
+
+
+def _message(exc: BaseException) -> str:
+    """The first line of the exception's message (its type's name when it has none)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

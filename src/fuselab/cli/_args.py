@@ -1,46 +1,235 @@
-"""Arguments shared by commands that take an op: OP, --impl, --dtype, --shape, --opt, --device."""
+"""The one argument parser of every command that takes an op: OP, --impl, --dtype, --shape, --opt, --device,
+--nargs, and the checks of output paths. Values are parsed once, here, into their real types (torch.dtype, a shape
+tuple, a checked device string, typed option values); commands never parse them again.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 import torch
 
-from fuselab.ops.evaluate import parse_dtype
-from fuselab.ops.registry import Op, get_op, parse_shape
+from fuselab.ops.evaluate import DTYPES, dtype_name, parse_dtype
+from fuselab.ops.registry import Op, Shape, get_op, parse_shape
 from fuselab.ops.user import user_op
 
+DEVICE_TYPES = ("cpu", "cuda")
 
-def add_op_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("op", help="a registered op (gelu, softmax) or a function as MODULE:FUNCTION / FILE.py:FUNCTION")
-    p.add_argument("--impl", action="append", help="implementation(s), comma-separated or repeated (default: all)")
-    p.add_argument("--dtype", action="append", help="float32, float16, bfloat16 (or fp32, fp16, bf16)")
-    p.add_argument("--shape", action="append", help="shape(s) like 2^24 or 4096x1024, repeated (default: the op's)")
-    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="op option, e.g. approximate=none")
-    p.add_argument("--nargs", type=int, default=1, help="for MODULE:FUNCTION: how many input tensors it takes")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: the GPU if any)")
+
+# ------------------------------------------------------------------------------------------ value types
+
+
+def dtype_arg(text: str) -> torch.dtype:
+    """argparse type: 'fp32' / 'float32' / 'torch.float32' -> torch.float32."""
+    try:
+        return parse_dtype(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shape(text: str, *, allow_empty: bool) -> Shape:
+    try:
+        shape = parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not allow_empty and 0 in shape:
+        raise argparse.ArgumentTypeError(
+            f"bad shape {text!r}: it has no elements to time; every dimension must be >= 1"
+        )
+    return shape
+
+
+def shape_arg(text: str) -> Shape:
+    """argparse type for commands that time or profile: '2^24' -> (16777216,); a shape with no elements is refused."""
+    return _shape(text, allow_empty=False)
+
+
+def check_shape_arg(text: str) -> Shape:
+    """argparse type for `check`: as shape_arg, but an empty shape ('0', '5x0') is a case worth checking."""
+    return _shape(text, allow_empty=True)
+
+
+def positive(kind: type) -> callable:
+    """argparse type: a number of `kind` (int or float) that is > 0."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def non_negative(kind: type) -> callable:
+    """argparse type: a number of `kind` (int or float) that is >= 0."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not value >= 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+
+    parse.__name__ = f"non-negative {kind.__name__}"
+    return parse
+
+
+def device_arg(text: str) -> str:
+    """argparse type: 'cpu', 'cuda' or 'cuda:N', checked against this machine (a GPU that is not here is an error)."""
+    try:
+        device = torch.device(text.strip())
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in DEVICE_TYPES:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; accepted: cpu, cuda, cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: no CUDA GPU in this process; use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(
+                f"{text}: no such GPU; this machine has {count} (cuda:0 to cuda:{count - 1})"
+            )
+    return str(device)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def split(values: list[str] | None) -> list[str] | None:
+    """['a,b', 'c'] -> ['a', 'b', 'c']; None or nothing -> None."""
     if not values:
         return None
-    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+    return [v.strip() for value in values for v in value.split(",") if v.strip()] or None
+
+
+# ------------------------------------------------------------------------------------------ arguments
+
+
+def add_op_arguments(p: argparse.ArgumentParser, *, several: bool = True, check: bool = False) -> None:
+    """OP, --impl, --dtype, --shape, --opt, --nargs, --device.
+
+    several: --dtype and --shape may repeat (check, bench); else one each (profile, inspect).
+    check: shapes with no elements are accepted (they are edge cases worth checking).
+    """
+    shape_type = check_shape_arg if check else shape_arg
+    p.add_argument("op", help="a registered op (gelu, softmax) or a function as MODULE:FUNCTION / FILE.py:FUNCTION")
+    add_impl_argument(p)
+    if several:
+        p.add_argument("--dtype", action="append", type=dtype_arg, help="fp32, fp16, bf16 (float32, ...), repeated")
+        p.add_argument("--shape", action="append", type=shape_type, help="shape(s) like 2^24 or 4096x1024, repeated")
+    else:
+        p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="fp32, fp16, bf16 (default fp32)")
+        p.add_argument("--shape", type=shape_type, help="shape like 2^24 or 4096x1024 (default: the op's first)")
+    add_opt_argument(p)
+    p.add_argument("--nargs", type=positive(int), default=1, help="for MODULE:FUNCTION: how many tensors it takes")
+    add_device_argument(p)
+
+
+def add_impl_argument(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument(  # no argparse default: "append" would add to it; commands fall back to `default` themselves
+        "--impl",
+        action="append",
+        help=f"implementation(s), comma-separated or repeated (default: {default or 'all'})",
+    )
+
+
+def add_opt_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="op option, e.g. approximate=none")
+
+
+def add_device_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: the GPU if any)")
+
+
+# ------------------------------------------------------------------------------------------ resolving
+
+
+def load_op(spec: str, nargs: int = 1) -> Op:
+    """A registered op by name, or the user's function given as MODULE:FUNCTION / FILE.py:FUNCTION."""
+    return user_op(spec, nargs) if ":" in spec else get_op(spec)
+
+
+def parse_options(op: Op, items: list[str]) -> dict[str, object] | None:
+    """--opt KEY=VALUE items -> the op's options, each parsed to its Option's type and checked (ValueError naming the
+    key and what is accepted). None when no --opt was given."""
+    if not items:
+        return None
+    given: dict[str, object] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key:
+            raise ValueError(f"--opt takes KEY=VALUE, got {item!r}")
+        given[key] = text
+    return op.resolve_options(given)
+
+
+def check_impls(op: Op, impls: list[str] | None) -> list[str] | None:
+    """Unknown impl names fail here, before any work, with the known ones listed."""
+    for name in impls or []:
+        op.get_impl(name)
+    return impls
+
+
+def check_dtypes(op: Op, dtypes: list[torch.dtype] | None) -> list[torch.dtype] | None:
+    """dtypes the op does not declare are refused before any work (ValueError listing the ones it does)."""
+    for dtype in dtypes or []:
+        if dtype not in op.dtypes:
+            accepted = ", ".join(dtype_name(d) for d in op.dtypes)
+            raise ValueError(f"{op.name} does not take {dtype_name(dtype)}; accepted: {accepted}")
+    return dtypes
 
 
 def resolve(args: argparse.Namespace) -> tuple[Op, dict]:
-    """The op and the keyword arguments for check_op/bench_op from parsed arguments."""
-    op = user_op(args.op, args.nargs) if ":" in args.op else get_op(args.op)
-    options = {}
-    for item in args.opt:
-        if "=" not in item:
-            raise ValueError(f"--opt takes KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        options[key.strip()] = value.strip()
+    """The op and the keyword arguments for check_op/bench_op from parsed arguments (everything checked)."""
+    op = load_op(args.op, args.nargs)
     kwargs = {
-        "impls": split(args.impl),
-        "dtypes": [parse_dtype(d) for d in split(args.dtype) or []] or None,
-        "shapes": [parse_shape(s) for s in args.shape] if args.shape else None,
-        "options": op.resolve_options(options) if options else None,
-        "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        "impls": check_impls(op, split(args.impl)),
+        "dtypes": check_dtypes(op, args.dtype),
+        "shapes": args.shape,
+        "options": parse_options(op, args.opt),
+        "device": args.device or default_device(),
     }
     return op, kwargs
+
+
+# ------------------------------------------------------------------------------------------ output paths
+
+
+def check_writable(path: Path | None, *, folder: bool = False) -> None:
+    """Raise OSError now, before a long run, when `path` (a file, or a folder when `folder`) cannot be written.
+
+    Creates the missing parent folders (the run would create them anyway).
+    """
+    if path is None:
+        return
+    target = path if folder else path.parent
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if not folder and path.is_dir():
+        raise OSError(f"cannot write {path}: it is a folder")
+    probe = path if (not folder and path.exists()) else target
+    if not os.access(probe, os.W_OK):
+        raise OSError(f"cannot write {path}: permission denied")
+    if not folder and not path.exists():
+        try:  # some file systems (/proc) refuse a new file whatever the permission bits say
+            path.touch()
+            path.unlink()
+        except OSError as exc:
+            raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+__all__ = ["DTYPES", "add_op_arguments", "check_writable", "resolve"]

@@ -1,17 +1,40 @@
-"""`fuselab bench OP`: sweep impls x dtypes x shapes with the harness; table, JSON, CSV and a plot."""
+"""`fuselab bench OP`: sweep impls x dtypes x shapes with the harness; table, JSON, CSV and a plot.
+
+Exit status: 0 when at least one case was measured (or every case was skipped on purpose); 1 when none was and
+some failed or were unavailable; 2 on bad input.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from pathlib import Path
 
 from rich.console import Console
 
 from fuselab.bench.ceilings import get_ceilings
 from fuselab.bench.env import environment
-from fuselab.bench.results import fmt_fixed, fmt_float, fmt_plain, make_table, plot_metric, write_csv, write_json
-from fuselab.cli._args import add_op_arguments, resolve
+from fuselab.bench.results import (
+    NOISY_LEGEND,
+    first_line,
+    fmt_dtype,
+    fmt_fixed,
+    fmt_float,
+    fmt_plain,
+    fmt_rate,
+    make_table,
+    plot_metric,
+    print_table,
+    row_is_noisy,
+    write_csv,
+    write_json,
+)
+from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.evaluate import bench_op
+from fuselab.ops.registry import Shape, format_shape
+
+CPU_DEFAULT_NUMEL = 2**20  # without --shape on the CPU: the op's (GPU-sized) bench shapes, scaled down to this
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,11 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="results: FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl")
     p.add_argument("--csv", type=Path, help="also write the rows as CSV")
     p.add_argument("--plot", type=Path, help="also plot GB/s against size (PNG)")
-    p.add_argument("--rep-ms", type=float, default=500.0, help="time to spend repeating each case (ms)")
-    p.add_argument("--warmup-ms", type=float, default=200.0, help="minimum warm-up per case (ms)")
+    p.add_argument("--rep-ms", type=positive(float), default=500.0, help="time to spend repeating each case (ms)")
+    p.add_argument("--warmup-ms", type=non_negative(float), default=200.0, help="minimum warm-up per case (ms)")
     p.add_argument(
         "--rounds",
-        type=int,
+        type=positive(int),
         default=5,
         help="the impls of a case take turns, each timing 1/ROUNDS of its repetitions per round (1: one after another)",
     )
@@ -35,6 +58,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
+    for path in (args.out, args.csv, args.plot):
+        check_writable(path)
+    if args.cuda_graph and not kwargs["device"].startswith("cuda"):
+        raise ValueError(f"--cuda-graph needs a CUDA device; this run is on {kwargs['device']}")
+    console = Console(highlight=False)
+    if kwargs["shapes"] is None and kwargs["device"] == "cpu":
+        kwargs["shapes"] = cpu_shapes(op.bench_shapes, CPU_DEFAULT_NUMEL)
+        shown = ", ".join(format_shape(s) for s in kwargs["shapes"])
+        print(
+            f"on the CPU, the op's default shapes (sized for a GPU) are scaled down to at most "
+            f"{CPU_DEFAULT_NUMEL} elements: {shown}; choose others with --shape",
+            file=sys.stderr,
+        )
     log = args.out.with_suffix(".jsonl") if args.out and args.out.suffix == ".json" else args.out
     timing = {
         "rep_ms": args.rep_ms,
@@ -43,8 +79,15 @@ def run(args: argparse.Namespace) -> int:
         "flush_l2": not args.no_flush,
     }
     rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, **kwargs)
-    console = Console()
-    console.print(make_table(rows, columns(op.baseline, list(op.options)), title=f"bench {op.name}"))
+    measured = [r for r in rows if not r.get("error")]
+    if measured:
+        cols = columns(op.baseline, list(op.options))
+        table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms")
+        print_table(table, console)
+    if any(row_is_noisy(r) for r in measured):
+        console.print(NOISY_LEGEND, soft_wrap=True)
+    for line in not_measured_lines(rows):
+        console.print(line, soft_wrap=True)
     ceilings = get_ceilings(kwargs["device"], measure=False)
     if args.out and args.out.suffix == ".json":
         meta = {"env": environment(kwargs["device"]), "ceilings": ceilings}
@@ -56,10 +99,46 @@ def run(args: argparse.Namespace) -> int:
         ceiling = ceilings["copy_gbps"] if ceilings else None
         points, x, xlabel = plot_axis(rows)
         plot_metric(points, args.plot, x=x, y="gbps", ceiling=ceiling, xlabel=xlabel, ylabel="GB/s", title=op.name)
-    failed = [r for r in rows if r.get("error")]
-    if failed:
-        console.print(f"[yellow]{len(failed)} case(s) failed or were unavailable (see the error column)[/yellow]")
-    return 0
+    return exit_status(rows)
+
+
+def exit_status(rows: list[dict]) -> int:
+    """0 when a case was measured or every one was skipped on purpose; 1 when nothing was measured otherwise."""
+    if any(not r.get("error") for r in rows):
+        return 0
+    return 0 if all(r.get("status") == "skipped" for r in rows) else 1
+
+
+def not_measured_lines(rows: list[dict]) -> list[str]:
+    """One line per impl, status and reason for the rows that were not measured, with their dtypes and case count."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        if r.get("error"):
+            groups.setdefault((r["impl"], r.get("status") or "error", first_line(r["error"])), []).append(r)
+    lines = []
+    for (impl, status, reason), members in groups.items():
+        dtypes = ", ".join(dict.fromkeys(fmt_dtype(r.get("dtype")) for r in members))
+        cases = f"{len(members)} case{'s' if len(members) > 1 else ''}"
+        style = "yellow" if status in ("skipped", "unavailable") else "red"
+        lines.append(f"[{style}]{impl}[/{style}] ({dtypes}; {cases}) {status}: {reason}")
+    return lines
+
+
+def cpu_shapes(shapes: list[Shape], max_numel: int) -> list[Shape]:
+    """The op's shapes with at most `max_numel` elements each: the last dimension is kept (a softmax row stays a row)
+    and the leading ones shrink; a 1-D shape shrinks to max_numel. Duplicates are dropped, the order kept."""
+    out: list[Shape] = []
+    for shape in shapes:
+        shape = tuple(shape)
+        if math.prod(shape) > max_numel:
+            if len(shape) == 1:
+                shape = (max_numel,)
+            else:
+                rows = max(1, max_numel // shape[-1])
+                shape = (rows, shape[-1]) if len(shape) == 2 else (rows, *(1,) * (len(shape) - 2), shape[-1])
+        if shape not in out:
+            out.append(shape)
+    return out
 
 
 def plot_axis(rows: list[dict]) -> tuple[list[dict], str, str]:
@@ -73,12 +152,12 @@ def plot_axis(rows: list[dict]) -> tuple[list[dict], str, str]:
 def columns(baseline: str, options: list[str]) -> list:
     return [
         ("impl", "impl", fmt_plain),
-        ("dtype", "dtype", fmt_plain),
+        ("dtype", "dtype", fmt_dtype),
         ("shape", "shape", fmt_plain),
         *[(k, k, fmt_plain) for k in options],
         ("median_ms", "median ms", fmt_float(4)),
         ("iqr_ms", "IQR ms", fmt_float(2)),
-        ("gbps", "GB/s", fmt_fixed(0)),
+        ("gbps", "GB/s", fmt_rate),
         ("pct_copy", "% copy", fmt_fixed(1)),
         ("pct_copy_same", "% copy same size", fmt_fixed(1)),
         (f"speedup_vs_{baseline}", f"vs {baseline}", fmt_fixed(2)),

@@ -1,4 +1,8 @@
-"""`fuselab check OP`: every available impl against the float64 reference; exit 1 when any fails."""
+"""`fuselab check OP`: every available impl against the float64 reference.
+
+Exit status: 1 when any case fails, or when nothing could be checked on a device the user asked for (--device);
+2 on bad input.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fuselab.bench.results import fmt_float, fmt_plain, make_table
-from fuselab.cli._args import add_op_arguments, resolve
+from fuselab.bench.results import fmt_dtype, fmt_float, fmt_plain, make_table, print_table
+from fuselab.cli._args import add_op_arguments, check_writable, resolve
 from fuselab.ops.evaluate import check_op, summarize_checks
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="check every implementation of an op against its float64 reference")
-    add_op_arguments(p)
+    add_op_arguments(p, check=True)
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
     p.add_argument("--out", type=Path, help="write the rows as JSON")
     p.add_argument("--all", action="store_true", help="list every case, not one row per impl and dtype")
@@ -24,13 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
+    check_writable(args.out)
     rows = check_op(op, seed=args.seed, **kwargs)
-    console = Console()
+    console = Console(highlight=False)
     available = [r for r in rows if r["status"] != "unavailable"]
     shown = available if args.all else summarize_checks(available)
     columns = [
         ("impl", "impl", fmt_plain),
-        ("dtype", "dtype", fmt_plain),
+        ("dtype", "dtype", fmt_dtype),
         *[(k, k, fmt_plain) for k in op.options],
         ("cases", "cases", fmt_plain),
         ("rel_err", "max rel err", fmt_float(2)),
@@ -42,18 +47,22 @@ def run(args: argparse.Namespace) -> int:
         columns.append(("reason", "reason", fmt_plain))
     if args.all:
         columns.insert(2, ("shape", "shape", fmt_plain))
-    console.print(make_table(shown, columns, title=f"check {op.name} on {rows[0]['device'] if rows else '-'}"))
+    print_table(make_table(shown, columns, title=f"check {op.name} on {kwargs['device']}"), console)
     unavailable: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if r["status"] == "unavailable":
             dtypes = unavailable.setdefault((r["impl"], r["reason"]), [])
-            dtypes += [] if r["dtype"] in dtypes else [r["dtype"]]
+            dtypes += [] if fmt_dtype(r["dtype"]) in dtypes else [fmt_dtype(r["dtype"])]
     for (impl, reason), dtypes in unavailable.items():
         console.print(f"[yellow]{impl}[/yellow] ({', '.join(dtypes)}) not checked: {reason}")
     failed = [r for r in rows if r["status"] == "FAIL"]
     passed = sum(r["status"] == "pass" for r in rows)
     console.print(f"{passed} passed, {len(failed)} failed, {len(rows) - passed - len(failed)} unavailable")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
-    return 1 if failed else 0
+    if failed:
+        return 1
+    if not passed and args.device:
+        console.print(f"[red]nothing could be checked on {args.device}[/red]")
+        return 1
+    return 0

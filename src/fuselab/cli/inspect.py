@@ -11,7 +11,11 @@ import argparse
 import re
 from pathlib import Path
 
+import torch
 from rich.console import Console
+
+from fuselab.cli._args import add_impl_argument, check_writable, dtype_arg, shape_arg, split
+from fuselab.ops.evaluate import dtype_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,9 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("op", help="a registered op (gelu, softmax)")
-    p.add_argument("--impl", default="triton", help="triton, cuda, or both comma-separated (default triton)")
-    p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 (default float32)")
-    p.add_argument("--shape", help="input shape the Triton kernels are specialized for (default: smallest bench shape)")
+    add_impl_argument(p, default="triton")
+    p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="fp32, fp16, bf16 (default fp32)")
+    p.add_argument("--shape", type=shape_arg, help="shape the Triton kernels are specialized for (default: the op's)")
     p.add_argument("--arch", help="target, e.g. sm_90 (default: this GPU's, or sm_90 without one)")
     p.add_argument("--out", type=Path, help="folder for the .ptx/.sass files, inspect.json, summary.txt")
     p.add_argument("--show", choices=("ptx", "sass"), help="also print the PTX or SASS of each kernel")
@@ -32,16 +36,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fuselab.ops.evaluate import parse_dtype
     from fuselab.profile.inspect import inspect_impl
 
+    check_writable(args.out, folder=True)
     console = Console(highlight=False)
-    impls = [i.strip() for i in args.impl.split(",") if i.strip()]
+    impls = split(args.impl) or ["triton"]
     status = 0
     for impl in impls:
-        label = re.sub(r"[^\w.-]+", "_", f"{args.op}-{impl}-{args.dtype}")
+        label = re.sub(r"[^\w.-]+", "_", f"{args.op}-{impl}-{dtype_name(args.dtype)}")
         try:
-            result = inspect_impl(args.op, impl, dtype=parse_dtype(args.dtype), shape=args.shape, arch=args.arch)
+            result = inspect_impl(args.op, impl, dtype=args.dtype, shape=args.shape, arch=args.arch)
         except (ValueError, LookupError, ImportError, RuntimeError) as exc:
             console.print(f"[red]fuselab inspect {label}: {exc}[/red]")
             status = 2

@@ -21,6 +21,19 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from fuselab.cli._args import (
+    add_device_argument,
+    add_opt_argument,
+    check_writable,
+    default_device,
+    dtype_arg,
+    load_op,
+    parse_options,
+    positive,
+    shape_arg,
+    split,
+)
+from fuselab.ops.evaluate import Unavailable
 from fuselab.profile import build_table, impl_callable, profile_callable, render_timeline, script_callable
 from fuselab.profile.cases import CASES, get_case
 from fuselab.profile.table import SORT_KEYS
@@ -38,14 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--case", choices=[*CASES, "all"], help="one of the lecture's cases, or all of them")
     what.add_argument("--script", type=Path, help="a Python script, run as __main__")
     what.add_argument("--runahead", action="store_true", help="the run-ahead study (MLP training loop, twice)")
-    p.add_argument("--impl", help="implementation(s), comma-separated, or all (default: the op's baseline)")
-    p.add_argument("--shape", help="input shape, e.g. 2^24 or 4096x1024 (default: the op's first bench shape)")
-    p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 (default float32)")
-    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="op option, e.g. approximate=none")
-    p.add_argument("--nargs", type=int, default=1, help="for MODULE:FUNCTION: how many input tensors it takes")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: the GPU if any)")
+    p.add_argument("--impl", action="append", help="implementation(s), comma-separated, or all (default: the baseline)")
+    p.add_argument("--shape", type=shape_arg, help="input shape, e.g. 2^24 or 4096x1024 (default: the op's first)")
+    p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="fp32, fp16, bf16 (default fp32)")
+    add_opt_argument(p)
+    p.add_argument("--nargs", type=positive(int), default=1, help="for MODULE:FUNCTION: how many tensors it takes")
+    add_device_argument(p)
     p.add_argument("--warmup", type=int, default=3, help="calls before profiling (default 3; 1 for --script)")
-    p.add_argument("--iters", type=int, default=5, help="calls profiled (default 5; 1 for --script)")
+    p.add_argument("--iters", type=positive(int), default=5, help="calls profiled (default 5; 1 for --script)")
     p.add_argument("--sort", choices=SORT_KEYS, help="sort rows by (default: gpu with a GPU, else cpu)")
     p.add_argument("--limit", type=int, default=25, help="operators shown in the terminal (default 25)")
     p.add_argument("--full-names", action="store_true", help="show kernels' full names")
@@ -61,17 +74,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _device(args: argparse.Namespace) -> str:
-    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def run(args: argparse.Namespace) -> int:
-    console = Console()
-    try:
-        return _run(args, console)
-    except (ValueError, LookupError, FileNotFoundError, RuntimeError) as exc:  # bad input or impl unavailable
-        console.print(f"[red]fuselab profile: {exc}[/red]", highlight=False)
-        return 2
+    check_writable(args.out, folder=True)
+    return _run(args, Console())
 
 
 Job = tuple[str, Callable[[], Callable[[], object]]]  # (label, make the callable to profile)
@@ -80,7 +85,7 @@ Job = tuple[str, Callable[[], Callable[[], object]]]  # (label, make the callabl
 def _run(args: argparse.Namespace, console: Console) -> int:
     if args.runahead:
         return _runahead(args, console)
-    device = _device(args)
+    device = args.device or default_device()
     warmup, iters = args.warmup, args.iters
     if args.case:
         names = list(CASES) if args.case == "all" else [args.case]
@@ -92,15 +97,14 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     elif args.target:
         jobs = _op_jobs(args, device)
     else:
-        console.print("[red]say what to profile: an OP (or MODULE:FUNCTION), --case, --script or --runahead[/red]")
-        return 2
+        raise ValueError("say what to profile: an OP (or MODULE:FUNCTION), --case, --script or --runahead")
     failed = 0
     for label, make in jobs:
         base = args.out or Path("fuselab-profile")
         out = base / label if len(jobs) > 1 or args.out is None else base
         try:
             fn = make()
-        except RuntimeError as exc:  # an impl that cannot run here says why; the other jobs go on
+        except Unavailable as exc:  # an impl that cannot run here says why; the other jobs go on
             console.print(f"[yellow]{label}: skipped: {exc}[/yellow]", highlight=False)
             failed += 1
             continue
@@ -137,20 +141,16 @@ def _profile_one(
 
 def _op_jobs(args: argparse.Namespace, device: str) -> list[Job]:
     """One job per requested impl (comma-separated, or 'all') of the op or user function."""
-    from fuselab.ops.evaluate import parse_dtype
-    from fuselab.ops.registry import format_shape, get_op, parse_shape
-    from fuselab.ops.user import user_op
+    from fuselab.ops.registry import format_shape
 
-    op = user_op(args.target, args.nargs) if ":" in args.target else get_op(args.target)
-    impls = list(op.impls) if args.impl == "all" else [i.strip() for i in (args.impl or op.baseline).split(",")]
+    op = load_op(args.target, args.nargs)
+    impls = split(args.impl) or [op.baseline]
+    impls = list(op.impls) if impls == ["all"] else impls
     for impl in impls:
         op.get_impl(impl)  # unknown names fail here, with the known ones listed
-    shape = parse_shape(args.shape) if args.shape else tuple(op.bench_shapes[0])
-    dtype = parse_dtype(args.dtype)
-    options = dict(item.split("=", 1) for item in args.opt if "=" in item)
-    if len(options) != len(args.opt):
-        raise ValueError(f"--opt takes KEY=VALUE, got {args.opt}")
-    options = {k.strip(): v.strip() for k, v in options.items()}
+    shape = args.shape or tuple(op.bench_shapes[0])
+    dtype = args.dtype
+    options = parse_options(op, args.opt) or {}
     name = re.sub(r"[^\w.-]+", "_", op.name.rsplit(":", 1)[-1])
 
     def label(impl: str) -> str:

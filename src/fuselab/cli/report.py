@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from fuselab.cli._args import add_device_argument, check_writable
 from fuselab.report import run_full_report
 from fuselab.report.sections import section_names
 
@@ -17,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report/)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a look at every section in a minute or two")
     p.add_argument("--fresh", action="store_true", help="rerun sections already finished in --out (default: resume)")
-    p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: the GPU if any)")
+    add_device_argument(p)
     p.add_argument(
         "--only",
         action="append",
@@ -28,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.out, folder=True)
     only = [s.strip() for value in args.only or [] for s in value.split(",") if s.strip()] or None
     console = Console()
     start = time.perf_counter()

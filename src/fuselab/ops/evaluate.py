@@ -17,16 +17,52 @@ import torch
 from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
-from fuselab.bench.sweep import case_key, grid, run_sweep
+from fuselab.bench.memory import format_bytes, free_bytes
+from fuselab.bench.sweep import NotRun, case_key, grid, run_sweep
 from fuselab.bench.timer import benchmark, benchmark_side_by_side
+from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 SHORT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 
 
-class Unavailable(RuntimeError):
+class Unavailable(NotRun, RuntimeError):
     """An impl that cannot run here; the message says why."""
+
+    status = "unavailable"
+
+
+class Skipped(NotRun):
+    """An impl not timed here on purpose; the message says why."""
+
+    status = "skipped"
+
+
+class TooBig(NotRun):
+    """A case refused before it allocates: it would not fit in the device's free memory."""
+
+    status = "refused"
+
+
+INTERPRETER_SKIP = "the Triton interpreter on the CPU is for correctness only (`fuselab check` runs it); not timed"
+
+
+def interpreted(impl: Impl, device: str) -> bool:
+    """Whether `impl` would run under Triton's CPU interpreter on `device` (checked, never timed)."""
+    return torch.device(device).type == "cpu" and impl.requires is triton_unavailable
+
+
+def refuse_if_too_big(op: Op, shape: Shape, dtype: torch.dtype, device: str, options: dict) -> None:
+    """Raise TooBig when a case cannot fit: its inputs and outputs in `dtype`, and the float64 reference's (counted
+    twice, for the temporaries of a reference written op by op), against the device's free memory."""
+    free = free_bytes(device)
+    need = op.bytes_moved(shape, dtype, **options) + 2 * op.bytes_moved(shape, torch.float64, **options)
+    if free is not None and need > free:
+        raise TooBig(
+            f"needs about {format_bytes(need)} (inputs, outputs and the float64 reference), "
+            f"{format_bytes(free)} free on {device}"
+        )
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -211,11 +247,19 @@ def bench_case(
     """Time the impls of one case on one fresh input, taking turns over `rounds` rounds (`benchmark_side_by_side`;
     CUDA-graph timing runs them one after the other). Per impl: its row (speed, and its error against the reference
     on the same input), or the exception that stopped it. An exception while timing stops them all."""
+    results: dict[str, dict | Exception] = {}
+    for impl in impls:  # impls that cannot or need not run here are left out before any input is made
+        reason = impl.unavailable(device)
+        if reason or interpreted(impl, device):
+            results[impl.name] = Unavailable(reason) if reason else Skipped(INTERPRETER_SKIP)
+    if len(results) == len(impls):
+        return results
     inputs = op.make_inputs(shape, dtype, device, fresh_seed(), **options)
     ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
-    results: dict[str, dict | Exception] = {}
     fns: dict[str, Callable[..., torch.Tensor]] = {}
     for impl in impls:
+        if impl.name in results:
+            continue
         try:
             fn = prepare(impl, device)
             results[impl.name] = {"rel_err": relative_error(fn(*inputs, **options), ref)}
@@ -293,6 +337,11 @@ def bench_op(
         if together not in measured:
             opts = {k: case[k] for k in op.options}
             shape, dtype = tuple(case["shape"]), DTYPES[case["dtype"]]
+            try:
+                refuse_if_too_big(op, shape, dtype, device, opts)
+            except TooBig as exc:
+                measured[together] = dict.fromkeys(names, exc)
+                raise
             measured[together] = bench_case(
                 op, [op.get_impl(n) for n in names], shape, dtype, device, opts, timing or {}, rounds
             )

@@ -12,6 +12,13 @@ Results = dict[str, dict]
 Finding = tuple[str, float | None, bool | None]  # (figure, value, held)
 
 
+READ: list[dict] = []  # the rows the claim being evaluated read (so a verdict can say when one of them is noisy)
+
+
+def used(*rows: dict) -> None:
+    READ.extend(rows)
+
+
 class NotMeasured(Exception):
     """This run has no figure for a claim; the message says why."""
 
@@ -40,7 +47,9 @@ def bench_row(results: Results, op: str, impl: str, *, dtype: str = "float32", *
     rows = bench_rows(results, op, impl, dtype=dtype, **match)
     if not rows:
         raise NotMeasured(f"no {op} {impl} {dtype} timing in this run")
-    return max(rows, key=lambda r: r["numel"])
+    row = max(rows, key=lambda r: r["numel"])
+    used(row)
+    return row
 
 
 def pairs(rows: list[dict], a: str, b: str, dtype: str = "float32", **match: object) -> list[tuple[dict, dict]]:
@@ -50,7 +59,9 @@ def pairs(rows: list[dict], a: str, b: str, dtype: str = "float32", **match: obj
         for r in ok_rows(rows)
         if r["dtype"] == dtype and all(r.get(k) == v for k, v in match.items())
     }
-    return [(r, by[(b, s)]) for (impl, s), r in by.items() if impl == a and (b, s) in by]
+    found = [(r, by[(b, s)]) for (impl, s), r in by.items() if impl == a and (b, s) in by]
+    used(*(r for pair in found for r in pair))
+    return found
 
 
 def median_ratio(found: list[tuple[dict, dict]]) -> float:

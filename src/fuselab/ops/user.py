@@ -7,8 +7,11 @@ one output of the input's size written.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,15 +33,51 @@ def load_function(spec: str) -> Callable:
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
     else:
-        module = importlib.import_module(where)
+        module = _import_module(where)
     fn = getattr(module, name, None)
     if not callable(fn):
         raise LookupError(f"{where} has no function {name!r}")
     return fn
 
 
+def _import_module(name: str) -> object:
+    """Import `name` as `python -c "import name"` would: the current folder is searched too."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name.split(".")[0] and not name.startswith(f"{exc.name}."):
+            raise  # the module was found; something it imports is missing
+        raise ModuleNotFoundError(
+            f"no module named {name!r} in the current folder ({cwd}) or on sys.path; give the file instead "
+            f"(path/to/{name.replace('.', '/')}.py:FUNCTION) or add its folder to PYTHONPATH",
+            name=exc.name,
+        ) from None
+
+
+def returns_tensor(fn: Callable, spec: str) -> Callable:
+    """fn, checked to return a torch.Tensor (a TypeError naming spec otherwise)."""
+
+    @functools.wraps(fn)
+    def checked(*args: object, **kwargs: object) -> torch.Tensor:
+        out = fn(*args, **kwargs)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{spec} returned {type(out).__name__}, not a torch.Tensor; fuselab needs a tensor output")
+        return out
+
+    return checked
+
+
 def user_op(spec: str, nargs: int = 1) -> Op:
-    """An Op around the user's function (impl name: the function's name)."""
+    """An Op around the user's function (impl name: the function's name).
+
+    The reference (the function run in float64, before any timing) checks that it returns a tensor, so the timed
+    calls carry no check.
+    """
+    if nargs < 1:
+        raise ValueError(f"--nargs must be at least 1, got {nargs}")
     fn = load_function(spec)
 
     def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, **_: object) -> tuple[torch.Tensor, ...]:
@@ -51,7 +90,7 @@ def user_op(spec: str, nargs: int = 1) -> Op:
     name = getattr(fn, "__name__", "fn")
     return Op(
         name=spec,
-        reference=fn,
+        reference=returns_tensor(fn, spec),
         make_inputs=make_inputs,
         bytes_moved=bytes_moved,
         flops=lambda shape, **_: 0,

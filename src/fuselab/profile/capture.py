@@ -7,10 +7,12 @@ result.trace_path     # prof/f/trace.json: open it in https://ui.perfetto.dev or
 
 from __future__ import annotations
 
+import contextlib
+import os
 import runpy
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +37,25 @@ class ProfileResult:
     device: str
     iters: int
     stacks_paths: list[Path] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """Point file descriptor 2 at /dev/null for the block: silences what native code (torch's kineto) prints.
+    FUSELAB_DEBUG=1 leaves it alone."""
+    if os.environ.get("FUSELAB_DEBUG", "") not in ("", "0"):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _synchronize(cuda: bool) -> None:
@@ -73,7 +94,10 @@ def profile_callable(
         from torch._C._profiler import _ExperimentalConfig
 
         options["experimental_config"] = _ExperimentalConfig(verbose=True)  # keeps the Python frames for stacks
-    with profile(activities=activities, **options) as prof:
+    prof = profile(activities=activities, **options)
+    with native_stderr_silenced():  # kineto prints "USDT: ... profiler_start" (and _stop) to stderr
+        prof.start()
+    try:
         for _ in range(iters):
             if label:
                 with prange(label):
@@ -81,6 +105,9 @@ def profile_callable(
             else:
                 fn()
         _synchronize(cuda)
+    finally:
+        with native_stderr_silenced():
+            prof.stop()
 
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="fuselab-profile-"))
     out.mkdir(parents=True, exist_ok=True)

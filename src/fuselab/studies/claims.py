@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fuselab.bench.results import NOISY_MARK, row_is_noisy
 from fuselab.ops.findings import (
+    READ,
     Finding,
     NotMeasured,
     Results,
@@ -27,6 +29,7 @@ from fuselab.ops.findings import (
     ok_rows,
     pairs,
     section,
+    used,
 )
 from fuselab.ops.registry import Op, all_ops
 
@@ -41,11 +44,26 @@ MATCH = 1.25  # "as fast as": within this factor of the time
 FUSION_GAIN = 2.0  # torch.compile at least this many times faster than the naive op
 
 
+def noisy_note(rows: list[dict]) -> str:
+    """'' when none of the rows is noisy, else what a verdict resting on them must say."""
+    noisy = [r for r in rows if row_is_noisy(r)]
+    if not noisy:
+        return ""
+    worst = max(noisy, key=lambda r: r["iqr_ms"] / r["median_ms"])
+    what = " ".join(str(worst[k]) for k in ("impl", "dtype", "label", "n") if worst.get(k) is not None)
+    return (
+        f" {NOISY_MARK} rests on a noisy timing ({what}: IQR {100 * worst['iqr_ms'] / worst['median_ms']:.0f}% of the "
+        "median); rerun on a quiet machine before trusting the verdict"
+    )
+
+
 def pitfall_case(results: Results, prefer: str) -> dict:
     cases = [c for c in section(results, "pitfalls").get("cases", []) if not c.get("error")]
     if not cases:
         raise NotMeasured("no pitfall case finished")
-    return next((c for c in cases if prefer in c["label"]), cases[0])
+    case = next((c for c in cases if prefer in c["label"]), cases[0])
+    used(case)
+    return case
 
 
 def matmul_pair(results: Results) -> tuple[dict, dict]:
@@ -58,6 +76,7 @@ def matmul_pair(results: Results) -> tuple[dict, dict]:
     large = next((r for r in rows if r["n"] == 2048), rows[-1])
     if large["n"] <= small["n"]:
         raise NotMeasured("no matmul sizes past 128 were measured")
+    used(small, large)
     return small, large
 
 
@@ -372,10 +391,13 @@ def evaluate_claims(results: Results) -> list[dict]:
     """Every claim: text, section, criterion, figure, value, held (True / False / None = not measured here)."""
     out = []
     for c in [*CLAIMS, *(made for op in all_ops() for made in op_claims(op))]:
+        READ.clear()
         try:
             figure, value, held = c.measure(results)
         except _MISSING as exc:
             figure, value, held = f"not measured: {_why(exc)}", None, None
+        note = noisy_note(READ) if held is not None else ""
+        figure += note
         out.append(
             {
                 "claim": c.text,
@@ -384,6 +406,7 @@ def evaluate_claims(results: Results) -> list[dict]:
                 "figure": figure,
                 "value": value,
                 "held": held,
+                "noisy": bool(note),
             }
         )
     return out
@@ -393,14 +416,26 @@ def answer_questions(results: Results) -> list[dict]:
     """The lecture's questions: question, answer (quoting this run's figure), criterion, value, held."""
     out = []
     for q in questions():
+        READ.clear()
         try:
             answer, value, held = q.answer(results)
         except _MISSING as exc:
             answer, value, held = f"not measured in this run: {_why(exc)}", None, None
-        out.append({"question": q.text, "answer": answer, "criterion": q.criterion, "value": value, "held": held})
+        note = noisy_note(READ) if held is not None else ""
+        out.append(
+            {
+                "question": q.text,
+                "answer": answer + note,
+                "criterion": q.criterion,
+                "value": value,
+                "held": held,
+                "noisy": bool(note),
+            }
+        )
     return out
 
 
-def verdict(held: bool | None) -> str:
-    """The mark shown in the report."""
-    return {True: "✅ held", False: "❌ not held", None: "– n/a"}[held]
+def verdict(held: bool | None, noisy: bool = False) -> str:
+    """The mark shown in the report; a verdict resting on a noisy timing carries NOISY_MARK."""
+    mark = {True: "✅ held", False: "❌ not held", None: "– n/a"}[held]
+    return f"{mark} {NOISY_MARK}" if noisy and held is not None else mark

@@ -10,13 +10,15 @@ from fuselab.ops.registry import UnknownName
 
 
 class GELU(torch.nn.Module):
-    """y = GELU(x) elementwise, any shape; like torch.nn.GELU(approximate) but computed by impl `impl`.
+    """y = GELU(x) elementwise, any shape; torch.nn.GELU's signature and default (approximate="none", the erf form),
+    computed by implementation `impl` (keyword only).
 
     impl: a registered GELU impl (naive, torch, compile, triton, cuda); "compile" is wrapped in torch.compile here.
     triton and cuda have fused backward kernels; naive, torch and compile differentiate through PyTorch.
+    Dtypes: float32, float16, bfloat16; impl="torch" also float64.
     """
 
-    def __init__(self, approximate: str = "tanh", impl: str = "triton") -> None:
+    def __init__(self, approximate: str = "none", *, impl: str = "triton") -> None:
         super().__init__()
         check_form(approximate)
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fuselab.ops.backends import check_tensor
+from fuselab.ops.backends import FLOAT_DTYPES, check_tensor
 from fuselab.ops.gelu.spec import GELU, KAPPA, SQRT1_2, SQRT_2_OVER_PI, check_form
 
 ANY_DEVICE = ("cpu", "cuda")
@@ -24,7 +24,7 @@ def gelu_naive(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
 @GELU.impl("torch", devices=ANY_DEVICE, backward=True)
 def gelu_torch(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """PyTorch's built-in F.gelu: one fused kernel (math in fp32 for fp16/bf16)."""
-    check_tensor(x, impl="gelu torch", devices=ANY_DEVICE)
+    check_tensor(x, impl="gelu torch", devices=ANY_DEVICE, dtypes=(*FLOAT_DTYPES, torch.float64))
     check_form(approximate)
     return F.gelu(x, approximate=approximate)
 

@@ -1,6 +1,8 @@
-"""`Softmax` as a torch.nn.Module over any registered implementation."""
+"""`Softmax` as a torch.nn.Module over any registered implementation: a drop-in for torch.nn.Softmax."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -9,14 +11,19 @@ from fuselab.ops.softmax.spec import SOFTMAX
 
 
 class Softmax(torch.nn.Module):
-    """Softmax over the last dimension, computed by the implementation `impl` (a name registered on SOFTMAX).
+    """Softmax along `dim`, torch.nn.Softmax's signature (dim=None picks the axis as torch does, with its warning),
+    computed by implementation `impl` (keyword only; a name registered on SOFTMAX).
 
-    impl: "triton" (default), "cuda", "torch", "naive" or "compile" (naive under torch.compile). Input (..., width);
-    output the same shape and dtype. Triton and CUDA have their own backward kernels.
+    impl: "triton" (default), "cuda", "torch", "naive" or "compile" (naive under torch.compile). The impls reduce
+    over the last dimension; another `dim` is moved last and back (a strided view: the impls take it as it is).
+    Input any shape; output the same shape and dtype. Dtypes: float32, float16, bfloat16; impl="torch" also float64.
     """
 
-    def __init__(self, impl: str = "triton") -> None:
+    def __init__(self, dim: int | None = None, *, impl: str = "triton") -> None:
         super().__init__()
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)):
+            raise TypeError(f"Softmax: dim must be an int or None, got {dim!r} (the impl is a keyword: impl=...)")
+        self.dim = dim
         self.impl = impl
         try:
             found = SOFTMAX.get_impl(impl)
@@ -25,7 +32,24 @@ class Softmax(torch.nn.Module):
         self._fn = torch.compile(found.fn) if found.compiled else found.fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._fn(x)
+        dim = self.dim
+        if dim is None:  # torch.nn.Softmax's legacy choice, with its warning
+            warnings.warn(
+                "Softmax with dim=None picks the dimension as torch.nn.Softmax does (deprecated there); pass dim",
+                UserWarning,
+                stacklevel=2,
+            )
+            dim = 0 if x.dim() in (0, 1, 3) else 1
+        if x.dim() == 0:
+            return self._fn(x)
+        dim = dim % x.dim() if -x.dim() <= dim < x.dim() else _bad_dim(dim, x)
+        if dim == x.dim() - 1:
+            return self._fn(x)
+        return self._fn(x.movedim(dim, -1)).movedim(-1, dim)
 
     def extra_repr(self) -> str:
-        return f"impl={self.impl!r}"
+        return f"dim={self.dim}, impl={self.impl!r}"
+
+
+def _bad_dim(dim: int, x: torch.Tensor) -> int:
+    raise IndexError(f"Softmax: dim {dim} is out of range for a tensor of {x.dim()} dimension(s)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fuselab.ops.backends import check_tensor
+from fuselab.ops.backends import FLOAT_DTYPES, check_tensor
 from fuselab.ops.softmax.spec import SOFTMAX
 
 ANY_DEVICE = ("cpu", "cuda")
@@ -25,7 +25,7 @@ def softmax_naive(x: torch.Tensor) -> torch.Tensor:
 @SOFTMAX.impl("torch", devices=ANY_DEVICE, backward=True)
 def softmax_torch(x: torch.Tensor) -> torch.Tensor:
     """PyTorch's built-in torch.softmax over the last dimension (math in fp32 for fp16/bf16)."""
-    check_tensor(x, impl="softmax torch", devices=ANY_DEVICE)
+    check_tensor(x, impl="softmax torch", devices=ANY_DEVICE, dtypes=(*FLOAT_DTYPES, torch.float64))
     return torch.softmax(x, dim=-1)
 
 

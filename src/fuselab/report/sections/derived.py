@@ -104,14 +104,17 @@ def claims_section(ctx: Context, doc: Doc) -> dict:
     )
     doc.table(
         ["#", "claim", "measured in this run", "criterion", "verdict"],
-        [[i, c["claim"], c["figure"], c["criterion"], claims_mod.verdict(c["held"])] for i, c in enumerate(found, 1)],
+        [
+            [i, c["claim"], c["figure"], c["criterion"], claims_mod.verdict(c["held"], c.get("noisy", False))]
+            for i, c in enumerate(found, 1)
+        ],
     )
     doc.text("### Check your understanding: the lecture's questions, answered from this run")
     short = [a["answer"].split("\n\n", 1) for a in answers]
     doc.table(
         ["#", "question", "answer, from this run", "verdict"],
         [
-            [f"Q{i}", a["question"], s[0], claims_mod.verdict(a["held"])]
+            [f"Q{i}", a["question"], s[0], claims_mod.verdict(a["held"], a.get("noisy", False))]
             for i, (a, s) in enumerate(zip(answers, short, strict=True), 1)
         ],
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from fuselab.bench.results import plot_metric
+from fuselab.bench.results import NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
 from fuselab.ops.evaluate import DTYPES, bench_op, check_op, summarize_checks
 from fuselab.ops.registry import Op, format_shape
 from fuselab.report.doc import Doc
@@ -142,10 +142,11 @@ def _cell(r: dict | None, op: Op) -> str:
     if r is None:
         return ""
     if r.get("error"):
-        return "unavailable" if "Unavailable" in str(r["error"]) else "failed"
+        status = r.get("status") or "error"
+        return status if status in ("unavailable", "skipped", "refused") else "failed"
     share = f" ({r[pct]:.0f}%)" if r.get(pct) is not None else ""
-    noisy = " ~" if r.get("warnings") else ""
-    return f"{ms(r['median_ms'])} · {g3(r.get(rate), unit)}{share}{noisy}"
+    mark = NOISY_MARK if row_is_noisy(r) else ""
+    return f"{ms(r['median_ms'])}{mark} · {g3(r.get(rate), unit)}{share}"
 
 
 def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xlabel: str) -> None:
@@ -168,6 +169,8 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xla
             table,
             caption=f"{op.name}, {label}: time · {unit} (% of {of}; ~ marks a noisy measurement)",
         )
+        if any(row_is_noisy(r) for r in mine):
+            doc.text(NOISY_LEGEND)
     notes = unavailable_notes(rows)
     if notes:
         doc.text("Not timed here:\n\n" + notes)
