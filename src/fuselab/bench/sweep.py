@@ -19,6 +19,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -30,6 +31,28 @@ MAX_ERROR_CHARS = 2000
 PROGRESS_EVERY_S = 1.0  # without a terminal, a line per finished case, at most one a second (and the last)
 
 
+class Status(str, Enum):
+    """What became of a case: its row's `status` (a str, so it is written to JSON as its value)."""
+
+    OK = "ok"  # measured
+    ERROR = "error"  # it raised (out of memory, a compile error, a wrong result type)
+    UNAVAILABLE = "unavailable"  # cannot run here (no GPU, no Triton, no nvcc)
+    SKIPPED = "skipped"  # not worth running here (a Triton kernel under the CPU interpreter)
+    REFUSED = "refused"  # would not fit in memory
+
+    @property
+    def measured(self) -> bool:
+        return self is Status.OK
+
+    @property
+    def on_purpose(self) -> bool:
+        """Not run, and not a failure: the row says why."""
+        return self in (Status.UNAVAILABLE, Status.SKIPPED, Status.REFUSED)
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class NotRun(Exception):
     """Raised by `run_case` for a case that is not run, on purpose: its row gets `status` and the message as `error`.
 
@@ -37,7 +60,7 @@ class NotRun(Exception):
     not fit). The message is the reason, shown as it is (no exception type in front of it).
     """
 
-    status = "skipped"
+    status = Status.SKIPPED
 
 
 class SweepWarning(UserWarning):
@@ -172,15 +195,15 @@ def run_sweep(
 
 def _run_one(run_case: Callable[[Case], Mapping[str, object]], case: Case) -> dict[str, object]:
     try:
-        return {"status": "ok", **run_case(case), "error": None}
+        return {"status": Status.OK, **run_case(case), "error": None}
     except NotRun as exc:
         return {"status": exc.status, "error": str(exc)[:MAX_ERROR_CHARS]}
     except torch.OutOfMemoryError as exc:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        return {"status": "error", "error": f"out of memory: {_first_line(exc)}"}
+        return {"status": Status.ERROR, "error": f"out of memory: {_first_line(exc)}"}
     except Exception as exc:  # any failure of one case becomes its row; the sweep goes on
-        return {"status": "error", "error": f"{type(exc).__name__}: {exc}".strip()[:MAX_ERROR_CHARS]}
+        return {"status": Status.ERROR, "error": f"{type(exc).__name__}: {exc}".strip()[:MAX_ERROR_CHARS]}
 
 
 def _first_line(exc: BaseException) -> str:

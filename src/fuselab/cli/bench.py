@@ -30,6 +30,7 @@ from fuselab.bench.results import (
     write_csv,
     write_json,
 )
+from fuselab.bench.sweep import Status
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.evaluate import bench_op
 from fuselab.ops.registry import Shape, format_shape
@@ -106,7 +107,7 @@ def exit_status(rows: list[dict]) -> int:
     """0 when a case was measured or every one was skipped on purpose; 1 when nothing was measured otherwise."""
     if any(not r.get("error") for r in rows):
         return 0
-    return 0 if all(r.get("status") == "skipped" for r in rows) else 1
+    return 0 if all(Status(r.get("status", "error")) is Status.SKIPPED for r in rows) else 1
 
 
 def not_measured_lines(rows: list[dict]) -> list[str]:

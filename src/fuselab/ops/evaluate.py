@@ -18,7 +18,7 @@ from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.memory import format_bytes, free_bytes
-from fuselab.bench.sweep import NotRun, case_key, grid, run_sweep
+from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
 from fuselab.bench.timer import benchmark, benchmark_side_by_side
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape
@@ -30,19 +30,19 @@ SHORT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64":
 class Unavailable(NotRun, RuntimeError):
     """An impl that cannot run here; the message says why."""
 
-    status = "unavailable"
+    status = Status.UNAVAILABLE
 
 
 class Skipped(NotRun):
     """An impl not timed here on purpose; the message says why."""
 
-    status = "skipped"
+    status = Status.SKIPPED
 
 
 class TooBig(NotRun):
     """A case refused before it allocates: it would not fit in the device's free memory."""
 
-    status = "refused"
+    status = Status.REFUSED
 
 
 INTERPRETER_SKIP = "the Triton interpreter on the CPU is for correctness only (`fuselab check` runs it); not timed"
@@ -53,10 +53,11 @@ def interpreted(impl: Impl, device: str) -> bool:
     return torch.device(device).type == "cpu" and impl.requires is triton_unavailable
 
 
-def refuse_if_too_big(op: Op, shape: Shape, dtype: torch.dtype, device: str, options: dict) -> None:
+def refuse_if_too_big(op: Op, shape: Shape, dtype: torch.dtype, device: str, options: dict | None = None) -> None:
     """Raise TooBig when a case cannot fit: its inputs and outputs in `dtype`, and the float64 reference's (counted
     twice, for the temporaries of a reference written op by op), against the device's free memory."""
     free = free_bytes(device)
+    options = options or {}
     need = op.bytes_moved(shape, dtype, **options) + 2 * op.bytes_moved(shape, torch.float64, **options)
     if free is not None and need > free:
         raise TooBig(

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from fuselab.bench.results import NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
+from fuselab.bench.sweep import Status
 from fuselab.ops.evaluate import DTYPES, bench_op, check_op, summarize_checks
 from fuselab.ops.registry import Op, format_shape
 from fuselab.report.doc import Doc
@@ -142,8 +143,8 @@ def _cell(r: dict | None, op: Op) -> str:
     if r is None:
         return ""
     if r.get("error"):
-        status = r.get("status") or "error"
-        return status if status in ("unavailable", "skipped", "refused") else "failed"
+        status = Status(r.get("status", "error"))
+        return str(status) if status.on_purpose else "failed"
     share = f" ({r[pct]:.0f}%)" if r.get(pct) is not None else ""
     mark = NOISY_MARK if row_is_noisy(r) else ""
     return f"{ms(r['median_ms'])}{mark} · {g3(r.get(rate), unit)}{share}"
