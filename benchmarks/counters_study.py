@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fuselab.bench.env import environment
 from fuselab.ops.registry import all_ops
-from fuselab.profile.counters import Case, find_ncu, ncu_version, run_cases, study_shapes
+from fuselab.profile.counters import Case, find_ncu, ncu_version, plot_rooflines, run_cases, study_shapes
 
 
 def main() -> int:
@@ -26,6 +26,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("counters-work"), help="folder for the ncu report")
     parser.add_argument("--with-compile", action="store_true", help="also the torch.compile impls")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--ceilings", type=Path, help="a device.json (copy_gbps, matmul_tflops): also draw rooflines")
     args = parser.parse_args()
     cases = []
     for op in all_ops():
@@ -46,6 +47,11 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(result.text())
+    if args.ceilings:
+        device = json.loads(args.ceilings.read_text())
+        device = device.get("results", device)  # a report section's record or the ceilings themselves
+        paths = plot_rooflines(result.rows, device["copy_gbps"], device["matmul_tflops"], args.out.parent, "counters")
+        print("wrote", ", ".join(str(p) for p in paths))
     return 0
 
 

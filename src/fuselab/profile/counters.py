@@ -44,14 +44,20 @@ MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: one launched at the start 
 MARKER_CYCLES = 1000
 
 # ncu sections whose metrics we read (names as `ncu --list-sections` gives them), and metrics asked for by name.
-SECTIONS = (
-    "SpeedOfLight",
-    "Occupancy",
-    "LaunchStats",
-    "WarpStateStats",
-    "ComputeWorkloadAnalysis",
+SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats")  # SpeedOfLight carries the per-pipe utilization breakdown
+STALL_REASONS = (
+    "barrier", "branch_resolving", "dispatch_stall", "drain", "gmma", "imc_miss", "lg_throttle", "long_scoreboard",
+    "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction", "not_selected", "short_scoreboard",
+    "sleeping", "tex_throttle", "wait",
+)  # fmt: skip
+EXTRA_METRICS = (
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "lts__t_bytes.sum",
+    "gpu__time_duration.sum",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    *(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALL_REASONS),
 )
-EXTRA_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum")
 
 # role -> candidate metric names (the first one present is used): names moved between ncu versions.
 ROLES: dict[str, tuple[str, ...]] = {
@@ -85,7 +91,7 @@ ROLES: dict[str, tuple[str, ...]] = {
 }
 # per-reason warp stalls (cycles a warp spent stalled per issued instruction) and per-pipe utilization
 STALL = re.compile(r"^smsp__average_warps?_(?:issue_stalled|latency_issue_stalled)_(\w+?)_per_issue_active\.ratio$")
-PIPE = re.compile(r"^sm__(?:pipe|inst_executed_pipe)_(\w+?)_cycles_active\.avg\.pct_of_peak_sustained_active$")
+PIPE = re.compile(r"^sm__pipe_(\w+?)_cycles_active\.avg\.pct_of_peak_sustained_(?:active|elapsed)$")
 NOT_STALLS = {"selected"}  # the cycle an instruction issues is no stall
 
 BOUND_PCT = 60.0  # a unit at or above this share of its peak is what bounds the kernel (ncu's own rule of thumb)
@@ -328,7 +334,7 @@ def read_with_ncu_report(module, report: Path) -> list[dict]:  # module: ncu_rep
 _NUMBER = re.compile(r"^-?[\d,]*\.?\d+(?:[eE][-+]?\d+)?$")
 _SCALE = {
     "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
-    "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9,
+    "ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9,
 }  # fmt: skip
 
 
@@ -423,7 +429,7 @@ class Kernel:
         return max(values) if values else None
 
     def fma_pct(self) -> float | None:
-        values = [v for k, v in self.pipes().items() if k in ("fma", "fmaheavy", "fmalite", "alu", "fp64", "fp16")]
+        values = [v for k, v in self.pipes().items() if k in ("fma", "fmaheavy", "alu", "fp64")]
         return max(values) if values else None
 
     def occupancy_limiter(self) -> str | None:
@@ -446,13 +452,16 @@ class Kernel:
 def verdict(k: Kernel) -> tuple[str, str]:
     """(bound, one line) for a kernel: memory-bound at N% of a memory peak, compute-bound at N% of a pipe's peak,
     or latency-bound (neither unit busy: occupancy and the stall that dominates)."""
-    memory = {"DRAM": k.get("dram_pct"), "L2": k.get("l2_pct"), "L1": k.get("l1_pct")}
-    level, mem_pct = max(((n, v) for n, v in memory.items() if v is not None), key=lambda kv: kv[1], default=("", 0.0))
+    dram = k.get("dram_pct") or 0.0
+    caches = {"L2": k.get("l2_pct"), "L1": k.get("l1_pct")}
+    level, cache_pct = max(
+        ((n, v) for n, v in caches.items() if v is not None), key=lambda kv: kv[1], default=("", 0.0)
+    )
     tensor, fma, sm = k.tensor_pct() or 0.0, k.fma_pct() or 0.0, k.get("sm_pct") or 0.0
-    if mem_pct >= BOUND_PCT and mem_pct >= max(tensor, fma):
-        dram = k.get("dram_pct")
-        extra = f" (DRAM {dram:.0f}%)" if level != "DRAM" and dram is not None else ""
-        return "memory", f"memory-bound at {mem_pct:.0f}% of {level} peak{extra}"
+    if dram >= BOUND_PCT and dram >= max(tensor, fma):
+        return "memory", f"memory-bound at {dram:.0f}% of DRAM peak"
+    if cache_pct >= BOUND_PCT and cache_pct >= max(tensor, fma):
+        return "memory", f"memory-bound at {cache_pct:.0f}% of {level} peak (DRAM {dram:.0f}%)"
     if tensor >= BOUND_PCT:
         return "compute", f"compute-bound at {tensor:.0f}% of tensor peak"
     if fma >= BOUND_PCT:
@@ -562,7 +571,8 @@ def bytes_line(row: dict) -> str:
         return f"{row['label']}: {row['error']}"
     ratio = row["bytes_ratio"]
     return (
-        f"DRAM {row['dram_bytes'] / 1e6:.4g} MB (read {row['dram_read'] / 1e6:.4g}, written {row['dram_write'] / 1e6:.4g})"
+        f"DRAM {row['dram_bytes'] / 1e6:.4g} MB (read {row['dram_read'] / 1e6:.4g},"
+        f" written {row['dram_write'] / 1e6:.4g})"
         f" = {ratio:.2f}x the minimum {row['model_bytes'] / 1e6:.4g} MB; L2 {row['l2_bytes'] / 1e6:.4g} MB;"
         f" {row['n_kernels']} kernel(s), {row['duration_ns'] / 1e3:.4g} µs, {row['dram_gbps']:.4g} GB/s of DRAM,"
         f" {row['tflops']:.3g} TFLOP/s of the model's FLOPs"
@@ -671,8 +681,10 @@ def roofline_points(rows: Iterable[dict]) -> tuple[list[dict], list[dict]]:
     return modelled, measured
 
 
-def plot_rooflines(rows: Iterable[dict], copy_gbps: float, matmul_tflops: dict[str, float], out: Path) -> list[Path]:
-    """Two roofline charts, modelled bytes and measured DRAM bytes, written as out/roofline_{model,dram}.png."""
+def plot_rooflines(
+    rows: Iterable[dict], copy_gbps: float, matmul_tflops: dict[str, float], out: Path, prefix: str = "roofline"
+) -> list[Path]:
+    """Two roofline charts, modelled bytes and measured DRAM bytes, written as out/{prefix}_{model,dram}.png."""
     from fuselab.studies import roofline
 
     modelled, measured = roofline_points(rows)
@@ -685,7 +697,7 @@ def plot_rooflines(rows: Iterable[dict], copy_gbps: float, matmul_tflops: dict[s
     ):
         placed = roofline.place_all(points, copy_gbps, matmul_tflops)
         title = f"roofline from {what}"
-        paths.append(roofline.plot_roofline(placed, copy_gbps, matmul_tflops, out / f"roofline_{name}.png", title))
+        paths.append(roofline.plot_roofline(placed, copy_gbps, matmul_tflops, out / f"{prefix}_{name}.png", title))
     return paths
 
 
