@@ -186,3 +186,18 @@ def test_study_shapes_rule():
     for op in all_ops():
         large, small = cn.study_shapes(op)
         assert math.prod(large) > 100 * math.prod(small) and small[0] % 2 == 1  # odd: a size nobody tuned for
+
+
+def test_study_sample_naive_against_fused():
+    """Real H200 run (benchmarks/counters_study.py): naive GELU's 9 kernels against F.gelu's one, 2^26 fp32."""
+    kernels = cn.parse_raw_csv((DATA / "ncu_raw_study_h200.csv").read_text())
+    naive_k, torch_k = cn.split_by_marker(kernels, 2)
+    n = 2**26
+    naive = cn.assess_case(cn.Case("gelu", "naive", (n,)), naive_k)
+    fused = cn.assess_case(cn.Case("gelu", "torch", (n,)), torch_k)
+    assert naive["n_kernels"] == 9 and fused["n_kernels"] == 1
+    assert 9 < naive["bytes_ratio"] < 12  # each unfused kernel reads and writes the whole tensor
+    assert fused["dram_read"] == pytest.approx(4 * n, rel=0.01)  # the input, read once from DRAM
+    assert 0.9 < fused["bytes_ratio"] <= 1.0  # part of the output is still in L2 when the kernel ends
+    assert all(k["bound"] == "memory" and "of DRAM peak" in k["verdict"] for k in naive["kernels"] + fused["kernels"])
+    assert naive["duration_ns"] > 8 * fused["duration_ns"]
