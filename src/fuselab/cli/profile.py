@@ -7,6 +7,7 @@
     fuselab profile softmax --impl all --shape 4096x4096    (a folder per impl; unavailable ones say why)
     fuselab profile mymod:fn --shape 4096x4096 --nargs 2
     fuselab profile --script train.py
+    fuselab profile gelu --impl all --counters              (Nsight Compute: DRAM bytes vs the cost model, verdicts)
     fuselab profile --runahead --steps 20 --layers 4 --dim 2048 --batch 2048 --out prof/runahead
 """
 
@@ -66,6 +67,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out", type=Path, help="folder for trace.json, table.json, table.txt, timeline.png (one per label if several)"
     )
+    counters = p.add_argument_group("hardware counters (Nsight Compute)")
+    counters.add_argument(
+        "--counters", action="store_true", help="run the op's impl(s) under ncu: DRAM bytes vs the cost model, verdicts"
+    )
+    counters.add_argument("--kernel", metavar="REGEX", help="with --counters: only kernels whose name matches")
     study = p.add_argument_group("run-ahead study")
     study.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     study.add_argument("--layers", type=int, default=4, help="Linear layers (default 4)")
@@ -85,6 +91,8 @@ Job = tuple[str, Callable[[], Callable[[], object]]]  # (label, make the callabl
 def _run(args: argparse.Namespace, console: Console) -> int:
     if args.runahead:
         return _runahead(args, console)
+    if args.counters:
+        return _counters(args, console)
     device = args.device or default_device()
     warmup, iters = args.warmup, args.iters
     if args.case:
@@ -158,6 +166,46 @@ def _op_jobs(args: argparse.Namespace, device: str) -> list[Job]:
         return "-".join([*parts, format_shape(shape), str(dtype).removeprefix("torch.")])
 
     return [(label(i), lambda i=i: impl_callable(op, i, shape, dtype, device, options)) for i in impls]
+
+
+def _counters(args: argparse.Namespace, console: Console) -> int:
+    """`--counters`: the op's impls under ncu, one verdict per kernel; one line and status 1 where ncu cannot run."""
+    from fuselab.ops.evaluate import dtype_name
+    from fuselab.ops.registry import format_shape, get_op
+    from fuselab.profile.counters import CountersUnavailable, counters_unavailable, profile_counters
+
+    if not args.target or ":" in args.target or args.case or args.script:
+        raise ValueError("--counters profiles a registered op: fuselab profile OP --counters [--impl ...]")
+    reason = counters_unavailable(args.device or default_device())
+    if reason:
+        console.print(f"fuselab profile --counters: {reason}", highlight=False, soft_wrap=True)
+        return 1
+    op = get_op(args.target)
+    impls = list(op.impls) if args.impl == "all" else [i.strip() for i in (args.impl or op.baseline).split(",")]
+    shape = args.shape or op.default_profile_shape()
+    options = parse_options(op, args.opt) or {}
+    dtype = dtype_name(args.dtype)
+    out = args.out or Path("fuselab-profile") / f"{op.name}-counters-{format_shape(shape)}-{dtype}"
+    try:
+        result = profile_counters(
+            op,
+            impls,
+            shape,
+            args.dtype,
+            options,
+            out_dir=out,
+            warmup=args.warmup,
+            iters=1,
+            kernel_regex=args.kernel,
+        )
+    except CountersUnavailable as exc:
+        console.print(f"fuselab profile --counters: {exc}", highlight=False, soft_wrap=True)
+        return 1
+    print(result.text())
+    console.print(
+        f"wrote {out / 'counters.json'}, {out / 'counters.ncu-rep'} (read via {result.source})", soft_wrap=True
+    )
+    return 1 if all(r.get("error") for r in result.rows) else 0
 
 
 def _runahead(args: argparse.Namespace, console: Console) -> int:

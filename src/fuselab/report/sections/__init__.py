@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fuselab.ops.registry import all_ops
 from fuselab.report.runner import Section
+from fuselab.report.sections.counters import counters_section
 from fuselab.report.sections.derived import claims_section, roofline_section
 from fuselab.report.sections.device import device_section
 from fuselab.report.sections.inspection import inspect_section
@@ -29,6 +30,7 @@ def sections() -> list[Section]:
         Section("profile", "Profiling the lecture's cases", profile_section),
         Section("runahead", "The CPU runs ahead: timelines", runahead_section),
         Section("inspect", "Inside the Triton (and CUDA) kernels", inspect_section),
+        Section("counters", "Hardware counters: bytes moved against the cost model", counters_section),
         Section("roofline", "Roofline", roofline_section, derived=True),
         Section("claims", "Claims reproduced", claims_section, derived=True),
     ]

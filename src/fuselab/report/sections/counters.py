@@ -1,0 +1,97 @@
+"""The hardware-counters section: every op's impls under Nsight Compute, DRAM bytes against the cost model.
+
+Generic over ops: it loops over fuselab.ops.all_ops() and reads each op's cost model; it names none. Without a GPU,
+ncu or permission to read counters it says why in one line and returns, so the rest of the report is unaffected.
+"""
+
+from __future__ import annotations
+
+from fuselab.ops.registry import all_ops, format_shape
+from fuselab.report.doc import Doc
+from fuselab.report.runner import Context
+from fuselab.report.sections._common import g3
+
+
+def counters_section(ctx: Context, doc: Doc) -> dict:
+    from fuselab.profile.counters import (
+        Case,
+        CountersUnavailable,
+        counters_unavailable,
+        dram_peak_gbps,
+        plot_rooflines,
+        run_cases,
+        study_shapes,
+    )
+
+    reason = counters_unavailable(ctx.device)
+    if reason:
+        doc.text(f"Skipped: {reason}.")
+        return {"skipped": reason}
+    pick = 0 if ctx.mode == "gpu" else 1  # the large shape on the full GPU report, the small one otherwise
+    cases = [
+        Case(op.name, name, study_shapes(op)[pick], "float32")
+        for op in all_ops()
+        for name, impl in op.impls.items()
+        if not impl.compiled  # torch.compile under ncu compiles again, slowly; its kernels are in `fuselab bench`
+    ]
+    try:
+        result = run_cases(cases, out_dir=ctx.out / "counters")
+    except CountersUnavailable as exc:
+        doc.text(f"Skipped: {exc}.")
+        return {"skipped": str(exc)}
+    doc.text(
+        "Nsight Compute's hardware counters for each impl (one call, caches flushed before each kernel, clocks "
+        "left alone): the DRAM bytes its kernels actually moved against the fewest the op must move (its cost "
+        "model), and one verdict per kernel. A fused kernel moves about 1x the minimum; an unfused chain moves "
+        "that once per kernel. At small sizes the written bytes may stay in L2 and read below 1x."
+    )
+    rows_by_op: dict[str, list[dict]] = {}
+    for row in result.rows:
+        rows_by_op.setdefault(row["op"], []).append(row)
+    headlines = []
+    for op_name, rows in rows_by_op.items():
+        shape = format_shape(tuple(rows[0]["shape"]))
+        table = []
+        for r in rows:
+            if r.get("error"):
+                table.append([r["impl"], "", "", "", "", "", f"failed: {r['error']}"])
+                continue
+            longest = max(r["kernels"], key=lambda k: k["duration_ns"])
+            table.append(
+                [
+                    r["impl"],
+                    r["n_kernels"],
+                    f"{g3(r['dram_read'] / 1e6)} / {g3(r['dram_write'] / 1e6)}",
+                    f"{r['bytes_ratio']:.2f}x",
+                    g3(r["l2_bytes"] / 1e6),
+                    g3(r["duration_ns"] / 1e3),
+                    f"{longest['short_name'][:40]}: {longest['verdict']}",
+                ]
+            )
+        doc.text(f"### {op_name}, {shape}, float32 (minimum {g3(rows[0]['model_bytes'] / 1e6)} MB)")
+        doc.table(
+            ["impl", "kernels", "DRAM MB read / written", "x minimum", "L2 MB", "µs", "longest kernel: verdict"], table
+        )
+        ok = [r for r in rows if not r.get("error")]
+        if len(ok) >= 2:
+            most, least = max(ok, key=lambda r: r["bytes_ratio"]), min(ok, key=lambda r: r["bytes_ratio"])
+            headlines.append(
+                f"{op_name} {shape}: {most['impl']} moves {most['bytes_ratio']:.2f}x the minimum DRAM bytes "
+                f"({most['n_kernels']} kernels), {least['impl']} {least['bytes_ratio']:.2f}x"
+            )
+    if headlines:
+        doc.text("\n".join(f"- {h}" for h in headlines))
+    device = ctx.results.get("device") or {}
+    plots = []
+    if device.get("copy_gbps") and device.get("matmul_tflops"):
+        for path in plot_rooflines(
+            result.rows, device["copy_gbps"], device["matmul_tflops"], ctx.plot("x").parent, "counters_roofline"
+        ):
+            doc.image(path, path.stem.replace("_", " "))
+            plots.append(str(path))
+    return {
+        "rows": result.rows,
+        "source": result.source,
+        "dram_peak_gbps": dram_peak_gbps(result.rows),
+        "headline": "; ".join(headlines) if headlines else None,
+    }

@@ -1,0 +1,203 @@
+"""Hardware counters: parsing real ncu output (H200), verdicts, the cost-model comparison, and the no-ncu path.
+
+tests/profile/data/ncu_raw_gelu_h200.csv is real `ncu --csv --page raw --print-units base` output from the H200
+(ncu 2025.3.1, 2026-11-30), cut to the columns fuselab reads: torch.randn's kernel, then F.gelu on 2^24 fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from fuselab.cli import main
+from fuselab.profile import counters as cn
+
+DATA = Path(__file__).parent / "data"
+SAMPLE = DATA / "ncu_raw_gelu_h200.csv"
+MARKER = {"id": -1, "name": "void at::cuda::<unnamed>::spin_kernel(long)", "metrics": {}}
+
+
+@pytest.fixture(scope="module")
+def sample() -> list[dict]:
+    return cn.parse_raw_csv(SAMPLE.read_text())
+
+
+def test_parse_raw_csv_reads_base_units(sample):
+    assert [k["id"] for k in sample] == [0, 1]
+    randn, gelu = sample
+    assert "distribution_elementwise" in randn["name"] and "GeluCUDAKernelImpl" in gelu["name"]
+    m = gelu["metrics"]  # "31,264" ns and "109,..." bytes: thousands separators read as such
+    assert m["gpu__time_duration.sum"] == 31264.0
+    assert m["dram__bytes_read.sum"] + m["dram__bytes_write.sum"] == 109892864.0
+    assert m["gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"] == pytest.approx(73.13)
+    assert m["launch__registers_per_thread"] > 0 and "Kernel Name" not in m
+
+
+def test_parse_value_units_and_text():
+    assert cn.parse_value("1,234.5", "usecond") == pytest.approx(1234500.0)
+    assert cn.parse_value("2", "Mbyte") == 2e6
+    assert cn.parse_value("n/a") is None and cn.parse_value("(256, 1, 1)") is None and cn.parse_value("") is None
+
+
+def test_parse_rejects_other_text():
+    with pytest.raises(ValueError, match="raw CSV"):
+        cn.parse_raw_csv("Kernel: foo\n  Duration  31 us\n")
+
+
+def test_verdicts_on_real_counters(sample):
+    randn, gelu = (cn.Kernel(k["name"], k["metrics"]) for k in sample)
+    bound, line = cn.verdict(gelu)
+    assert bound == "memory" and line == "memory-bound at 73% of DRAM peak"
+    bound, line = cn.verdict(randn)  # Philox: the SM issues at 73% while DRAM idles at 20%
+    assert bound == "compute" and "73% of SM peak" in line
+    assert randn.occupancy_limiter() == "registers"  # 5 blocks by registers, 8 by warps, 32 by shared memory
+
+
+def test_latency_verdict_names_occupancy_and_stall(sample):
+    metrics = dict(sample[1]["metrics"])
+    for name in list(metrics):
+        if "pct_of_peak" in name:
+            metrics[name] = 12.0
+    metrics["sm__warps_active.avg.pct_of_peak_sustained_active"] = 21.0
+    metrics["smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"] = 9.5
+    metrics["smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"] = 1.25
+    metrics["smsp__average_warps_issue_stalled_selected_per_issue_active.ratio"] = 40.0  # issuing is not a stall
+    metrics["launch__waves_per_multiprocessor"] = 0.25
+    k = cn.Kernel("k", metrics)
+    bound, line = cn.verdict(k)
+    assert bound == "latency"
+    assert "occupancy 21%" in line and "top stall long_scoreboard (9.5" in line and "0.25 waves" in line
+    assert [r for r, _ in k.stalls()] == ["long_scoreboard", "wait"]
+
+
+def test_assess_against_cost_model(sample):
+    from fuselab.ops.registry import get_op
+
+    n = 2**24
+    case = cn.Case("gelu", "torch", (n,))
+    kernels = cn.split_by_marker([sample[0], MARKER, sample[1]], 1)[0]  # the randn before the marker is not counted
+    row = cn.assess_case(case, kernels)
+    minimum = get_op("gelu").bytes_moved((n,), torch.float32)
+    assert row["model_bytes"] == minimum == 2 * 4 * n
+    assert row["bytes_ratio"] == pytest.approx(109892864 / minimum)
+    assert row["n_kernels"] == 1 and row["duration_ns"] == 31264.0
+    assert row["tflops"] == pytest.approx(get_op("gelu").flops((n,)) / 31264.0 / 1e3)
+    assert row["kernels"][0]["verdict"] == "memory-bound at 73% of DRAM peak"
+    text = cn.bytes_line(row)
+    assert f"{109892864 / minimum:.2f}x the minimum" in text
+
+
+def test_assess_sums_an_unfused_chain(sample):
+    gelu = sample[1]
+    row = cn.assess_case(cn.Case("gelu", "naive", (2**24,)), [gelu] * 7)
+    assert row["n_kernels"] == 7 and row["bytes_ratio"] == pytest.approx(7 * 109892864 / (8 * 2**24))
+    row2 = cn.assess_case(cn.Case("gelu", "naive", (2**24,)), [gelu] * 6, iters=2)  # two calls: per-call figures
+    assert row2["n_kernels"] == 3 and row2["dram_bytes"] == pytest.approx(3 * 109892864)
+
+
+def test_split_by_marker_counts_cases(sample):
+    a, b = sample
+    groups = cn.split_by_marker([MARKER, a, b, MARKER, MARKER, b], 3)
+    assert [len(g) for g in groups] == [2, 0, 1]
+    with pytest.raises(ValueError, match="expected 2"):
+        cn.split_by_marker([MARKER, a], 2)
+
+
+def test_failed_case_keeps_its_error():
+    row = cn.assess_case(cn.Case("gelu", "cuda", (5,)), [], error="RuntimeError: no nvcc")
+    assert row["error"] == "RuntimeError: no nvcc" and row["kernels"] == []
+
+
+def test_roofline_points_move_with_measured_bytes(sample):
+    rows = [cn.assess_case(cn.Case("gelu", "naive", (2**24,)), [sample[1]] * 4)]
+    modelled, measured = cn.roofline_points(rows)
+    assert modelled[0]["flops"] == measured[0]["flops"] and modelled[0]["median_ms"] == measured[0]["median_ms"]
+    assert measured[0]["bytes"] / modelled[0]["bytes"] == pytest.approx(rows[0]["bytes_ratio"])
+    peak = cn.dram_peak_gbps(rows)  # bytes/ns over 73.13% of peak: the DRAM peak ncu counts against, GB/s
+    assert peak == pytest.approx(109892864 / 31264 / 0.7313)
+
+
+def test_plot_rooflines_writes_both(sample, tmp_path):
+    rows = [cn.assess_case(cn.Case("gelu", i, (2**24,)), [sample[1]] * n) for i, n in (("naive", 5), ("torch", 1))]
+    paths = cn.plot_rooflines(rows, 4000.0, {"fp32": 50.0}, tmp_path)
+    assert [p.name for p in paths] == ["roofline_model.png", "roofline_dram.png"] and all(
+        p.stat().st_size for p in paths
+    )
+
+
+def test_ncu_command_filters_the_range_and_keeps_clocks(tmp_path):
+    cmd = cn.ncu_command("/x/ncu", tmp_path / "s.json", tmp_path / "t.json", tmp_path / "r.ncu-rep", "gelu|elementwise")
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--nvtx-include") + 1] == f"{cn.RANGE}/"
+    assert cmd[cmd.index("--kernel-name") + 1] == f"regex:{cn.MARKER}|gelu|elementwise"  # markers always kept
+    assert cmd[-6:-4] == ["-m", "fuselab.profile.counters"]
+
+
+def test_explain_failure_one_line():
+    log = "==PROF== Connected\n==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access counters\n"
+    line = cn.explain_failure(log, 1)
+    assert "not permitted" in line and "\n" not in line
+    assert cn.explain_failure("", 3) == "ncu failed: ncu exited with status 3"
+
+
+def test_no_ncu_says_so(monkeypatch):
+    monkeypatch.setenv("FUSELAB_NCU", "/nonexistent/ncu")
+    assert cn.find_ncu() is None
+    assert "CUDA GPU" in cn.counters_unavailable("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "ncu" in cn.counters_unavailable("cuda") and "not found" in cn.counters_unavailable("cuda")
+    with pytest.raises(cn.CountersUnavailable, match="not found"):
+        cn.profile_counters("gelu", ["torch"], (1000,))
+
+
+def test_cli_counters_without_ncu_one_line_nonzero(monkeypatch, capsys):
+    monkeypatch.setenv("FUSELAB_NCU", "/nonexistent/ncu")
+    assert main(["profile", "gelu", "--counters", "--device", "cpu"]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.count("\n") == 0 and "counters" in out and "CUDA GPU" in out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert main(["profile", "gelu", "--counters", "--device", "cuda"]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.count("\n") == 0 and "not found" in out
+
+
+def test_cli_counters_needs_an_op(capsys):
+    assert main(["profile", "--case", "add", "--counters"]) == 2
+
+
+def test_report_section_skips_without_counters(tmp_path, monkeypatch):
+    from fuselab.report.doc import Doc
+    from fuselab.report.runner import Context
+    from fuselab.report.sections.counters import counters_section
+
+    monkeypatch.setenv("FUSELAB_NCU", "/nonexistent/ncu")
+    ctx = Context(out=tmp_path, device="cpu", mode="quick", budget={})
+    doc = Doc(tmp_path)
+    result = counters_section(ctx, doc)
+    assert "CUDA GPU" in result["skipped"] and any("Skipped" in str(b) for b in doc.blocks)
+
+
+def test_study_shapes_rule():
+    from fuselab.ops.registry import all_ops
+
+    for op in all_ops():
+        large, small = cn.study_shapes(op)
+        assert math.prod(large) > 100 * math.prod(small) and small[0] % 2 == 1  # odd: a size nobody tuned for
+
+
+def test_study_sample_naive_against_fused():
+    """Real H200 run (benchmarks/counters_study.py): naive GELU's 9 kernels against F.gelu's one, 2^26 fp32."""
+    kernels = cn.parse_raw_csv((DATA / "ncu_raw_study_h200.csv").read_text())
+    naive_k, torch_k = cn.split_by_marker(kernels, 2)
+    n = 2**26
+    naive = cn.assess_case(cn.Case("gelu", "naive", (n,)), naive_k)
+    fused = cn.assess_case(cn.Case("gelu", "torch", (n,)), torch_k)
+    assert naive["n_kernels"] == 9 and fused["n_kernels"] == 1
+    assert 9 < naive["bytes_ratio"] < 12  # each unfused kernel reads and writes the whole tensor
+    assert fused["dram_read"] == pytest.approx(4 * n, rel=0.01)  # the input, read once from DRAM
+    assert 0.9 < fused["bytes_ratio"] <= 1.0  # part of the output is still in L2 when the kernel ends
+    assert all(k["bound"] == "memory" and "of DRAM peak" in k["verdict"] for k in naive["kernels"] + fused["kernels"])
+    assert naive["duration_ns"] > 8 * fused["duration_ns"]
