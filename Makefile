@@ -23,8 +23,8 @@ report: setup
 	$(BIN)/fuselab report --out report
 
 test: setup
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/pytest -q
 
 gpu-test: setup
