@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--rep-ms", type=float, default=100)
     args = p.parse_args()
     dev = torch.device("cuda")
-    timing = dict(warmup_ms=20, rep_ms=args.rep_ms, min_reps=10)
+    timing = timer.Timing(warmup_ms=20, rep_ms=args.rep_ms, min_reps=10)
     rows, t0 = [], time.time()
     for dtype in (torch.float32, torch.bfloat16):
         for n in (24, 26, 28):
@@ -72,7 +72,7 @@ def main() -> None:
             cases.append(("F.gelu again", cases[0][1]))
             times = {}
             for name, fn in cases:
-                times[name] = timer.benchmark(fn, device=dev, **timing).median_ms
+                times[name] = timer.benchmark(fn, device=dev, timing=timing).median_ms
             base = (times["F.gelu"] + times["F.gelu again"]) / 2
             for name, ms in times.items():
                 row = {"dtype": str(dtype)[6:], "n": n, "case": name, "median_ms": ms, "gbps": nbytes / ms / 1e6,

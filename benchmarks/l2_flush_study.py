@@ -17,7 +17,7 @@ from fuselab.bench import timer
 from fuselab.bench.env import environment
 from fuselab.ops.softmax.triton import launch_forward
 
-TIMING = dict(warmup_ms=20, rep_ms=100, min_reps=10)
+TIMING = timer.Timing(warmup_ms=20, rep_ms=100, min_reps=10)
 read_flush = timer.L2Flusher.__call__  # fuselab's: reads 2x the L2
 
 
@@ -52,7 +52,7 @@ def main() -> None:
         row = {"case": name, "bytes": nbytes}
         for mode in ("write", "read", "none"):
             timer.L2Flusher.__call__ = write_flush if mode == "write" else read_flush
-            m = timer.benchmark(fn, device=dev, flush_l2=mode != "none", **TIMING)
+            m = timer.benchmark(fn, device=dev, timing=TIMING, flush_l2=mode != "none")
             row[mode] = {"median_ms": m.median_ms, "gbps": nbytes / m.median_ms / 1e6}
         timer.L2Flusher.__call__ = read_flush
         rows.append(row)

@@ -4,11 +4,12 @@ from fuselab.bench.ceilings import get_ceilings, measure_ceilings
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.sweep import grid, load_records, run_sweep
-from fuselab.bench.timer import PITFALLS, Measurement, benchmark, benchmark_side_by_side
+from fuselab.bench.timer import PITFALLS, Measurement, Timing, benchmark, benchmark_side_by_side
 
 __all__ = [
     "PITFALLS",
     "Measurement",
+    "Timing",
     "WatchedCompile",
     "benchmark",
     "benchmark_side_by_side",

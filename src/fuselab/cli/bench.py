@@ -10,6 +10,7 @@ from rich.console import Console
 from fuselab.bench.ceilings import get_ceilings
 from fuselab.bench.env import environment
 from fuselab.bench.results import fmt_fixed, fmt_float, fmt_plain, make_table, plot_metric, write_csv, write_json
+from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, resolve
 from fuselab.ops.evaluate import bench_op
 
@@ -36,12 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
     log = args.out.with_suffix(".jsonl") if args.out and args.out.suffix == ".json" else args.out
-    timing = {
-        "rep_ms": args.rep_ms,
-        "warmup_ms": args.warmup_ms,
-        "cuda_graph": args.cuda_graph,
-        "flush_l2": not args.no_flush,
-    }
+    timing = Timing(
+        rep_ms=args.rep_ms, warmup_ms=args.warmup_ms, cuda_graph=args.cuda_graph, flush_l2=not args.no_flush
+    )
     rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, **kwargs)
     console = Console()
     console.print(make_table(rows, columns(op.baseline, list(op.options)), title=f"bench {op.name}"))
