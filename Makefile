@@ -30,8 +30,8 @@ run: setup
 	$(BIN)/fuselab $(ARGS)
 
 test: setup
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/pytest -q
 
 gpu-test: setup

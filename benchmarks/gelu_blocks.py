@@ -18,13 +18,6 @@ from fuselab.bench import timer
 from fuselab.bench.env import environment
 from fuselab.ops.gelu import triton_kernels as gk
 
-p = argparse.ArgumentParser()
-p.add_argument("--out", required=True)
-p.add_argument("--rep-ms", type=float, default=100)
-args = p.parse_args()
-dev = torch.device("cuda")
-TIMING = dict(warmup_ms=20, rep_ms=args.rep_ms, min_reps=10)
-
 
 @triton.jit
 def hinted_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, LOAD: tl.constexpr, STORE: tl.constexpr):
@@ -54,32 +47,45 @@ VARIANTS["16 KiB w8 evict_first"] = variant(16384, 8, load="evict_first")
 VARIANTS["16 KiB w8 store .cs"] = variant(16384, 8, store=".cs")
 VARIANTS["4 KiB w4 evict_first .cs"] = variant(4096, 4, load="evict_first", store=".cs")
 
-rows, t0 = [], time.time()
-for dtype in (torch.float32, torch.bfloat16):
-    for n in (24, 26, 28):
-        x = torch.randn(2**n, device=dev).to(dtype)
-        y = torch.empty_like(x)
-        nbytes = 2 * x.nbytes
-        ref = F.gelu(x.double(), approximate="tanh")
-        cases = [("F.gelu", lambda x=x: F.gelu(x, approximate="tanh"))]
-        for name, fn in VARIANTS.items():
-            y.fill_(float("nan"))
-            fn(x, y)
-            err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
-            assert err < (1e-5 if dtype == torch.float32 else 1e-2), f"{name}: rel err {err:.1e}"
-            cases.append((name, lambda fn=fn, x=x, y=y: fn(x, y)))
-        cases.append(("F.gelu again", cases[0][1]))
-        times = {}
-        for name, fn in cases:
-            times[name] = timer.benchmark(fn, device=dev, **TIMING).median_ms
-        base = (times["F.gelu"] + times["F.gelu again"]) / 2
-        for name, ms in times.items():
-            row = {"dtype": str(dtype)[6:], "n": n, "case": name, "median_ms": ms, "gbps": nbytes / ms / 1e6,
-                   "vs_F_gelu": ms / base}  # fmt: skip
-            rows.append(row)
-            print(f"[{time.time() - t0:4.0f}s] {row['dtype']:8s} 2^{n} {name:28s} {ms:8.4f} ms {row['gbps']:6.0f} GB/s "
-                  f"{row['vs_F_gelu']:.3f}x", flush=True)  # fmt: skip
-        x = y = ref = None
-        torch.cuda.empty_cache()
-with open(args.out, "w") as f:
-    json.dump({"env": environment("cuda"), "l2_flush": timer.L2Flusher.METHOD, "rows": rows}, f, indent=1)
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--rep-ms", type=float, default=100)
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    timing = timer.Timing(warmup_ms=20, rep_ms=args.rep_ms, min_reps=10)
+    rows, t0 = [], time.time()
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (24, 26, 28):
+            x = torch.randn(2**n, device=dev).to(dtype)
+            y = torch.empty_like(x)
+            nbytes = 2 * x.nbytes
+            ref = F.gelu(x.double(), approximate="tanh")
+            cases = [("F.gelu", lambda x=x: F.gelu(x, approximate="tanh"))]
+            for name, fn in VARIANTS.items():
+                y.fill_(float("nan"))
+                fn(x, y)
+                err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
+                assert err < (1e-5 if dtype == torch.float32 else 1e-2), f"{name}: rel err {err:.1e}"
+                cases.append((name, lambda fn=fn, x=x, y=y: fn(x, y)))
+            cases.append(("F.gelu again", cases[0][1]))
+            times = {}
+            for name, fn in cases:
+                times[name] = timer.benchmark(fn, device=dev, timing=timing).median_ms
+            base = (times["F.gelu"] + times["F.gelu again"]) / 2
+            for name, ms in times.items():
+                row = {"dtype": str(dtype)[6:], "n": n, "case": name, "median_ms": ms, "gbps": nbytes / ms / 1e6,
+                       "vs_F_gelu": ms / base}  # fmt: skip
+                rows.append(row)
+                elapsed = time.time() - t0
+                print(f"[{elapsed:4.0f}s] {row['dtype']:8s} 2^{n} {name:28s} {ms:8.4f} ms {row['gbps']:6.0f} GB/s "
+                      f"{row['vs_F_gelu']:.3f}x", flush=True)  # fmt: skip
+            x = y = ref = None
+            torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({"env": environment("cuda"), "l2_flush": timer.L2Flusher.METHOD, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

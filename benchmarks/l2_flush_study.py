@@ -17,11 +17,7 @@ from fuselab.bench import timer
 from fuselab.bench.env import environment
 from fuselab.ops.softmax.triton import launch_forward
 
-p = argparse.ArgumentParser()
-p.add_argument("--out", required=True)
-args = p.parse_args()
-dev = torch.device("cuda")
-TIMING = dict(warmup_ms=20, rep_ms=100, min_reps=10)
+TIMING = timer.Timing(warmup_ms=20, rep_ms=100, min_reps=10)
 read_flush = timer.L2Flusher.__call__  # fuselab's: reads 2x the L2
 
 
@@ -29,7 +25,7 @@ def write_flush(self) -> None:
     self.buffer.zero_()  # as triton.testing.do_bench
 
 
-def cases():
+def cases(dev: torch.device):
     x = torch.rand(2**22, device=dev)
     yield "sum 16 MiB", x.nbytes, lambda: x.sum()
     for mib in (32, 128, 256, 2048):
@@ -46,15 +42,26 @@ def cases():
         yield f"F.gelu tanh fp32 2^{n}", 2 * x.nbytes, lambda x=x: F.gelu(x, approximate="tanh")
 
 
-rows = []
-for name, nbytes, fn in cases():
-    row = {"case": name, "bytes": nbytes}
-    for mode in ("write", "read", "none"):
-        timer.L2Flusher.__call__ = write_flush if mode == "write" else read_flush
-        m = timer.benchmark(fn, device=dev, flush_l2=mode != "none", **TIMING)
-        row[mode] = {"median_ms": m.median_ms, "gbps": nbytes / m.median_ms / 1e6}
-    timer.L2Flusher.__call__ = read_flush
-    rows.append(row)
-    print(f"{name:32s} " + "  ".join(f"{k} {row[k]['gbps']:6.0f} GB/s" for k in ("write", "read", "none")), flush=True)
-with open(args.out, "w") as f:
-    json.dump({"env": environment("cuda"), "rows": rows}, f, indent=1)
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    rows = []
+    for name, nbytes, fn in cases(dev):
+        row = {"case": name, "bytes": nbytes}
+        for mode in ("write", "read", "none"):
+            timer.L2Flusher.__call__ = write_flush if mode == "write" else read_flush
+            m = timer.benchmark(fn, device=dev, timing=TIMING, flush_l2=mode != "none")
+            row[mode] = {"median_ms": m.median_ms, "gbps": nbytes / m.median_ms / 1e6}
+        timer.L2Flusher.__call__ = read_flush
+        rows.append(row)
+        print(
+            f"{name:32s} " + "  ".join(f"{k} {row[k]['gbps']:6.0f} GB/s" for k in ("write", "read", "none")), flush=True
+        )
+    with open(args.out, "w") as f:
+        json.dump({"env": environment("cuda"), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -34,6 +34,13 @@ def test_device_quick_writes_json(tmp_path):
     assert result["env"]["torch"]
 
 
+def test_bench_refuses_bad_timing_before_any_work(tmp_path):
+    out = fuselab("bench", "gelu", "--impl", "torch", "--shape", "1000", "--rep-ms", "-1", cache=tmp_path)
+    assert out.returncode != 0
+    assert "timing: rep_ms must be a number of milliseconds >= 0, got -1.0" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_bench_a_user_function_writes_json_csv_plot_and_resumes(tmp_path):
     # a cached (fake, tiny) ceiling so the bench does not spend time measuring this CPU
     from fuselab.bench import ceilings

@@ -1,9 +1,10 @@
+import dataclasses
 import time
 
 import pytest
 import torch
 
-from fuselab.bench import Measurement, benchmark, benchmark_side_by_side
+from fuselab.bench import Measurement, Timing, benchmark, benchmark_side_by_side
 
 
 def test_statistics_of_known_samples():
@@ -148,3 +149,57 @@ def test_side_by_side_rejects_no_rounds_and_no_callables():
         benchmark_side_by_side({"a": lambda: None}, rounds=0)
     with pytest.raises(ValueError, match="at least one"):
         benchmark_side_by_side({})
+
+
+def test_timing_is_one_frozen_dataclass_built_from_a_mapping_or_changes():
+    t = Timing(rep_ms=20.0, min_reps=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.rep_ms = 1.0  # type: ignore[misc]
+    assert Timing.of(None) == Timing()
+    assert Timing.of({"rep_ms": 20.0, "min_reps": 3}) == t  # a budget or JSON mapping
+    assert Timing.of(t) is t
+    assert Timing.of(t, flush_l2=False) == dataclasses.replace(t, flush_l2=False)
+    assert Timing.of(t.to_dict()) == t
+    with pytest.raises(TypeError, match=r"unknown timing option\(s\) rep_s; known: warmup_ms, min_warmup, rep_ms"):
+        Timing.of({"rep_s": 5})
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"rep_ms": -1.0}, r"rep_ms must be a number of milliseconds >= 0, got -1\.0"),
+        ({"warmup_ms": "5"}, r"warmup_ms must be a number of milliseconds >= 0"),
+        ({"min_reps": 0}, r"min_reps must be an integer >= 1, got 0"),
+        ({"max_reps": 2.5}, r"max_reps must be an integer >= 1"),
+        ({"min_reps": 10, "max_reps": 5}, r"max_reps \(5\) is below min_reps \(10\)"),
+        ({"flush_l2": 1}, r"flush_l2 must be True or False"),
+    ],
+)
+def test_bad_timing_is_refused_with_a_clear_message(bad, message):
+    with pytest.raises(ValueError, match=message):
+        Timing(**bad)
+
+
+def test_benchmark_takes_a_timing_and_keywords_over_it():
+    calls = []
+
+    def fn():
+        calls.append(1)
+
+    m = benchmark(fn, timing=Timing(warmup_ms=0.0, min_warmup=1, rep_ms=0.0, min_reps=7, max_reps=7))
+    assert m.n == 7
+    m = benchmark(fn, timing=Timing(warmup_ms=0.0, rep_ms=0.0, min_reps=7, max_reps=7), min_reps=4, max_reps=4)
+    assert m.n == 4  # the keywords win over the Timing
+    m = benchmark(fn, warmup_ms=0.0, rep_ms=0.0, min_reps=5, max_reps=5)  # keywords alone, as before
+    assert m.n == 5
+    both = benchmark_side_by_side({"a": fn, "b": fn}, rounds=2, timing={"warmup_ms": 0.0, "rep_ms": 0.0, "min_reps": 3})
+    assert [both[k].n for k in "ab"] == [3, 3]
+    with pytest.raises(TypeError, match="unknown timing option"):
+        benchmark(fn, reps=3)
+
+
+def test_cuda_graph_on_the_cpu_is_refused_not_silently_dropped():
+    with pytest.raises(ValueError, match="CUDA device"):
+        benchmark(lambda: None, warmup_ms=0.0, rep_ms=0.0, min_reps=3, cuda_graph=True, device="cpu")
+    with pytest.raises(ValueError, match="CUDA device"):
+        benchmark_side_by_side({"a": lambda: None}, timing=Timing(cuda_graph=True), device="cpu")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fuselab.report.doc import blocks_to_markdown, inline_html, text_html
+from fuselab.report.doc import blocks_to_html, blocks_to_markdown, inline_html, text_html
 from fuselab.report.runner import Context, Section, run_report
 
 
@@ -95,8 +95,26 @@ def test_markdown_tables_escape_pipes_and_html_escapes_text():
     assert inline_html("**b** `c` & <d> [l](http://x)") == (
         '<strong>b</strong> <code>c</code> &amp; &lt;d&gt; <a href="http://x">l</a>'
     )
-    assert text_html("- one\n- two") == "<ul><li>one</li><li>two</li></ul>"
+    assert text_html("- one\n- two").replace("\n", "") == "<ul><li>one</li><li>two</li></ul>"
     assert text_html("### Title\n\nbody") == "<h3>Title</h3>\n<p>body</p>"
+
+
+def test_html_renders_tables_and_code_in_text_folds_and_embeds(tmp_path):
+    """Markdown inside text (a table, a fenced block holding backticks) is rendered, not shown as pipes; folded
+    tables and code collapse into <details>; a cell's pipe stays in its cell; raw HTML is escaped."""
+    blocks = [
+        {"kind": "text", "text": "Q5:\n\n| w | x |\n|---|---|\n| 128 | **3×** |\n\n```cuda\nint i = 0;\n```"},
+        {"kind": "table", "headers": ["a", "b"], "rows": [["x|y", "<b>"]], "caption": "every *timing*", "folded": True},
+        {"kind": "code", "text": "uses ``` inside", "caption": "log", "folded": False},
+    ]
+    page = blocks_to_html(blocks, tmp_path)
+    assert "<td>128</td>" in page and "<strong>3×</strong>" in page
+    assert '<pre><code class="language-cuda">int i = 0;' in page
+    assert "<details><summary>every <em>timing</em></summary><table>" in page
+    assert "<td>x|y</td>" in page and "<td>&lt;b&gt;</td>" in page
+    assert '<p class="caption">log</p><pre><code>uses ``` inside' in page
+    md = blocks_to_markdown(blocks)
+    assert "````\nuses ``` inside\n````" in md  # a fence longer than the backticks inside
 
 
 def test_images_link_relative_to_the_report_even_when_out_is_a_relative_path(tmp_path, monkeypatch):

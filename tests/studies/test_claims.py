@@ -32,10 +32,18 @@ def gelu_rows(naive_ms: float, torch_ms: float, compile_ms: float, triton_ms: fl
     return rows
 
 
-def softmax_rows() -> list[dict]:
+def softmax_rows(elementwise_gbps: float = 300.0) -> list[dict]:
+    """fp32 rows at three widths; the element-per-thread kernel's GB/s counts the op's 2-pass minimum of bytes."""
     rows = []
+    impls = (
+        ("naive", 900.0),
+        ("torch", 4000.0),
+        ("compile", 4050.0),
+        ("triton", 3950.0),
+        ("triton-elementwise", elementwise_gbps),
+    )
     for w in (1024, 4096, 65536):
-        for impl, gbps in (("naive", 900.0), ("torch", 4000.0), ("compile", 4050.0), ("triton", 3950.0)):
+        for impl, gbps in impls:
             t = 2 * 2**26 * 4 / (gbps * 1e9) * 1e3
             rows.append(
                 {
@@ -43,6 +51,7 @@ def softmax_rows() -> list[dict]:
                     "dtype": "float32",
                     "shape": [2**26 // w, w],
                     "numel": 2**26,
+                    "bytes": 2 * 2**26 * 4,
                     "median_ms": t,
                     "gbps": gbps,
                     "error": None,
@@ -161,6 +170,22 @@ def test_every_claim_and_question_holds_on_h200_like_figures_except_the_plain_cu
     assert [a["question"] for a in answers] == [q.text for q in questions()]
     assert all(a["held"] is True for a in answers)
     assert "```cuda" in answers[3]["answer"] and "ld.global.v4.b32" in answers[3]["answer"]
+    assert answers[4]["question"].startswith("Why does the softmax kernel give one whole row")
+    assert answers[4]["value"] == pytest.approx(3950 / 300)  # element per thread against row per program
+
+
+def test_the_element_per_thread_kernel_is_not_the_hand_written_triton_kernel():
+    """The generic "hand-written Triton kernel" claim reads impl "triton" only: a slow triton-elementwise leaves it
+    held, and only question 5 reads the element-per-thread kernel."""
+    results = h200_like()
+    for slow in (300.0, 10.0):
+        results["softmax"]["bench"] = softmax_rows(elementwise_gbps=slow)
+        claims = evaluate_claims(results)
+        triton = by_text(claims)["softmax: a hand-written Triton kernel is about as fast as torch."]
+        assert triton["held"] is True and triton["value"] == pytest.approx(4000 / 3950)
+        assert not any("elementwise" in c["claim"] or "elementwise" in c["figure"] for c in claims)
+    results["softmax"]["bench"] = [r for r in softmax_rows() if r["impl"] != "triton"]
+    assert answer_questions(results)[4]["held"] is None  # no row-per-program timing: n/a, not a wrong figure
 
 
 def test_every_op_gets_the_generic_claims():

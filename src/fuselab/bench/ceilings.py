@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from fuselab.bench.env import environment
-from fuselab.bench.timer import Measurement, benchmark
+from fuselab.bench.timer import Measurement, Timing, benchmark
 
 GPU_COPY_BYTES = 2 * 2**30  # source size; the copy moves twice this (read + write)
 CPU_COPY_BYTES = 256 * 2**20
@@ -42,7 +42,7 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
     on_gpu = torch.device(device).type == "cuda"
     copy_bytes = (GPU_COPY_BYTES if on_gpu else CPU_COPY_BYTES) // (16 if quick else 1)
     n = (GPU_MATMUL_N if on_gpu else CPU_MATMUL_N) // (4 if quick else 1)
-    timing = {"warmup_ms": 50.0 if quick else 300.0, "rep_ms": 100.0 if quick else 400.0, "min_reps": 5}
+    timing = Timing(warmup_ms=50.0 if quick else 300.0, rep_ms=100.0 if quick else 400.0, min_reps=5)
 
     copy = _time_copy(copy_bytes, device, timing)
 
@@ -56,7 +56,7 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
         previous = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
-            m = benchmark(lambda a=a, b=b: a @ b, label=f"matmul {name}", device=device, flush_l2=False, **timing)
+            m = benchmark(lambda a=a, b=b: a @ b, label=f"matmul {name}", device=device, timing=timing, flush_l2=False)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = previous
         matmul_tflops[name] = 2 * n**3 / (m.median_ms * 1e-3) / 1e12
@@ -78,7 +78,7 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
     }
 
 
-def copy_gbps_at(bytes_moved: int, device: str, timing: dict) -> float:
+def copy_gbps_at(bytes_moved: int, device: str, timing: Timing | None = None) -> float:
     """GB/s of torch's copy moving `bytes_moved` (half read, half written): the copy ceiling at one size.
 
     Small tensors do not reach the ceiling measured at GPU_COPY_BYTES (launch, ramp-up and the last wave weigh more),
@@ -88,10 +88,10 @@ def copy_gbps_at(bytes_moved: int, device: str, timing: dict) -> float:
     return bytes_moved / (m.median_ms * 1e-3) / 1e9
 
 
-def _time_copy(nbytes: int, device: str, timing: dict) -> Measurement:
+def _time_copy(nbytes: int, device: str, timing: Timing | None) -> Measurement:
     src = torch.rand(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-    return benchmark(lambda: dst.copy_(src), label="copy", device=device, **timing)
+    return benchmark(lambda: dst.copy_(src), label="copy", device=device, timing=timing)
 
 
 def get_ceilings(device: str | None = None, *, refresh: bool = False, measure: bool = True) -> dict | None:

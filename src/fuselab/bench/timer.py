@@ -1,5 +1,7 @@
 """Timing a callable correctly on the GPU (or the CPU): `benchmark(fn) -> Measurement`, and several callables that
-are to be compared, taking turns: `benchmark_side_by_side({name: fn}) -> {name: Measurement}`.
+are to be compared, taking turns: `benchmark_side_by_side({name: fn}) -> {name: Measurement}`. How long to warm up
+and repeat, whether to flush L2 or replay a CUDA graph: one `Timing` (a frozen dataclass) that travels whole through
+the layers above (bench_op, the report's budgets, the CLI); its fields may also be given as keywords.
 
 On CUDA: warm-up (by count and by time, so clocks ramp and compilation happens before timing), synchronize,
 then per repetition an L2 flush (outside the timed region; it reads, so it leaves no dirty lines for the timed call
@@ -16,7 +18,7 @@ import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
 import torch
@@ -25,6 +27,59 @@ Pitfall = Literal["no_warmup", "no_sync"]
 PITFALLS: tuple[str, ...] = ("no_warmup", "no_sync")
 
 NOISY_IQR_FRACTION = 0.1  # warn when IQR / median exceeds this, as torch.utils.benchmark does
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How to time a callable.
+
+    warmup_ms / min_warmup: warm up for at least this long (ms) and this many calls (clocks ramp, code compiles).
+    rep_ms / min_reps / max_reps: repeat for about rep_ms (ms), within these counts.
+    flush_l2: evict L2 before each repetition, outside the timed region (CUDA only).
+    cuda_graph: capture GRAPH_CALLS calls in a CUDA graph and time its replays (launch-bound kernels; no L2 flush;
+        CUDA only: noted and ignored on the CPU).
+    """
+
+    warmup_ms: float = 200.0
+    min_warmup: int = 3
+    rep_ms: float = 500.0
+    min_reps: int = 10
+    max_reps: int = 1000
+    flush_l2: bool = True
+    cuda_graph: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("warmup_ms", "rep_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"timing: {name} must be a number of milliseconds >= 0, got {value!r}")
+        for name, least in (("min_warmup", 0), ("min_reps", 1), ("max_reps", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"timing: {name} must be an integer >= {least}, got {value!r}")
+        if self.max_reps < self.min_reps:
+            raise ValueError(f"timing: max_reps ({self.max_reps}) is below min_reps ({self.min_reps})")
+        for name in ("flush_l2", "cuda_graph"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"timing: {name} must be True or False, got {getattr(self, name)!r}")
+
+    @classmethod
+    def of(cls, timing: Timing | Mapping[str, object] | None = None, **changes: object) -> Timing:
+        """`timing` (a Timing, a mapping of its fields such as a JSON budget, or None: the defaults) with `changes`;
+        an unknown field is a TypeError naming the known ones."""
+        base = timing if isinstance(timing, Timing) else cls(**_fields_of(dict(timing or {})))
+        return replace(base, **_fields_of(changes)) if changes else base
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _fields_of(given: dict[str, object]) -> dict[str, object]:
+    known = [f.name for f in fields(Timing)]
+    unknown = [k for k in given if k not in known]
+    if unknown:
+        raise TypeError(f"unknown timing option(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return given
 
 
 @dataclass
@@ -195,21 +250,14 @@ def benchmark(
     *,
     label: str = "",
     device: str | torch.device | None = None,
-    warmup_ms: float = 200.0,
-    min_warmup: int = 3,
-    rep_ms: float = 500.0,
-    min_reps: int = 10,
-    max_reps: int = 1000,
-    flush_l2: bool = True,
-    cuda_graph: bool = False,
+    timing: Timing | Mapping[str, object] | None = None,
     pitfall: Pitfall | None = None,
+    **changes: float | int | bool,
 ) -> Measurement:
     """Time `fn()` (no arguments: bind them with a lambda or functools.partial).
 
-    warmup_ms / min_warmup: warm up for at least this long and this many calls.
-    rep_ms / min_reps / max_reps: repeat for about rep_ms, within these counts.
-    flush_l2: evict L2 before each repetition, outside the timed region (CUDA only).
-    cuda_graph: capture 10 calls in a CUDA graph and time its replays (launch-bound kernels; no L2 flush).
+    timing: how (a `Timing`; None: the defaults); changes: any of its fields as keywords, over `timing`
+    (e.g. ``benchmark(fn, rep_ms=100, flush_l2=False)``).
     Also recorded: host_ms, how long one call takes to return on the host (its dispatch cost). On CUDA the stream
     is kept busy about twice that long before each start event, so host launch latency stays out of the GPU time.
     pitfall: "no_warmup" times from the first call on; "no_sync" reads a host clock around the call without
@@ -218,29 +266,23 @@ def benchmark(
     """
     if pitfall is not None and pitfall not in PITFALLS:
         raise ValueError(f"unknown pitfall {pitfall!r}; known: {', '.join(PITFALLS)}")
+    t = Timing.of(timing, **changes)
     dev, sync = _device_and_sync(device)
-    if cuda_graph and dev.type != "cuda":
+    if t.cuda_graph and dev.type != "cuda":
         raise ValueError(f"cuda_graph=True needs a CUDA device; this benchmark runs on {dev.type}")
 
     if pitfall == "no_sync":
-        for _ in range(min_warmup):
+        for _ in range(t.min_warmup):
             fn()
         sync()
-        samples = _host_times(fn, max(min_reps, 10))
+        samples = _host_times(fn, max(t.min_reps, 10))
         sync()
         return Measurement(samples, mode="no_sync", device=str(dev), label=label)
 
     if pitfall == "no_warmup":
-        return Measurement(_timed_with_sync(fn, sync, min_reps), mode="no_warmup", device=str(dev), label=label)
+        return Measurement(_timed_with_sync(fn, sync, t.min_reps), mode="no_warmup", device=str(dev), label=label)
 
-    if dev.type == "cuda" and cuda_graph:
-        reps, host_ms = _warm_up_and_plan(fn, sync, warmup_ms, min_warmup, rep_ms, min_reps, max_reps)
-        with torch.cuda.device(dev):
-            samples = _graph_times(fn, reps)
-        return Measurement(samples, mode="cuda_graph", device=str(dev), label=label, host_ms=host_ms)
-    timing = {"warmup_ms": warmup_ms, "min_warmup": min_warmup, "rep_ms": rep_ms, "min_reps": min_reps,
-              "max_reps": max_reps, "flush_l2": flush_l2}  # fmt: skip
-    return benchmark_side_by_side({label: fn}, rounds=1, device=dev, **timing)[label]
+    return benchmark_side_by_side({label: fn}, rounds=1, device=dev, timing=t)[label]
 
 
 def benchmark_side_by_side(
@@ -248,28 +290,37 @@ def benchmark_side_by_side(
     *,
     rounds: int = 5,
     device: str | torch.device | None = None,
-    warmup_ms: float = 200.0,
-    min_warmup: int = 3,
-    rep_ms: float = 500.0,
-    min_reps: int = 10,
-    max_reps: int = 1000,
-    flush_l2: bool = True,
+    timing: Timing | Mapping[str, object] | None = None,
+    **changes: float | int | bool,
 ) -> Measurements:
     """Time callables that are to be compared by taking turns: each is warmed up, then in each of `rounds` rounds each
     runs a 1/rounds share of its repetitions. Whatever drifts while they are timed (clocks under a power limit,
     temperature, a neighbour) falls on all of them alike, which timing one after the other does not give.
 
-    Per callable, the repetitions, warm-up and L2 flush are those of `benchmark` (same arguments); the samples of all
-    rounds make one Measurement, keyed like `fns`.
+    timing / changes: as for `benchmark`, per callable; the samples of all rounds make one Measurement, keyed like
+    `fns`. With cuda_graph (on CUDA) each callable's graph replays are timed one callable after the other, not in
+    turns.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if not fns:
         raise ValueError("benchmark_side_by_side needs at least one callable")
+    t = Timing.of(timing, **changes)
     dev, sync = _device_and_sync(device)
-    plans = {name: _warm_up_and_plan(fn, sync, warmup_ms, min_warmup, rep_ms, min_reps, max_reps)
-             for name, fn in fns.items()}  # fmt: skip
-    timed = _repetitions(dev, sync, flush_l2)
+    plan = functools.partial(_warm_up_and_plan, sync=sync, timing=t)
+    if dev.type == "cuda" and t.cuda_graph:
+        out = Measurements()
+        for name, fn in fns.items():
+            reps, host_ms = plan(fn)
+            with torch.cuda.device(dev):
+                samples = _graph_times(fn, reps)
+            out[name] = Measurement(samples, mode="cuda_graph", device=str(dev), label=name, host_ms=host_ms)
+        return out
+    if t.cuda_graph:
+        raise ValueError(f"cuda_graph=True needs a CUDA device; this benchmark runs on {dev.type}")
+    notes: list[str] = []
+    plans = {name: plan(fn) for name, fn in fns.items()}
+    timed = _repetitions(dev, sync, t.flush_l2)
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for turn in range(rounds):
         for name, fn in fns.items():
@@ -278,7 +329,7 @@ def benchmark_side_by_side(
             if share:
                 samples[name] += timed(fn, share, host_ms)
     mode = "events" if dev.type == "cuda" else "perf_counter"
-    flushed = flush_l2 and dev.type == "cuda"
+    flushed = t.flush_l2 and dev.type == "cuda"
     return Measurements(
         (
             name,
@@ -290,6 +341,7 @@ def benchmark_side_by_side(
                 host_ms=plans[name][1],
                 flushed_l2=flushed,
                 rounds=rounds,
+                notes=list(notes),
             ),
         )
         for name in fns
@@ -311,21 +363,13 @@ def _no_sync() -> None:
     """The CPU's synchronize: nothing runs asynchronously there."""
 
 
-def _warm_up_and_plan(
-    fn: Callable[[], object],
-    sync: Callable[[], None],
-    warmup_ms: float,
-    min_warmup: int,
-    rep_ms: float,
-    min_reps: int,
-    max_reps: int,
-) -> tuple[int, float]:
+def _warm_up_and_plan(fn: Callable[[], object], sync: Callable[[], None], timing: Timing) -> tuple[int, float]:
     """Warm fn up; return (repetitions that fill about rep_ms within the bounds, median host ms for a call).
 
     On the CPU a call's host time is its time, so the warm-up's closing burst gives it (no extra calls).
     """
-    per_call_ms = _warm_up(fn, sync, warmup_ms, min_warmup)
-    reps = int(min(max_reps, max(min_reps, rep_ms / max(per_call_ms, 1e-6))))
+    per_call_ms = _warm_up(fn, sync, timing.warmup_ms, timing.min_warmup)
+    reps = int(min(timing.max_reps, max(timing.min_reps, timing.rep_ms / max(per_call_ms, 1e-6))))
     if sync is _no_sync:
         return reps, per_call_ms
     host_ms = statistics.median(_host_times_synced(fn, sync, min(reps, 20)))

@@ -31,6 +31,7 @@ from fuselab.bench.results import (
     write_json,
 )
 from fuselab.bench.sweep import Status
+from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.evaluate import bench_op
 from fuselab.ops.registry import Shape, format_shape
@@ -73,12 +74,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     log = args.out.with_suffix(".jsonl") if args.out and args.out.suffix == ".json" else args.out
-    timing = {
-        "rep_ms": args.rep_ms,
-        "warmup_ms": args.warmup_ms,
-        "cuda_graph": args.cuda_graph,
-        "flush_l2": not args.no_flush,
-    }
+    timing = Timing(
+        rep_ms=args.rep_ms, warmup_ms=args.warmup_ms, cuda_graph=args.cuda_graph, flush_l2=not args.no_flush
+    )
     rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, **kwargs)
     measured = [r for r in rows if not r.get("error")]
     if measured:

@@ -19,7 +19,7 @@ from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.memory import format_bytes, free_bytes
 from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
-from fuselab.bench.timer import benchmark, benchmark_side_by_side
+from fuselab.bench.timer import Timing, benchmark_side_by_side
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape
 
@@ -242,7 +242,7 @@ def bench_case(
     dtype: torch.dtype,
     device: str,
     options: dict,
-    timing: dict,
+    timing: Timing,
     rounds: int = 5,
 ) -> dict[str, dict | Exception]:
     """Time the impls of one case on one fresh input, taking turns over `rounds` rounds (`benchmark_side_by_side`;
@@ -272,11 +272,7 @@ def bench_case(
     del ref
     calls = {name: functools.partial(fn, *inputs, **options) for name, fn in fns.items()}
     try:
-        if timing.get("cuda_graph"):  # graph replays are not taken in turns
-            measured = {name: benchmark(call, label=name, device=device, **timing) for name, call in calls.items()}
-        else:
-            events = {k: v for k, v in timing.items() if k != "cuda_graph"}
-            measured = benchmark_side_by_side(calls, rounds=rounds, device=device, **events)
+        measured = benchmark_side_by_side(calls, rounds=rounds, device=device, timing=timing)
     except Exception as exc:
         return {name: exc if name in fns else result for name, result in results.items()}
     nbytes, flops = op.case_cost(shape, dtype, options)
@@ -302,7 +298,7 @@ def bench_op(
     options: dict[str, object] | None = None,
     device: str | None = None,
     out: str | Path | None = None,
-    timing: dict | None = None,
+    timing: Timing | dict | None = None,
     rounds: int = 5,
     show_progress: bool = True,
 ) -> list[dict]:
@@ -312,8 +308,10 @@ def bench_op(
     between them are not at the mercy of what drifts (clocks under a power limit, temperature). Rows carry the
     environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling and of a copy of the same bytes timed
     after the sweep, the speed-up against the op's baseline impl, and the error against the reference.
+    timing: how each impl is timed (a `fuselab.bench.Timing`, or a mapping of its fields; None: its defaults).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    timing = Timing.of(timing)
     names = list(impls or op.impls)
     for name in names:
         op.get_impl(name)
@@ -344,7 +342,7 @@ def bench_op(
                 measured[together] = dict.fromkeys(names, exc)
                 raise
             measured[together] = bench_case(
-                op, [op.get_impl(n) for n in names], shape, dtype, device, opts, timing or {}, rounds
+                op, [op.get_impl(n) for n in names], shape, dtype, device, opts, timing, rounds
             )
         result = measured[together][case["impl"]]
         if isinstance(result, Exception):
@@ -355,7 +353,7 @@ def bench_op(
     same_size = {}
     if op.bound == "memory":  # a copy of the same bytes, timed once per size: what such a size can reach
         sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
-        same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing or {}) for b in sizes}
+        same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing) for b in sizes}
     rows = add_derived(rows, op.baseline, copy_gbps, ("op", "dtype", "shape", *op.options), same_size)
     for row in rows:
         peak = ceilings_mod.peak_tflops(ceilings, row["dtype"])

@@ -8,8 +8,10 @@ entries of kind "op" time a memory-bound op's impl (the first registered that ha
 
 from __future__ import annotations
 
+from fuselab.bench.timer import Timing
+
 QUICK = {
-    "timing": {"warmup_ms": 5.0, "min_warmup": 1, "rep_ms": 20.0, "min_reps": 3, "max_reps": 30},
+    "timing": Timing(warmup_ms=5.0, min_warmup=1, rep_ms=20.0, min_reps=3, max_reps=30),
     "ceilings_refresh": False,
     "pitfalls": [
         {"kind": "matmul", "n": 128, "dtype": "float32"},
@@ -26,7 +28,7 @@ QUICK = {
 
 CPU = {
     # max_reps capped: a call slowed down by other load on the machine cannot stretch a case for long
-    "timing": {"warmup_ms": 20.0, "rep_ms": 100.0, "min_reps": 5, "max_reps": 50},
+    "timing": Timing(warmup_ms=20.0, rep_ms=100.0, min_reps=5, max_reps=50),
     "ceilings_refresh": False,
     "pitfalls": [
         {"kind": "matmul", "n": 512, "dtype": "float32"},
@@ -48,7 +50,7 @@ CPU = {
 }
 
 GPU = {
-    "timing": {"warmup_ms": 100.0, "rep_ms": 200.0, "min_reps": 10, "max_reps": 1000},
+    "timing": Timing(warmup_ms=100.0, rep_ms=200.0, min_reps=10, max_reps=1000),
     "ceilings_refresh": True,
     "pitfalls": [
         {"kind": "matmul", "n": 4096, "dtype": "bfloat16"},

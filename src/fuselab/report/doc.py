@@ -1,7 +1,8 @@
-"""A section's content as blocks (text, tables, images, code), rendered to Markdown and to self-contained HTML.
+"""A section's content as blocks (text, tables, images, code), written as Markdown and rendered to self-contained HTML.
 
-Text takes a little Markdown: paragraphs split by blank lines, `- ` bullet lines, **bold**, `code` and
-[links](url). Images are files under the report folder: linked from the Markdown, embedded (base64) in the HTML.
+Text is Markdown (CommonMark with tables). report.md is the blocks written as Markdown; report.html is that Markdown
+rendered by markdown-it-py, block by block, so that tables and code can be folded (<details>) and images embedded
+(base64). Raw HTML in the text is escaped, not passed through.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from markdown_it import MarkdownIt
+
 Block = dict[str, object]
+
+_MD = MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
 class Doc:
@@ -50,81 +55,72 @@ class Doc:
 # ------------------------------------------------------------------------------------------------ Markdown
 
 
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown (GFM) table; pipes in cells escaped, newlines made spaces."""
+    lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows])
+
+
+def md_code(text: str) -> str:
+    """A fenced code block, its fence longer than any run of backticks in `text`."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
+def _caption(b: Block) -> str:
+    return f"*{b['caption']}*" if b.get("caption") else ""
+
+
 def blocks_to_markdown(blocks: Sequence[Block]) -> str:
     out = []
     for b in blocks:
         kind = b["kind"]
         if kind == "text":
-            out.append(str(b["text"]))
+            body = str(b["text"])
         elif kind == "table":
-            out.append(_md_table(b))
+            body = md_table(b["headers"], b["rows"])
         elif kind == "image":
-            out.append(f"![{b['caption']}]({b['path']})" + (f"\n\n*{b['caption']}*" if b["caption"] else ""))
+            body = f"![{b['caption']}]({b['path']})"
         elif kind == "code":
-            out.append((f"*{b['caption']}*\n\n" if b.get("caption") else "") + f"```\n{b['text']}\n```")
+            body = md_code(str(b["text"]))
+        else:
+            continue
+        caption = _caption(b)
+        if kind == "image":  # the caption under the picture
+            out.append(body + (f"\n\n{caption}" if caption else ""))
+        else:
+            out.append((f"{caption}\n\n" if caption else "") + body)
     return "\n\n".join(out)
-
-
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _md_table(b: Block) -> str:
-    headers, rows = b["headers"], b["rows"]
-    lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
-    caption = f"*{b['caption']}*\n\n" if b.get("caption") else ""
-    return caption + "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------ HTML
 
-_INLINE = [
-    (re.compile(r"`([^`]+)`"), r"<code>\1</code>"),
-    (re.compile(r"\*\*([^*]+)\*\*"), r"<strong>\1</strong>"),
-    (re.compile(r"(?<![*\w])\*([^*\s][^*]*)\*(?!\w)"), r"<em>\1</em>"),
-    (re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)"), r'<a href="\2">\1</a>'),
-]
-
 
 def inline_html(text: str) -> str:
-    """Escape, then turn `code`, **bold**, *italic* and [text](url) into HTML."""
-    out = html.escape(text, quote=False)
-    for pattern, repl in _INLINE:
-        out = pattern.sub(repl, out)
-    return out
+    """One line of Markdown (`code`, **bold**, *italic*, [text](url)) as HTML, everything else escaped."""
+    return _MD.renderInline(text)
 
 
 def text_html(text: str) -> str:
-    parts = []
-    for para in re.split(r"\n\s*\n", text.strip()):
-        lines = para.splitlines()
-        if lines and all(line.lstrip().startswith("- ") for line in lines):
-            items = "".join(f"<li>{inline_html(line.lstrip()[2:])}</li>" for line in lines)
-            parts.append(f"<ul>{items}</ul>")
-        elif lines and lines[0].startswith("#"):
-            level = min(6, len(lines[0]) - len(lines[0].lstrip("#")))
-            parts.append(f"<h{level}>{inline_html(lines[0].lstrip('#').strip())}</h{level}>")
-            if lines[1:]:
-                parts.append(f"<p>{inline_html(' '.join(lines[1:]))}</p>")
-        else:
-            parts.append(f"<p>{inline_html(' '.join(lines))}</p>")
-    return "\n".join(parts)
-
-
-def _html_table(b: Block) -> str:
-    head = "".join(f"<th>{inline_html(h)}</th>" for h in b["headers"])
-    body = "".join("<tr>" + "".join(f"<td>{inline_html(c)}</td>" for c in row) + "</tr>" for row in b["rows"])
-    table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-    caption = inline_html(str(b.get("caption") or ""))
-    if b.get("folded"):
-        return f"<details><summary>{caption or 'table'}</summary>{table}</details>"
-    return (f'<p class="caption">{caption}</p>' if caption else "") + table
+    """Markdown text (paragraphs, lists, headings, tables, code) as HTML."""
+    return _MD.render(text).strip()
 
 
 def image_data_uri(path: Path) -> str:
     mime = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg"}.get(path.suffix.lower(), "image/png")
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+def _folded_or_captioned(b: Block, body: str, fallback: str) -> str:
+    caption = inline_html(str(b.get("caption") or ""))
+    if b.get("folded"):
+        return f"<details><summary>{caption or fallback}</summary>{body}</details>"
+    return (f'<p class="caption">{caption}</p>' if caption else "") + body
 
 
 def blocks_to_html(blocks: Sequence[Block], root: Path) -> str:
@@ -134,22 +130,16 @@ def blocks_to_html(blocks: Sequence[Block], root: Path) -> str:
         if kind == "text":
             out.append(text_html(str(b["text"])))
         elif kind == "table":
-            out.append(_html_table(b))
+            out.append(_folded_or_captioned(b, text_html(md_table(b["headers"], b["rows"])), "table"))
+        elif kind == "code":
+            out.append(_folded_or_captioned(b, text_html(md_code(str(b["text"]))), "details"))
         elif kind == "image":
             path = root / str(b["path"])
-            caption = inline_html(str(b["caption"]))
             if path.exists():
                 img = f'<img src="{image_data_uri(path)}" alt="{html.escape(str(b["caption"]))}">'
             else:
                 img = f'<p class="missing">image missing: {html.escape(str(b["path"]))}</p>'
-            out.append(f"<figure>{img}<figcaption>{caption}</figcaption></figure>")
-        elif kind == "code":
-            pre = f"<pre>{html.escape(str(b['text']))}</pre>"
-            caption = inline_html(str(b.get("caption") or ""))
-            if b.get("folded"):
-                out.append(f"<details><summary>{caption or 'details'}</summary>{pre}</details>")
-            else:
-                out.append((f'<p class="caption">{caption}</p>' if caption else "") + pre)
+            out.append(f"<figure>{img}<figcaption>{inline_html(str(b['caption']))}</figcaption></figure>")
     return "\n".join(out)
 
 

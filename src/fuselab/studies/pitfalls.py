@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 import torch
 
-from fuselab.bench.timer import benchmark
+from fuselab.bench.timer import Timing, benchmark
 
 Maker = Callable[[], Callable[[], object]]  # builds a fresh callable, so that its first call is a cold one
 
 
-def time_three_ways(make: Maker, *, label: str, device: str, timing: dict | None = None, reps: int = 10) -> dict:
+def time_three_ways(make: Maker, *, label: str, device: str, timing: Timing | None = None, reps: int = 10) -> dict:
     """Time a fresh `make()` from its first call (no warm-up), without synchronize, and correctly.
 
     Returns milliseconds: first_call_ms (the very first call, synced), no_warmup_ms (the mean of the first
@@ -29,7 +29,7 @@ def time_three_ways(make: Maker, *, label: str, device: str, timing: dict | None
     fn = make()
     cold = benchmark(fn, label=label, device=device, pitfall="no_warmup", min_reps=reps)
     unsynced = benchmark(fn, label=label, device=device, pitfall="no_sync", min_reps=reps)
-    right = benchmark(fn, label=label, device=device, **(timing or {}))
+    right = benchmark(fn, label=label, device=device, timing=timing)
     correct = right.median_ms
     return {
         "label": label,

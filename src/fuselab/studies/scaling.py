@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from fuselab.bench.sweep import run_sweep
-from fuselab.bench.timer import Measurement, benchmark
+from fuselab.bench.timer import Measurement, Timing, benchmark
 from fuselab.ops.evaluate import DTYPES
 
 # ------------------------------------------------------------------------------------------------ fits
@@ -105,21 +105,22 @@ def matmul_scaling(
     *,
     dtypes: Sequence[str] = ("float32",),
     device: str = "cpu",
-    timing: dict | None = None,
+    timing: Timing | None = None,
     out: str | Path | None = None,
     show_progress: bool = True,
 ) -> list[dict]:
     """Time C = A @ B for square n x n matrices, n in `sizes`: rows of n, dtype, median_ms, tflops, gflop, ai.
 
     ai: arithmetic intensity, FLOPs per byte of the fewest bytes moved. Rows go to `out` (JSON lines, resumable).
+    timing: how each size is timed, without an L2 flush (flush_l2 is set False: the study is about compute).
     """
-    timing = {"flush_l2": False, **(timing or {})}
+    timing = Timing.of(timing, flush_l2=False)
 
     def run(case: dict) -> dict:
         n, dtype = case["n"], DTYPES[case["dtype"]]
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        m = benchmark(lambda: a @ b, label=f"matmul {n}", device=device, **timing)
+        m = benchmark(lambda: a @ b, label=f"matmul {n}", device=device, timing=timing)
         seconds = m.median_ms * 1e-3
         return {
             **_stats(m),
@@ -159,7 +160,7 @@ def mlp_scaling(
     sweeps: dict[str, Sequence[int]],
     *,
     device: str = "cpu",
-    timing: dict | None = None,
+    timing: Timing | None = None,
     out: str | Path | None = None,
     show_progress: bool = True,
 ) -> list[dict]:
@@ -172,7 +173,7 @@ def mlp_scaling(
     unknown = [a for a in sweeps if a not in MLP_AXES]
     if missing or unknown:
         raise ValueError(f"mlp_scaling: base needs {MLP_AXES}; sweeps take only those axes (got {missing or unknown})")
-    timing = {"flush_l2": False, **(timing or {})}
+    timing = Timing.of(timing, flush_l2=False)
 
     def run(case: dict) -> dict:
         cfg = {a: case[a] for a in MLP_AXES}
@@ -183,7 +184,7 @@ def mlp_scaling(
             for _ in range(cfg["steps"]):
                 model(x).mean().backward()
 
-        m = benchmark(steps, label="mlp", device=device, **timing)
+        m = benchmark(steps, label="mlp", device=device, timing=timing)
         flops = mlp_flops(**cfg)
         return {**_stats(m), "flops": flops, "tflops": flops / (m.median_ms * 1e-3) / 1e12}
 

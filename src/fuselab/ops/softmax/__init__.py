@@ -1,4 +1,5 @@
-"""Softmax over the last dimension: the spec and its impls naive, torch, compile, triton, cuda.
+"""Softmax over the last dimension: the spec and its impls naive, torch, compile, triton, cuda, and
+triton-elementwise (one element per thread, reduced through global memory: the lecture's counter-example).
 
 Importing registers them all; it needs no GPU or nvcc (the CUDA extension is built on first use), and Triton only
 for the triton impl, which is otherwise registered as unavailable, saying why.
@@ -21,6 +22,17 @@ else:
 
 
 from fuselab.ops.softmax import cuda  # noqa: F401
+
+if importlib.util.find_spec("triton") is not None:
+    from fuselab.ops.softmax import triton_elementwise  # noqa: F401
+else:
+
+    @SOFTMAX.impl("triton-elementwise", requires=triton_unavailable)
+    def softmax_triton_elementwise(x):
+        """Triton, one element per thread (Triton is not installed)."""
+        raise RuntimeError(f"softmax triton-elementwise: {triton_unavailable('cuda')}")
+
+
 from fuselab.ops.softmax.module import Softmax
 
 SOFTMAX.module = Softmax  # fuselab.nn.Softmax

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from fuselab.ops.registry import Op, Shape, register_op
+from fuselab.ops.softmax import lecture
 
 
 def reference(x: torch.Tensor, **options: object) -> torch.Tensor:
@@ -112,5 +113,6 @@ SOFTMAX = register_op(
         report=REPORT,
         random_shape=random_shape,
         prose=Path(__file__).with_name("report.md"),
+        questions=lecture.QUESTIONS,
     )
 )

@@ -1,0 +1,224 @@
+"""Triton kernels compiled as an implementation launches them: from the JIT cache after one run on a GPU, or,
+without one, by intercepting the launches under the interpreter and compiling each with `triton.compile` for a target
+(in a fresh process, the interpreter off)."""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import importlib.util
+import inspect as pyinspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from fuselab.profile.asm import KernelAsm, Resources, _arch_number, cubin_sass, ptxas_resources
+
+# Triton
+
+
+def _unwrap(kernel: object) -> object:
+    """The JITFunction (or InterpretedFunction) under autotune/heuristics wrappers."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    while not isinstance(kernel, (JITFunction, InterpretedFunction)) and hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    return kernel
+
+
+def _triton_asm(compiled: object, impl: str, origin: str, arch: str) -> KernelAsm:
+    """A KernelAsm from a triton CompiledKernel."""
+    asm = compiled.asm
+    meta = compiled.metadata
+    k = KernelAsm(
+        name=meta.name,
+        impl=impl,
+        arch=arch,
+        origin=origin,
+        ptx=asm.get("ptx"),
+        extra={key: asm[key] for key in ("ttir", "ttgir") if isinstance(asm.get(key), str)},
+        num_warps=getattr(meta, "num_warps", None),
+    )
+    resources, why = ptxas_resources(k.ptx) if k.ptx else ({}, "no PTX")
+    k.resources = resources.get(k.name, Resources())
+    if why:
+        k.notes.append(why)
+        if getattr(compiled, "n_regs", None) is not None:  # known after the kernel was loaded on a GPU
+            k.resources = Resources(registers=compiled.n_regs, spill_stores=compiled.n_spills)
+    # Triton's shared memory is allocated dynamically; ptxas only sees the static part
+    k.resources.shared_bytes = max(k.resources.shared_bytes or 0, getattr(meta, "shared", 0) or 0)
+    if asm.get("cubin"):
+        k.sass, why = cubin_sass(asm["cubin"])
+        if why:
+            k.notes.append(why)
+    return k.analyze()
+
+
+def triton_from_jit_cache(
+    kernels: list[object], run: Callable[[], object], arch: str, impl: str = "triton"
+) -> list[KernelAsm]:
+    """On a GPU: call `run()` once and take, from Triton's JIT cache, the compiled kernels its launches used."""
+    from triton.runtime.jit import JITFunction
+
+    ours = {id(k) for k in map(_unwrap, kernels)}
+    used: dict[int, object] = {}
+    original = JITFunction.run
+
+    def record(self, *args, **kwargs):
+        compiled = original(self, *args, **kwargs)
+        if id(self) in ours and compiled is not None:
+            used.setdefault(id(compiled), compiled)
+        return compiled
+
+    JITFunction.run = record
+    try:
+        run()
+        torch.cuda.synchronize()
+    finally:
+        JITFunction.run = original
+    compiled = [c.result() if hasattr(c, "result") else c for c in used.values()]
+    return [_triton_asm(c, impl, "Triton JIT cache after one run", arch) for c in compiled]
+
+
+def triton_compile_offline(
+    kernels: list[object], run: Callable[[], object], arch: str, impl: str = "triton"
+) -> list[KernelAsm]:
+    """Without a GPU: intercept the launches `run()` makes under the interpreter (they are not executed),
+    specialize each as Triton's JIT would, and compile it for `arch`.
+
+    The compile runs in a fresh Python process with the interpreter off: kernels that ran under the interpreter
+    in this process leave triton.language patched for it, which the compiler cannot use.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    ours = {id(k) for k in map(_unwrap, kernels)}
+    launches: list[tuple[object, tuple, dict]] = []
+    original = InterpretedFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        if id(self) in ours:
+            launches.append((self, args, kwargs))
+            return None
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = record
+    try:
+        run()
+    finally:
+        InterpretedFunction.run = original
+
+    backend = make_backend(GPUTarget("cuda", _arch_number(arch), 32))
+    jobs, seen = [], set()
+    for interp, args, kwargs in launches:
+        fn = getattr(interp, "fn", interp)
+        jit = JITFunction(fn, **getattr(interp, "kwargs", {}))  # for the JIT's own specialization rules
+        binder = create_function_from_signature(jit.signature, jit.params, backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        _, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
+        job = {
+            "module": fn.__module__,
+            "file": pyinspect.getsourcefile(fn),
+            "name": fn.__name__,
+            "signature": signature,
+            "constexprs": [[list(k), _encode_constexpr(v)] for k, v in constexprs.items()],
+            "attrs": [[list(k), v] for k, v in attrs.items()],
+            "options": {k: v for k, v in kwargs.items() if k not in jit.arg_names},
+        }
+        key = json.dumps(job, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            jobs.append(job)
+    if not jobs:
+        return []
+    out = []
+    for job, result in zip(jobs, _compile_in_fresh_process(jobs, _arch_number(arch)), strict=True):
+        compiled = types.SimpleNamespace(
+            asm={**result["asm"], "cubin": base64.b64decode(result["cubin"]) if result.get("cubin") else None},
+            metadata=types.SimpleNamespace(**result["metadata"]),
+        )
+        k = _triton_asm(compiled, impl, f"triton.compile for {arch} without a GPU (launch intercepted)", arch)
+        attrs = {tuple(p): v for p, v in job["attrs"]}
+        k.notes.append(f"specialization: {job['signature']}, attrs {attrs}")
+        out.append(k)
+    return out
+
+
+def _encode_constexpr(value: object) -> object:
+    import triton.language as tl
+
+    if isinstance(value, tl.dtype):
+        return {"dtype": value.name}
+    if isinstance(value, tl.constexpr):
+        return {"constexpr": value.value}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"cannot compile offline with a constexpr of type {type(value).__name__}: {value!r}")
+
+
+def _compile_in_fresh_process(jobs: list[dict], arch: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        request, reply = Path(tmp) / "jobs.json", Path(tmp) / "compiled.json"
+        request.write_text(json.dumps({"arch": arch, "jobs": jobs, "reply": str(reply)}))
+        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        code = "import sys; from fuselab.profile.inspect_triton import _compile_jobs; _compile_jobs(sys.argv[1])"
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(request)], capture_output=True, text=True, env=env, check=False
+        )
+        if proc.returncode != 0 or not reply.exists():
+            raise RuntimeError(f"compiling the Triton kernels failed:\n{proc.stderr.strip()[-2000:]}")
+        return json.loads(reply.read_text())
+
+
+def _compile_jobs(request_path: str) -> None:
+    """(In the fresh process.) Compile each job's kernel with triton.compile; write asm and metadata as JSON."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import convert_to_tuple_if_list
+
+    request = json.loads(Path(request_path).read_text())
+    target = GPUTarget("cuda", request["arch"], 32)
+    backend = make_backend(target)
+    results = []
+    for job in request["jobs"]:
+        try:
+            module = importlib.import_module(job["module"])
+        except ImportError:
+            spec = importlib.util.spec_from_file_location(job["module"], job["file"])
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        kernel = _unwrap(getattr(module, job["name"]))
+
+        def decode(v: object) -> object:
+            if isinstance(v, dict) and "dtype" in v:
+                return tl.dtype(v["dtype"])
+            return tl.constexpr(v["constexpr"]) if isinstance(v, dict) else v
+
+        constexprs = {tuple(p): decode(v) for p, v in job["constexprs"]}
+        attrs = {tuple(p): v for p, v in job["attrs"]}
+        signature = {k: convert_to_tuple_if_list(v) for k, v in job["signature"].items()}
+        options = backend.parse_options(job["options"])
+        compiled = triton.compile(
+            ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
+        )
+        meta = compiled.metadata
+        results.append(
+            {
+                "asm": {key: compiled.asm[key] for key in ("ptx", "ttir", "ttgir") if key in compiled.asm},
+                "cubin": base64.b64encode(compiled.asm["cubin"]).decode() if "cubin" in compiled.asm else None,
+                "metadata": {"name": meta.name, "num_warps": meta.num_warps, "shared": meta.shared},
+            }
+        )
+    Path(request["reply"]).write_text(json.dumps(results))
