@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--script", type=Path, help="a Python script, run as __main__")
     what.add_argument("--runahead", action="store_true", help="the run-ahead study (MLP training loop, twice)")
     p.add_argument("--impl", action="append", help="implementation(s), comma-separated, or all (default: the baseline)")
-    p.add_argument("--shape", type=shape_arg, help="input shape, e.g. 2^24 or 4096x1024 (default: the op's profile shape)")
+    p.add_argument("--shape", type=shape_arg, help="input shape, e.g. 2^24 or 4096x1024 (default: the op's)")
     p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="fp32, fp16, bf16 (default fp32)")
     add_opt_argument(p)
     p.add_argument("--nargs", type=positive(int), default=1, help="for MODULE:FUNCTION: how many tensors it takes")
