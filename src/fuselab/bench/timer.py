@@ -21,6 +21,8 @@ from typing import Literal
 
 import torch
 
+from fuselab.bench import distributed
+
 Pitfall = Literal["no_warmup", "no_sync"]
 PITFALLS: tuple[str, ...] = ("no_warmup", "no_sync")
 
@@ -190,7 +192,7 @@ def benchmark(
 
     if dev.type == "cuda" and cuda_graph:
         reps, host_ms = _warm_up_and_plan(fn, sync, warmup_ms, min_warmup, rep_ms, min_reps, max_reps)
-        with torch.cuda.device(dev):
+        with torch.cuda.device(dev), distributed.timed_region():
             samples = _graph_times(fn, reps)
         return Measurement(samples, mode="cuda_graph", device=str(dev), label=label, host_ms=host_ms)
     timing = {"warmup_ms": warmup_ms, "min_warmup": min_warmup, "rep_ms": rep_ms, "min_reps": min_reps,
@@ -226,12 +228,13 @@ def benchmark_side_by_side(
              for name, fn in fns.items()}  # fmt: skip
     timed = _repetitions(dev, sync, flush_l2)
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for turn in range(rounds):
-        for name, fn in fns.items():
-            reps, host_ms = plans[name]
-            share = reps // rounds + (turn < reps % rounds)  # the shares add up to reps
-            if share:
-                samples[name] += timed(fn, share, host_ms)
+    with distributed.timed_region():  # with --isolate on many GPUs: one rank times at a time
+        for turn in range(rounds):
+            for name, fn in fns.items():
+                reps, host_ms = plans[name]
+                share = reps // rounds + (turn < reps % rounds)  # the shares add up to reps
+                if share:
+                    samples[name] += timed(fn, share, host_ms)
     mode = "events" if dev.type == "cuda" else "perf_counter"
     flushed = flush_l2 and dev.type == "cuda"
     return {

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from fuselab.bench import distributed
 from fuselab.bench.ceilings import get_ceilings
 from fuselab.bench.env import environment
 from fuselab.bench.results import fmt_fixed, fmt_float, fmt_plain, make_table, plot_metric, write_csv, write_json
@@ -30,6 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (launch-bound kernels)")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="on many GPUs: one GPU times at a time while the others prepare and compile (default: all time at once)",
+    )
     p.set_defaults(func=run)
 
 
@@ -42,9 +48,13 @@ def run(args: argparse.Namespace) -> int:
         "cuda_graph": args.cuda_graph,
         "flush_l2": not args.no_flush,
     }
+    distributed.set_isolate(args.isolate)
     rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, **kwargs)
+    if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
+        return 0
     console = Console()
-    console.print(make_table(rows, columns(op.baseline, list(op.options)), title=f"bench {op.name}"))
+    shown = columns(op.baseline, list(op.options)) + ([("rank", "rank", fmt_plain)] if distributed.active() else [])
+    console.print(make_table(rows, shown, title=f"bench {op.name}"))
     ceilings = get_ceilings(kwargs["device"], measure=False)
     if args.out and args.out.suffix == ".json":
         meta = {"env": environment(kwargs["device"]), "ceilings": ceilings}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from fuselab.bench import distributed
 from fuselab.bench.results import fmt_float, fmt_plain, make_table
 from fuselab.cli._args import add_op_arguments, resolve
 from fuselab.ops.evaluate import check_op, summarize_checks
@@ -25,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
     rows = check_op(op, seed=args.seed, **kwargs)
+    if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
+        return 1 if any(r["status"] == "FAIL" for r in rows) else 0
     console = Console()
     available = [r for r in rows if r["status"] != "unavailable"]
     shown = available if args.all else summarize_checks(available)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fuselab.bench import ceilings as ceilings_mod
+from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.sweep import case_key, grid, run_sweep
@@ -166,7 +167,9 @@ def check_op(
         ok = all(e <= tolerance for e in errors)
         return {**row, "tolerance": tolerance, "status": "pass" if ok else "FAIL", "seed": case_seed}
 
-    rows = run_sweep(cases, run, out=None, description=f"check {op.name}", show_progress=show_progress)
+    rows = run_sweep(
+        cases, run, out=None, description=f"check {op.name}", show_progress=show_progress, cost=sweep_cost(op)
+    )
     return [{"op": op.name, "device": device, **row} for row in rows]
 
 
@@ -300,10 +303,37 @@ def bench_op(
             raise result
         return {**result, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
 
-    rows = run_sweep(cases, run, out=out, description=f"bench {op.name}", show_progress=show_progress)
+    together = lambda case: case_key({k: v for k, v in case.items() if k != "impl"})  # noqa: E731
+    rows = run_sweep(
+        cases,
+        run,
+        out=out,
+        description=f"bench {op.name}",
+        show_progress=show_progress,
+        cost=sweep_cost(op, timing),
+        group=together,
+    )
     sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
     same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing or {}) for b in sizes}
     return add_derived(rows, op.baseline, copy_gbps, ("op", "dtype", "shape", *op.options), same_size)
+
+
+def sweep_cost(op: Op, timing: dict | None = None) -> Callable[[dict], float]:
+    """A case's estimated seconds, for spreading a sweep over GPUs: its impl's timing budget (none for a check), a
+    compile if the impl is compiled, and its bytes and FLOPs (see fuselab.bench.distributed.case_cost)."""
+    timing_s = ((timing or {}).get("warmup_ms", 200.0) + (timing or {}).get("rep_ms", 500.0)) / 1e3 if timing else 0.0
+
+    def cost(case: dict) -> float:
+        impl = op.impls.get(str(case.get("impl")))
+        try:
+            shape, dtype = tuple(case["shape"]), DTYPES[str(case["dtype"])]
+            nbytes, flops = op.bytes_moved(shape, dtype), op.flops(shape)
+        except Exception:  # a cost model that cannot say: size counts for nothing
+            nbytes, flops = 0, 0
+        compiled = int(bool(impl and impl.compiled))
+        return distributed.case_cost(timing_s=timing_s or 0.05, compiled=compiled, nbytes=nbytes, flops=flops)
+
+    return cost
 
 
 def add_derived(
