@@ -255,3 +255,43 @@ def test_isolate_lets_one_rank_time_at_a_time(tmp_path):
     spans = sorted(s for k in range(WORLD) for s in json.loads((tmp_path / f"spans.{k}").read_text()))
     assert len(spans) == 3 * WORLD
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # no two timed regions overlap
+
+
+def _report_rank(out: str) -> None:
+    from fuselab.report import run_full_report
+    from fuselab.report.runner import Section
+
+    def swept(ctx, doc):
+        rows = run_sweep(
+            grid(n=list(range(6))), lambda c: {"sq": c["n"] ** 2}, ctx.log("swept", "n"), show_progress=False
+        )
+        doc.text(f"{len(rows)} rows")
+        return {"rows": len(rows), "ranks": sorted({r.get("rank") for r in rows})}
+
+    def plain(ctx, doc):
+        doc.text(f"plain on rank {distributed.rank()}")
+        return {"rank": distributed.rank()}
+
+    sections = [Section("swept", "A sweep", swept), Section("plain", "Plain", plain)]
+    records = run_full_report(out, device="cpu", quick=True, sections=sections, show_progress=False)
+    Path(out, f"returned.{distributed.rank()}.json").write_text(
+        json.dumps({k: r["status"] for k, r in records.items()})
+    )
+
+
+def test_report_sections_run_on_every_rank_their_sweeps_spread_and_rank_0_writes(tmp_path):
+    out = tmp_path / "report"
+    spawn("_report_rank", str(out))
+    assert json.loads((out / "returned.0.json").read_text()) == {"swept": "ok", "plain": "ok"}
+    assert json.loads((out / "returned.1.json").read_text()) == {"swept": "ok", "plain": "ok"}
+    record = json.loads((out / "results" / "swept.json").read_text())
+    assert record["results"] == {"rows": 6, "ranks": [0, 1]}
+    assert json.loads((out / "results" / "plain.json").read_text())["results"] == {"rank": 0}  # rank 0's record
+    assert len(load_records(out / "results" / "swept.n.jsonl")) == 6
+    assert "plain on rank 0" in (out / "report.md").read_text()
+    assert sorted(p.name for p in (out / "results").iterdir()) == [
+        "plain.json",
+        "swept.json",
+        "swept.n.jsonl",
+        "swept.n.jsonl.lock",
+    ]
