@@ -203,5 +203,13 @@ def measure_interconnect(*, quick: bool = False, nproc: int | None = None) -> di
     result["topology"] = topology() if on_gpu else None
     result["peer_copy"] = peer_copies(64 * MiB if quick else GiB) if on_gpu else []
     result["allreduce"] = all_reduce_ranks(nproc or max(2, torch.cuda.device_count()), sizes)
-    result["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version())) if on_gpu else None
+    result["nccl_version"] = _nccl_version() if on_gpu else None
     return result
+
+
+def _nccl_version() -> str | None:
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # NCCL not built in
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple | list) else str(version)
