@@ -41,7 +41,9 @@ def test_torchrun_bench_and_check_on_two_ranks_then_resume_on_one(tmp_path, monk
     assert main(["bench", "softmax", *BENCH, "--out", str(out)]) == 0  # one rank, the same log: all done
     assert len(load_records(out.with_suffix(".jsonl"))) == 6
 
-    check = ["check", "softmax", "--impl", "torch,naive", "--device", "cpu", "--shape", "3x37"]
+    check = ["check", "softmax", "--impl", "torch,naive", "--device", "cpu", "--shape", "3x37", "--seed", "5"]
     checked = torchrun(*check, cache=tmp_path)
     assert checked.returncode == 0, checked.stderr[-3000:]
     assert checked.stdout.count("max rel err") == 1 and "0 failed" in checked.stdout
+    table = [line for line in checked.stdout.splitlines() if line.startswith("│")]
+    assert len(table) == 6  # one row per impl and dtype (2 x 3), not one per rank

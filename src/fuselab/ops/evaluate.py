@@ -195,6 +195,7 @@ def summarize_checks(rows: list[dict]) -> list[dict]:
 
 
 _PER_CASE = {"shape", "key", "rel_err", "grad_rel_err", "status", "reason", "seed", "error"}
+_PER_CASE |= {"rank", "host", "gpu_index", "gpu_name"}  # where a case ran, under torchrun
 
 
 # ---------------------------------------------------------------------------------------------- bench
