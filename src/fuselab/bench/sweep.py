@@ -12,6 +12,7 @@ next run cuts off with a warning before it appends).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -25,6 +26,8 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fuselab.bench import distributed
 
 Case = dict[str, object]
 MAX_ERROR_CHARS = 2000
@@ -147,31 +150,65 @@ def run_sweep(
     description: str = "sweep",
     show_progress: bool = True,
     log: Callable[[str], None] | None = None,
+    cost: Callable[[Case], float] | None = None,
+    group: Callable[[Case], str] | None = None,
 ) -> list[dict]:
     """Run every case not already done in `out`; return one row per case (old and new), in case order.
 
     Each row is the case's fields, the fields run_case returned, `key`, `status` and `error` (None or why).
     log(message): where to say what is resumed and, when progress is on but stderr is not a terminal (no live bar),
     a line per finished case, at most one a second (default: stderr).
+    `out` is locked while the sweep runs (`out.lock`): a second run on it stops with distributed.LogBusy.
+    Under torchrun with more than one rank (fuselab.bench.distributed), the cases not done are split over the
+    ranks by `cost` (estimated seconds, default 1 each), keeping cases with the same `group` key on one rank;
+    each rank logs to its own part file, and every rank returns all rows.
     """
     say = log or _stderr
     path = Path(out) if out is not None else None
     done: dict[str, dict] = {}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        repair_log(path)
-        done = latest_by_key(load_records(path))
-    rows: dict[str, dict] = {}
-    todo = []
-    for case in cases:
-        key = case_key(case)
-        if key in done and done[key].get("error") is None:
-            rows[key] = done[key]
-        else:
-            todo.append((key, case))
-    if rows:
-        say(f"resuming {path}: {len(rows)} of {len(cases)} cases done, {len(todo)} to run")
 
+    def run_cases(todo: list[tuple[str, Case]], part: Path | None, extra: dict) -> dict[str, dict]:
+        main = distributed.is_main()
+        return _run_cases(todo, run_case, part, extra, description, show_progress and main, say)
+
+    if distributed.active():
+        return distributed.run_spread(cases, run_cases, path, done_ok=_done, cost=cost, group=group)
+    with distributed.LogLock(path) if path is not None else contextlib.nullcontext():
+        if path is not None:
+            repair_log(path)  # a torn last line, left by a run killed mid-write
+            distributed.merge_parts(path)  # rows a spread run left in part files
+            done = latest_by_key(load_records(path))
+        rows: dict[str, dict] = {}
+        todo = []
+        for case in cases:
+            key = case_key(case)
+            if key in done and _done(done[key]):
+                rows[key] = done[key]
+            else:
+                todo.append((key, case))
+        if rows:
+            say(f"resuming {path}: {len(rows)} of {len(cases)} cases done, {len(todo)} to run")
+        rows.update(run_cases(todo, path, {}))
+    return [rows[case_key(case)] for case in cases]
+
+
+def _done(row: Mapping[str, object]) -> bool:
+    return row.get("error") is None
+
+
+def _run_cases(
+    todo: Sequence[tuple[str, Case]],
+    run_case: Callable[[Case], Mapping[str, object]],
+    path: Path | None,
+    extra: Mapping[str, object],
+    description: str,
+    show_progress: bool,
+    say: Callable[[str], None],
+) -> dict[str, dict]:
+    """Run (key, case) pairs in order, appending each row (case, `extra`, results, key) to `path` as it finishes."""
+    rows: dict[str, dict] = {}
     live = show_progress and sys.stderr.isatty()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     last_line = time.perf_counter()
@@ -180,7 +217,7 @@ def run_sweep(
         for i, (key, case) in enumerate(todo, 1):
             progress.update(task, description=f"{description}: {_short(case)}")
             start = time.perf_counter()
-            row = {**case, **_run_one(run_case, case), "key": key}
+            row = {**case, **extra, **_run_one(run_case, case), "key": key}
             rows[key] = row
             if path is not None:
                 append_record(path, row)
@@ -190,7 +227,7 @@ def run_sweep(
                 say(f"{description} [{i}/{len(todo)}] {_short(case)}: {row['status']} ({now - start:.1f} s)")
                 last_line = now
         progress.update(task, description=description)
-    return [rows[case_key(case)] for case in cases]
+    return rows
 
 
 def _run_one(run_case: Callable[[Case], Mapping[str, object]], case: Case) -> dict[str, object]:

@@ -23,6 +23,8 @@ from typing import Literal
 
 import torch
 
+from fuselab.bench import distributed
+
 Pitfall = Literal["no_warmup", "no_sync"]
 PITFALLS: tuple[str, ...] = ("no_warmup", "no_sync")
 
@@ -312,7 +314,7 @@ def benchmark_side_by_side(
         out = Measurements()
         for name, fn in fns.items():
             reps, host_ms = plan(fn)
-            with torch.cuda.device(dev):
+            with torch.cuda.device(dev), distributed.timed_region():
                 samples = _graph_times(fn, reps)
             out[name] = Measurement(samples, mode="cuda_graph", device=str(dev), label=name, host_ms=host_ms)
         return out
@@ -322,12 +324,13 @@ def benchmark_side_by_side(
     plans = {name: plan(fn) for name, fn in fns.items()}
     timed = _repetitions(dev, sync, t.flush_l2)
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for turn in range(rounds):
-        for name, fn in fns.items():
-            reps, host_ms = plans[name]
-            share = reps // rounds + (turn < reps % rounds)  # the shares add up to reps
-            if share:
-                samples[name] += timed(fn, share, host_ms)
+    with distributed.timed_region():  # with --isolate on many GPUs: one rank times at a time
+        for turn in range(rounds):
+            for name, fn in fns.items():
+                reps, host_ms = plans[name]
+                share = reps // rounds + (turn < reps % rounds)  # the shares add up to reps
+                if share:
+                    samples[name] += timed(fn, share, host_ms)
     mode = "events" if dev.type == "cuda" else "perf_counter"
     flushed = t.flush_l2 and dev.type == "cuda"
     return Measurements(

@@ -20,6 +20,7 @@ import warnings
 from typing import NoReturn
 
 import fuselab
+from fuselab.bench import distributed
 
 COMMANDS = ("device", "check", "bench", "profile", "inspect", "report")
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, LookupError, OSError, ImportError)
@@ -34,6 +35,9 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> Parser:
     parser = Parser(prog="fuselab", description=fuselab.__doc__)
+    parser.add_argument(  # taken out of argv by main(), anywhere in it; listed here for --help
+        "--gpus", metavar="N|all", help="run the command on N GPUs of this host (torchrun, one process per GPU)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"fuselab.cli.{name}").register(sub)
@@ -50,20 +54,31 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv, gpus = distributed.pop_gpus(sys.argv[1:] if argv is None else argv)
+    if gpus is not None and "WORLD_SIZE" not in os.environ:  # --gpus N: run this command under torchrun
+        try:
+            n = distributed.gpus_requested(gpus)
+        except ValueError as exc:
+            print(f"fuselab: error: {exc}", file=sys.stderr)
+            return 2
+        if n > 1:
+            return distributed.launch(argv, n)
     args = build_parser().parse_args(argv)
     if not debug():
         warnings.showwarning = _show_warning
     from fuselab.ops.evaluate import Unavailable  # after parsing: --help stays quick
 
     try:
-        return int(args.func(args) or 0)
+        with distributed.session():  # under torchrun: the process group, one GPU per rank
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("interrupted; finished results are kept", file=sys.stderr)
         return 130
-    except (*EXPECTED_ERRORS, Unavailable) as exc:
+    except (*EXPECTED_ERRORS, Unavailable, distributed.LogBusy) as exc:
         if debug():
             raise
-        print(f"fuselab {args.command}: error: {_message(exc)}", file=sys.stderr)
+        who = f" (rank {distributed.rank()})" if distributed.active() else ""
+        print(f"fuselab {args.command}{who}: error: {_message(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug: still one line, and how to see more
         if debug():

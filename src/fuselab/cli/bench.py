@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from fuselab.bench import distributed
 from fuselab.bench.ceilings import get_ceilings
 from fuselab.bench.env import environment
 from fuselab.bench.results import (
@@ -55,6 +56,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (launch-bound kernels)")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="on many GPUs: one GPU times at a time while the others prepare and compile (default: all time at once)",
+    )
     p.set_defaults(func=run)
 
 
@@ -77,10 +83,13 @@ def run(args: argparse.Namespace) -> int:
     timing = Timing(
         rep_ms=args.rep_ms, warmup_ms=args.warmup_ms, cuda_graph=args.cuda_graph, flush_l2=not args.no_flush
     )
+    distributed.set_isolate(args.isolate)
     rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, **kwargs)
+    if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
+        return 0
     measured = [r for r in rows if not r.get("error")]
     if measured:
-        cols = columns(op.baseline, list(op.options))
+        cols = columns(op.baseline, list(op.options)) + ([("rank", "rank", fmt_plain)] if distributed.active() else [])
         table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms")
         print_table(table, console)
     if any(row_is_noisy(r) for r in measured):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from fuselab.bench import distributed
 from fuselab.bench.results import fmt_dtype, fmt_float, fmt_plain, make_table, print_table
 from fuselab.cli._args import add_op_arguments, check_writable, resolve
 from fuselab.ops.evaluate import check_op, summarize_checks
@@ -30,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
     check_writable(args.out)
     rows = check_op(op, seed=args.seed, **kwargs)
+    if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
+        return 1 if any(r["status"] == "FAIL" for r in rows) else 0
     console = Console(highlight=False)
     available = [r for r in rows if r["status"] != "unavailable"]
     shown = available if args.all else summarize_checks(available)

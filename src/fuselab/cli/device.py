@@ -6,9 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
+from fuselab.bench import distributed
 from fuselab.bench.ceilings import get_ceilings, measure_ceilings
 from fuselab.bench.results import fmt_rate
 from fuselab.cli._args import add_device_argument, check_writable
@@ -20,6 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refresh", action="store_true", help="measure again even if cached")
     p.add_argument("--quick", action="store_true", help="small sizes, not cached (a rough look)")
     p.add_argument("--out", type=Path, help="also write the result as JSON here")
+    p.add_argument(
+        "--interconnect",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="GPU-to-GPU copy and NCCL all-reduce ceilings (auto: on a host with 2+ GPUs or under torchrun)",
+    )
     p.set_defaults(func=run)
 
 
@@ -29,7 +37,18 @@ def run(args: argparse.Namespace) -> int:
         result = measure_ceilings(args.device, quick=True)
     else:
         result = get_ceilings(args.device, refresh=args.refresh)
+    if args.interconnect == "on" or (
+        args.interconnect == "auto" and (torch.cuda.device_count() > 1 or distributed.active())
+    ):
+        from fuselab.bench.interconnect import measure_interconnect
+
+        result = {**result, "interconnect": measure_interconnect(quick=args.quick)}
+    if not distributed.is_main():
+        return 0
     Console().print(ceilings_table(result))
+    if "interconnect" in result:
+        for table in interconnect_tables(result["interconnect"]):
+            Console().print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -56,3 +75,35 @@ def ceilings_table(c: dict) -> Table:
             table.add_row(key, str(env[key]))
     table.add_row("torch / triton", f"{env['torch']} / {env['triton']}")
     return table
+
+
+def interconnect_tables(ic: dict) -> list[Table]:
+    """Link types and peer copies (GPU pairs), and all-reduce bus bandwidth against message size."""
+    tables = []
+    links = (ic.get("topology") or {}).get("links", {})
+    copies = ic.get("peer_copy") or []
+    if links or copies:
+        pairs = Table(title="GPU pairs (device-to-device copy; bytes copied once)")
+        for name in ("from", "to", "link (nvidia-smi topo -m)", "copy GB/s", "MiB"):
+            pairs.add_column(name)
+        for row in copies:
+            link = links.get(f"{min(row['src'], row['dst'])}-{max(row['src'], row['dst'])}", "")
+            pairs.add_row(str(row["src"]), str(row["dst"]), link, f"{row['gbps']:.0f}", f"{row['bytes'] / 2**20:.0f}")
+        tables.append(pairs)
+    allreduce = ic.get("allreduce") or {}
+    nvls = ic.get("nccl_nvls_enable")
+    reduce = Table(title=f"all-reduce over {allreduce.get('ranks')} ranks (nccl-tests' busbw; NCCL_NVLS_ENABLE={nvls})")
+    for name in ("size", "time us", "algbw GB/s", "busbw GB/s"):
+        reduce.add_column(name)
+    for row in allreduce.get("rows", []):
+        size = row["bytes"]
+        label = (
+            f"{size / 2**30:g} GiB"
+            if size >= 2**30
+            else f"{size / 2**20:g} MiB"
+            if size >= 2**20
+            else f"{size / 2**10:g} KiB"
+        )
+        reduce.add_row(label, f"{row['time_us']:.1f}", f"{row['algbw_gbps']:.1f}", f"{row['busbw_gbps']:.1f}")
+    tables.append(reduce)
+    return tables

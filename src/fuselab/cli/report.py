@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from fuselab.bench import distributed
 from fuselab.cli._args import add_device_argument, check_writable
 from fuselab.report import run_full_report
 from fuselab.report.sections import section_names
@@ -36,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     records = run_full_report(
         args.out, device=args.device, quick=args.quick, fresh=args.fresh, only=only, console=console
     )
+    if not distributed.is_main():  # under torchrun, rank 0 writes and tells
+        return 0
     failed = [r["title"] for r in records.values() if r.get("status") == "failed"]
     console.print(
         f"wrote {args.out / 'report.md'} and {args.out / 'report.html'} in {time.perf_counter() - start:.0f} s"

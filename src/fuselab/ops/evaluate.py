@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fuselab.bench import ceilings as ceilings_mod
+from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.memory import format_bytes, free_bytes
@@ -204,7 +205,9 @@ def check_op(
         ok = all(e <= tolerance for e in errors)
         return {**row, "tolerance": tolerance, "status": "pass" if ok else "FAIL", "seed": case_seed}
 
-    rows = run_sweep(cases, run, out=None, description=f"check {op.name}", show_progress=show_progress)
+    rows = run_sweep(
+        cases, run, out=None, description=f"check {op.name}", show_progress=show_progress, cost=sweep_cost(op)
+    )
     return [{"op": op.name, "device": device, **row} for row in rows]
 
 
@@ -230,6 +233,7 @@ def summarize_checks(rows: list[dict]) -> list[dict]:
 
 
 _PER_CASE = {"shape", "key", "rel_err", "grad_rel_err", "status", "reason", "seed", "error"}
+_PER_CASE |= {"rank", "host", "gpu_index", "gpu_name"}  # where a case ran, under torchrun
 
 
 # ---------------------------------------------------------------------------------------------- bench
@@ -349,7 +353,16 @@ def bench_op(
             raise result
         return {**result, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
 
-    rows = run_sweep(cases, run, out=out, description=f"bench {op.name}", show_progress=show_progress)
+    together = lambda case: case_key({k: v for k, v in case.items() if k != "impl"})  # noqa: E731
+    rows = run_sweep(
+        cases,
+        run,
+        out=out,
+        description=f"bench {op.name}",
+        show_progress=show_progress,
+        cost=sweep_cost(op, timing),
+        group=together,
+    )
     same_size = {}
     if op.bound == "memory":  # a copy of the same bytes, timed once per size: what such a size can reach
         sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
@@ -360,6 +373,24 @@ def bench_op(
         if not row.get("error") and peak and row.get("tflops") is not None:
             row["pct_peak"] = 100 * row["tflops"] / peak
     return rows
+
+
+def sweep_cost(op: Op, timing: Timing | None = None) -> Callable[[dict], float]:
+    """A case's estimated seconds, for spreading a sweep over GPUs: its impl's timing budget (none for a check), a
+    compile if the impl is compiled, and its bytes and FLOPs (see fuselab.bench.distributed.case_cost)."""
+    timing_s = (timing.warmup_ms + timing.rep_ms) / 1e3 if timing else 0.0
+
+    def cost(case: dict) -> float:
+        impl = op.impls.get(str(case.get("impl")))
+        try:
+            shape, dtype = tuple(case["shape"]), DTYPES[str(case["dtype"])]
+            nbytes, flops = op.case_cost(shape, dtype, {k: case[k] for k in op.options if k in case})
+        except Exception:  # a cost model that cannot say: size counts for nothing
+            nbytes, flops = 0, 0
+        compiled = int(bool(impl and impl.compiled))
+        return distributed.case_cost(timing_s=timing_s or 0.05, compiled=compiled, nbytes=nbytes, flops=flops)
+
+    return cost
 
 
 def add_derived(

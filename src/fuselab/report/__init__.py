@@ -6,12 +6,14 @@ run_full_report("report", quick=True)
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from rich.console import Console
 
+from fuselab.bench import distributed
 from fuselab.report.budgets import BUDGETS, mode_for
 from fuselab.report.runner import Context, Section, run_report, run_section
 
@@ -48,6 +50,10 @@ def run_full_report(
     device = resolve_device(device)
     mode = mode_for(device, quick)
     ctx = Context(out=Path(out), device=device, mode=mode, budget=BUDGETS[mode], show_progress=show_progress)
+    if not distributed.is_main():  # under torchrun: sweeps share OUT's logs; rank 0 alone writes the report
+        with tempfile.TemporaryDirectory(prefix=f"fuselab-report-rank{distributed.rank()}-") as scratch:
+            ctx.out, ctx.logs, ctx.show_progress = Path(scratch), Path(out), False
+            return run_report(sections or all_sections(), ctx, fresh=fresh, only=only, console=console)
     return run_report(sections or all_sections(), ctx, fresh=fresh, only=only, console=console)
 
 

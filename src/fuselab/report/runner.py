@@ -25,6 +25,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fuselab.bench import distributed
 from fuselab.bench.env import environment
 from fuselab.report.doc import Doc, blocks_to_html, blocks_to_markdown, html_page
 
@@ -42,6 +43,7 @@ class Context:
     budget: dict
     results: dict[str, dict] = field(default_factory=dict)
     show_progress: bool = True
+    logs: Path | None = None  # where sweep logs go when not under `out` (ranks other than 0, under torchrun)
 
     @property
     def on_gpu(self) -> bool:
@@ -55,7 +57,7 @@ class Context:
 
     def log(self, section: str, part: str) -> Path:
         """A resumable JSON-lines file for one sweep of a section: OUT/results/<section>.<part>.jsonl."""
-        return self.out / "results" / f"{section}.{part}.jsonl"
+        return (self.logs or self.out) / "results" / f"{section}.{part}.jsonl"
 
     def need(self, section: str) -> dict:
         """The results of an earlier section; LookupError when it did not finish."""
@@ -175,6 +177,7 @@ def run_report(
                 and previous.get("mode") == ctx.mode
                 and not section.derived
             )
+            resumable = distributed.broadcast(resumable)  # under torchrun, every rank runs what rank 0 runs
             if not selected or resumable:
                 if previous is not None:
                     records[section.name] = previous
@@ -195,7 +198,8 @@ def run_report(
                 progress.console.print(f"[red]✗ {section.title} failed[/red]: {record['error'].splitlines()[0]}")
             progress.advance(task)
         progress.update(task, description="report")
-    write_outputs(sections, records, ctx)
+    if distributed.is_main():
+        write_outputs(sections, records, ctx)
     return records
 
 

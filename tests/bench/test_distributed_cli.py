@@ -1,0 +1,49 @@
+"""`torchrun -m fuselab bench|check` on two CPU ranks (gloo, loopback, a free port), then a one-rank rerun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuselab.bench.distributed import part_files
+from fuselab.bench.sweep import load_records
+from fuselab.cli import main
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+BENCH = ["--impl", "torch,naive", "--device", "cpu", "--dtype", "fp32", "--shape", "3x37", "--shape", "5x41"]
+BENCH += ["--shape", "7x29", "--rep-ms", "5", "--warmup-ms", "1", "--rounds", "2"]
+
+
+def torchrun(*argv: str, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "FUSELAB_CACHE": str(cache), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "fuselab"]
+    return subprocess.run([*cmd, *argv], capture_output=True, text=True, env=env, timeout=150)
+
+
+@pytest.mark.timeout(180)
+def test_torchrun_bench_and_check_on_two_ranks_then_resume_on_one(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "s.json"
+    done = torchrun("bench", "softmax", *BENCH, "--out", str(out), cache=tmp_path / "cache")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("rel err") == 1  # rank 0 prints the one table
+    records = load_records(out.with_suffix(".jsonl"))
+    assert sorted((r["impl"], tuple(r["shape"])) for r in records) == sorted(
+        (i, s) for i in ("torch", "naive") for s in ((3, 37), (5, 41), (7, 29))
+    )
+    assert {r["rank"] for r in records} == {0, 1} and all(r["error"] is None for r in records)
+    assert part_files(out.with_suffix(".jsonl")) == []
+
+    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
+    assert main(["bench", "softmax", *BENCH, "--out", str(out)]) == 0  # one rank, the same log: all done
+    assert len(load_records(out.with_suffix(".jsonl"))) == 6
+
+    check = ["check", "softmax", "--impl", "torch,naive", "--device", "cpu", "--shape", "3x37", "--seed", "5"]
+    checked = torchrun(*check, cache=tmp_path)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert checked.stdout.count("max rel err") == 1 and "0 failed" in checked.stdout
+    table = [line for line in checked.stdout.splitlines() if line.startswith("│")]
+    assert len(table) == 6  # one row per impl and dtype (2 x 3), not one per rank
