@@ -130,3 +130,160 @@ def test_unknown_impl_lists_the_known_ones() -> None:
 def test_sdpa_backends_say_why_unavailable_on_cpu() -> None:
     for name in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient"):
         assert "cuda" in ATTENTION.get_impl(name).unavailable("cpu").lower()
+
+
+# ---------------------------------------------------------------------------------------------- triton
+
+needs_triton = pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+# the interpreter runs 16 x 16 tiles by default; these plans have BLOCK_M != BLOCK_N, as on a GPU
+UNEVEN_PLANS = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}
+
+
+def _uneven_plans() -> dict:
+    from fuselab.ops.attention.triton_kernels import Plan
+
+    return {k: Plan(m, n, 4, 2) for k, (m, n) in UNEVEN_PLANS.items()}
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1, 16), (2, 17, 16), (1, 2, 65, 33, 48), (1, 4, 2, 17, 40, 80)])
+def test_triton_matches_reference(shape: tuple, causal: bool) -> None:
+    check_against_reference("triton", shape, causal, torch.float32, DEVICE)
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 70, 45, 16), (1, 2, 1, 33, 66, 24)])
+def test_triton_uneven_blocks_match_reference(shape: tuple, causal: bool) -> None:
+    from fuselab.ops.attention.triton_kernels import forced_plans
+
+    with forced_plans(_uneven_plans()):
+        check_against_reference("triton", shape, causal, torch.float32, DEVICE)
+
+
+@needs_triton
+def test_triton_function_saves_exactly_q_k_v_o_and_logsumexp() -> None:
+    from fuselab.ops.attention import FlashAttentionTriton
+
+    q, k, v = (t.requires_grad_(True) for t in inputs((2, 19, 16), torch.float32, DEVICE))
+    out = FlashAttentionTriton.apply(q, k, v, True)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 5
+    assert all(a is b for a, b in zip(saved[:3], (q, k, v), strict=True))
+    assert saved[3].shape == (2, 19, 16) and saved[4].shape == (2, 19) and saved[4].dtype == torch.float32
+    ref_lse = FlashAttentionTiled.apply(q, k, v, True).grad_fn.saved_tensors[4]
+    torch.testing.assert_close(saved[4], ref_lse, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, reference(q, k, v, causal=True).float(), rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
+def test_triton_strided_inputs_and_stride0_grad() -> None:
+    """q, k, v as transposed views of (B, N, H, d) tensors; the gradient of o.sum() has stride 0 everywhere."""
+    base = [torch.randn(1, n, 2, 24, device=DEVICE) for n in (21, 30, 30)]
+    xs = [t.transpose(1, 2).requires_grad_(True) for t in (b.clone() for b in base)]
+    xs = [t.detach().requires_grad_(True) for t in xs]
+    assert not xs[0].is_contiguous()
+    attention(*xs, causal=True, impl="triton").sum().backward()
+    xs64 = [t.detach().double().requires_grad_(True) for t in xs]
+    reference(*xs64, causal=True).sum().backward()
+    for a, b in zip(xs, xs64, strict=True):
+        assert relative_error(a.grad, b.grad) < ATTENTION.tolerance[torch.float32]
+
+
+@needs_triton
+def test_triton_backward_is_deterministic() -> None:
+    q, k, v = inputs((1, 4, 2, 40, 37, 16), torch.float32, DEVICE)
+    grads = []
+    for _ in range(2):
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        attention(*xs, causal=True, impl="triton").backward(torch.ones(q.shape, device=DEVICE) * 0.5)
+        grads.append([x.grad for x in xs])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_triton
+def test_triton_compiles_fullgraph_without_break() -> None:
+    from fuselab.ops.attention import scaled_dot_product_attention
+
+    q, k, v = (t.requires_grad_(True) for t in inputs((1, 2, 20, 16), torch.float32, DEVICE))
+
+    def model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return scaled_dot_product_attention(q * 2, k, v, is_causal=True).square().sum()
+
+    backend = "inductor" if HAS_CUDA else "aot_eager"
+    torch.compile(model, fullgraph=True, backend=backend)(q, k, v).backward()
+    compiled = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    model(q, k, v).backward()
+    for a, t in zip(compiled, (q, k, v), strict=True):
+        torch.testing.assert_close(a, t.grad, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+TOL_16 = {torch.float16: 3e-3, torch.bfloat16: 2.4e-2}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [16, 32, 64, 80, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_triton_head_dims_and_dtypes(d: int, dtype: torch.dtype, causal: bool) -> None:
+    for shape in [(2, 3, 1, 1, d), (1, 4, 2, 300, 257, d), (2, 2, 1000, d)]:
+        check_against_reference("triton", shape, causal, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 17, 128, 129, 1000, 2048, 4097])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_triton_lengths(n: int, causal: bool) -> None:
+    check_against_reference("triton", (1, 2, n, max(1, n // 3 + 5), 64), causal, torch.bfloat16, "cuda")
+    check_against_reference("triton", (1, 2, n, 64), causal, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_triton_deterministic(dtype: torch.dtype) -> None:
+    q, k, v = inputs((2, 8, 2, 1500, 1500, 64), dtype, "cuda")
+    grads = []
+    for _ in range(2):
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        attention(*xs, causal=True, impl="triton").sum().backward()
+        grads.append([x.grad for x in xs])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_triton_memory_grows_linearly() -> None:
+    """Extra memory at N = 32768 (naive would need 2 * 32768^2 * 2 bytes = 4 GiB of scores per head) stays O(N)."""
+    peaks = {}
+    for n in (8192, 32768):
+        q, k, v = (t.requires_grad_(True) for t in inputs((1, 2, n, 64), torch.bfloat16, "cuda"))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        attention(q, k, v, causal=True, impl="triton").sum().backward()
+        torch.cuda.synchronize()
+        peaks[n] = torch.cuda.max_memory_allocated() - start
+    assert peaks[32768] < 6 * peaks[8192]  # 4x the length: ~4x the memory, not 16x
+    assert peaks[32768] < 64 * 2**20
+
+
+@pytest.mark.gpu
+def test_gpu_sdpa_parity_nan_and_inf() -> None:
+    """NaN in a key and inf in a query poison the rows SDPA's do; every other row matches SDPA."""
+    q, k, v = inputs((1, 2, 200, 64), torch.bfloat16, "cuda")
+    k[0, 0, 150, 3] = float("nan")
+    q[0, 1, 20, 0] = float("inf")
+    for causal in (False, True):
+        ours = attention(q, k, v, causal=causal, impl="triton")
+        theirs = attention(q, k, v, causal=causal, impl="sdpa-flash")
+        assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
+        finite = torch.isfinite(theirs)
+        assert torch.equal(finite, torch.isfinite(ours))
+        assert relative_error(ours[finite], theirs[finite]) < TOL_16[torch.bfloat16]

@@ -8,9 +8,12 @@ Importing registers them all; it needs no GPU and no Triton (each impl says why 
 # isort: off
 from fuselab.ops.attention import naive  # noqa: F401
 from fuselab.ops.attention import tiled  # noqa: F401
+from fuselab.ops.attention import triton  # noqa: F401
 
 # isort: on
+from fuselab.ops.attention.functional import scaled_dot_product_attention
 from fuselab.ops.attention.spec import ATTENTION, attention
 from fuselab.ops.attention.tiled import FlashAttentionTiled
+from fuselab.ops.attention.triton import FlashAttentionTriton
 
-__all__ = ["ATTENTION", "FlashAttentionTiled", "attention"]
+__all__ = ["ATTENTION", "FlashAttentionTiled", "FlashAttentionTriton", "attention", "scaled_dot_product_attention"]
