@@ -188,7 +188,7 @@ def attention_fwd_kernel(
     Q,
     K,
     V,
-    O,
+    O,  # noqa: E741  (the papers' name)
     LSE,
     sqz,
     sqh,
@@ -280,7 +280,7 @@ def attention_fwd_kernel(
 
 @triton.jit
 def attention_bwd_delta_kernel(
-    O,
+    O,  # noqa: E741  (the papers' name)
     DO,
     DELTA,
     soz,
