@@ -229,7 +229,7 @@ TOL_16 = {torch.float16: 3e-3, torch.bfloat16: 2.4e-2}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("d", [16, 32, 64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_triton_head_dims_and_dtypes(d: int, dtype: torch.dtype, causal: bool) -> None:
@@ -246,7 +246,7 @@ def test_gpu_triton_lengths(n: int, causal: bool) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_triton_deterministic(dtype: torch.dtype) -> None:
     q, k, v = inputs((2, 8, 2, 1500, 1500, 64), dtype, "cuda")
     grads = []

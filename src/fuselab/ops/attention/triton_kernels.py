@@ -183,7 +183,7 @@ def _fwd_inner(
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
 def attention_fwd_kernel(
     Q,
     K,
@@ -278,7 +278,7 @@ def attention_fwd_kernel(
 # ---------------------------------------------------------------------------------------------- backward
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NQ", "NUM_M"])  # lengths: no recompiles per N
 def attention_bwd_delta_kernel(
     O,  # noqa: E741  (the papers' name)
     DO,
@@ -461,7 +461,7 @@ def _dkdv_inner(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_N", "GROUP"])  # lengths: no recompiles per N
 def attention_bwd_dkdv_kernel(
     Q,
     K,
@@ -705,7 +705,7 @@ def _dq_inner(
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
 def attention_bwd_dq_kernel(
     Q,
     K,
