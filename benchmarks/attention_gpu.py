@@ -25,15 +25,15 @@ from fuselab.bench.env import environment
 from fuselab.bench.timer import benchmark
 from fuselab.ops.attention import ATTENTION, attention
 from fuselab.ops.attention.spec import PAPER_GRID, flops, reference
-from fuselab.ops.evaluate import relative_error
+from fuselab.ops.evaluate import parse_dtype, relative_error
 
 CHECK_SHAPES = [(2, 3, 1, 1, 64), (1, 4, 2, 333, 257, 80), (2, 6, 1000, 96), (1, 2, 777, 128), (3, 555, 64)]
 
 
-def check(log: list) -> bool:
-    """Triton against the float64 reference (output and gradients) at odd shapes, every dtype, causal and not."""
+def check(log: list, dtypes: list[torch.dtype]) -> bool:
+    """Triton against the float64 reference (output and gradients) at odd shapes, causal and not."""
     ok = True
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    for dtype in dtypes:
         for shape in CHECK_SHAPES:
             for causal in (False, True):
                 q, k, v = ATTENTION.make_inputs(shape, dtype, "cuda", 1)
@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--impls", default="triton,sdpa-flash,sdpa-cudnn")
     parser.add_argument("--only", choices=("all", "leaderboard", "grid"), default="all")
     parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--check-dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--naive-max-n", type=int, default=4096, help="time naive up to this N (its N x N scores)")
     args = parser.parse_args()
     impls = args.impls.split(",")
@@ -108,7 +109,7 @@ def main() -> None:
     env = environment("cuda")
     result: dict = {"env": env, "checks": log, "rows": []}
     if not args.no_check:
-        result["checks_pass"] = check(log)
+        result["checks_pass"] = check(log, [parse_dtype(x) for x in args.check_dtypes.split(",")])
     cases = []
     if args.only in ("all", "leaderboard"):
         cases.append(("leaderboard", (16, 16384, 64), True, (True,)))
