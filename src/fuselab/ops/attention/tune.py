@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     slug = tk.gpu_slug(device)
     plans = dict(tk.plan_table(slug))
     report = []
+    meta = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
     for dtype in dtypes:
         for d in args.d or [64, 128]:
             for causal in causals:
@@ -143,15 +144,12 @@ def main(argv: list[str] | None = None) -> None:
                 for kernel, plan in result["best"].items():
                     plans[tk.plan_key(kernel, d, dtype, causal)] = plan
                 report.append({"dtype": str(dtype), "d": d, "causal": causal, **result})
-    if args.warm:
-        return
-    meta = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
-    path = tk.save_plans(slug, plans, meta)
-    print(f"wrote {path}")
-    if args.out:
-        body = [{**r, "best": {k: asdict(p) for k, p in r["best"].items()}} for r in report]
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "cases": body}, f, indent=1)
+                path = tk.save_plans(slug, plans, meta)  # after every case: an interrupted run keeps what it found
+                print(f"wrote {path}", flush=True)
+                if args.out:
+                    body = [{**r, "best": {k: asdict(p) for k, p in r["best"].items()}} for r in report]
+                    with open(args.out, "w") as f:
+                        json.dump({"meta": meta, "cases": body}, f, indent=1)
 
 
 if __name__ == "__main__":
