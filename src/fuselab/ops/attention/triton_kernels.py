@@ -1,9 +1,11 @@
 """FlashAttention-2 forward and backward as Triton kernels (imported lazily: only this module needs Triton).
 
-Layout: every tensor is addressed as (Z, H, N, D) through its four strides, so non-contiguous q, k, v and any output
-gradient (a stride-0 one from `o.sum().backward()` too) are read in place. The head dim is padded to D_PAD, the next
-power of two (>= 16), with masks when it differs. Each program's (batch, head) base offset and row-block offset
-are 64-bit; offsets inside a tile are 32-bit.
+Layout: every tensor is addressed as (Z, H, N, D) through its four strides, so non-contiguous q, k, v and output
+gradients are read in place; a gradient with a stride 0 (`o.sum().backward()`) or a non-unit last stride is copied
+to contiguous first (the H200 run read the leaderboard step's stride-0 gradient in place: 6.68 ms, against ~5.45 ms
+expected from the same kernels at (1, 32, 16384, 64); the copy is not measured yet). The head dim is padded to
+D_PAD, the next power of two (>= 16), with masks when it differs. Each program's (batch, head) base offset and
+row-block offset are 64-bit; offsets inside a tile are 32-bit.
 
 Forward (one program per BLOCK_M queries of one head): the query tile stays in registers, key/value tiles of BLOCK_N
 stream past; online softmax in base 2 with log2(e) folded into the scale; per row it writes O and the logsumexp
@@ -978,7 +980,12 @@ def backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (contiguous, shapes and dtypes of q, k, v); do may have any strides (0 too)."""
-    q4, k4, v4, o4, do4 = as_4d(q), as_4d(k), as_4d(v), as_4d(o), as_4d(do.to(q.dtype))
+    do = do.to(q.dtype)
+    if do.stride(-1) != 1 or 0 in do.stride():
+        # A broadcast gradient (o.sum().backward() hands in stride 0 everywhere) would be read element by element
+        # three times; one contiguous copy (N x d) costs far less. Other strides are read in place.
+        do = do.contiguous()
+    q4, k4, v4, o4, do4 = as_4d(q), as_4d(k), as_4d(v), as_4d(o), as_4d(do)
     z, hq, nq, d = q4.shape
     hkv, nk = k4.shape[1], k4.shape[2]
     dq = torch.empty((z, hq, nq, d), dtype=q.dtype, device=q.device)
