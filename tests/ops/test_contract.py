@@ -153,4 +153,4 @@ def test_spec_is_complete(op: Op) -> None:
     assert op.baseline in op.impls
     for mode in ("quick", "cpu", "gpu"):
         plan = op.report_plan(mode)
-        assert plan["check_shapes"] and plan["bench_sweeps"] and plan["x"] in ("numel", "width")
+        assert plan["check_shapes"] and plan["bench_sweeps"] and plan["x"] in ("numel", "width", "axis")

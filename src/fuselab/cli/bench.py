@@ -35,7 +35,7 @@ from fuselab.bench.sweep import Status
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.evaluate import bench_op
-from fuselab.ops.registry import Shape, format_shape
+from fuselab.ops.registry import Op, Shape, format_shape
 
 CPU_DEFAULT_NUMEL = 2**20  # without --shape on the CPU: the op's (GPU-sized) bench shapes, scaled down to this
 
@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the impls of a case take turns, each timing 1/ROUNDS of its repetitions per round (1: one after another)",
     )
     p.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (launch-bound kernels)")
+    p.add_argument(
+        "--backward", action="store_true", help="also time forward + backward (impls with a backward), as pass rows"
+    )
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")
     p.add_argument(
         "--isolate",
@@ -84,12 +87,14 @@ def run(args: argparse.Namespace) -> int:
         rep_ms=args.rep_ms, warmup_ms=args.warmup_ms, cuda_graph=args.cuda_graph, flush_l2=not args.no_flush
     )
     distributed.set_isolate(args.isolate)
-    rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, **kwargs)
+    passes = ("forward", "forward+backward") if args.backward else ("forward",)
+    rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, passes=passes, **kwargs)
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 0
     measured = [r for r in rows if not r.get("error")]
     if measured:
-        cols = columns(op.baseline, list(op.options)) + ([("rank", "rank", fmt_plain)] if distributed.active() else [])
+        cols = columns(op.baseline, list(op.options), op.bound, args.backward)
+        cols += [("rank", "rank", fmt_plain)] if distributed.active() else []
         table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms")
         print_table(table, console)
     if any(row_is_noisy(r) for r in measured):
@@ -104,9 +109,12 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         write_csv(rows, args.csv)
     if args.plot:
-        ceiling = ceilings["copy_gbps"] if ceilings else None
-        points, x, xlabel = plot_axis(rows)
-        plot_metric(points, args.plot, x=x, y="gbps", ceiling=ceiling, xlabel=xlabel, ylabel="GB/s", title=op.name)
+        points, x, xlabel = plot_axis(rows, op)
+        y, ylabel = ("tflops", "TFLOP/s") if op.bound == "compute" else ("gbps", "GB/s")
+        ceiling = (ceilings or {}).get("copy_gbps") if op.bound == "memory" else None
+        plot_metric(
+            points, args.plot, x=x, y=y, ceiling=ceiling, xlabel=xlabel, ylabel=ylabel, title=op.name, panel="panel"
+        )
     return exit_status(rows)
 
 
@@ -149,25 +157,52 @@ def cpu_shapes(shapes: list[Shape], max_numel: int) -> list[Shape]:
     return out
 
 
-def plot_axis(rows: list[dict]) -> tuple[list[dict], str, str]:
-    """(rows, x field, x label) for the GB/s plot: the element count where it varies across the rows, else the last
-    dimension (softmax sweeps the row width at a fixed element count), added to each row as `last_dim`."""
-    if len({r.get("numel") for r in rows if not r.get("error")}) > 1:
-        return rows, "numel", "elements"
-    return [{**r, "last_dim": (r.get("shape") or [1])[-1]} for r in rows], "last_dim", "last dimension"
+def plot_axis(rows: list[dict], op: Op) -> tuple[list[dict], str, str]:
+    """(rows, x field, x label) for the speed plot: the op's own axis (attention: N), else the element count where it
+    varies across the rows, else the last dimension (softmax sweeps the row width at a fixed element count). Each row
+    gets `x` and `panel` (dtype, option values, pass, and the op's panel of its shape: one plot per panel)."""
+
+    def panel(r: dict) -> str:
+        parts = [fmt_dtype(r.get("dtype")), *(f"{k}={r.get(k)}" for k in op.options), r.get("pass") or ""]
+        if op.panel is not None:
+            parts.append(op.panel(tuple(r.get("shape") or ())))
+        return " ".join(p for p in parts if p and p != "forward")
+
+    if op.axis is not None:
+        label, value = op.axis
+        xs = [value(tuple(r.get("shape") or ())) for r in rows]
+    elif len({r.get("numel") for r in rows if not r.get("error")}) > 1:
+        label, xs = "elements", [r.get("numel") for r in rows]
+    else:
+        label, xs = "last dimension", [(r.get("shape") or [1])[-1] for r in rows]
+    return [{**r, "x": x, "panel": panel(r)} for r, x in zip(rows, xs, strict=True)], "x", label
 
 
-def columns(baseline: str, options: list[str]) -> list:
+def columns(baseline: str, options: list[str], bound: str = "memory", backward: bool = False) -> list:
+    """The table's columns: GB/s and % of the copy ceiling for a memory-bound op, TFLOP/s (rested and back to
+    back) and % of the matmul ceiling for a compute-bound one."""
+    speed = (
+        [
+            ("gbps", "GB/s", fmt_rate),
+            ("pct_copy", "% copy", fmt_fixed(1)),
+            ("pct_copy_same", "% copy same size", fmt_fixed(1)),
+        ]
+        if bound == "memory"
+        else [
+            ("tflops", "TFLOP/s", fmt_fixed(1)),
+            ("sustained_tflops", "back to back", fmt_fixed(1)),
+            ("pct_peak", "% peak", fmt_fixed(1)),
+        ]
+    )
     return [
         ("impl", "impl", fmt_plain),
         ("dtype", "dtype", fmt_dtype),
         ("shape", "shape", fmt_plain),
         *[(k, k, fmt_plain) for k in options],
+        *([("pass", "pass", fmt_plain)] if backward else []),
         ("median_ms", "median ms", fmt_float(4)),
         ("iqr_ms", "IQR ms", fmt_float(2)),
-        ("gbps", "GB/s", fmt_rate),
-        ("pct_copy", "% copy", fmt_fixed(1)),
-        ("pct_copy_same", "% copy same size", fmt_fixed(1)),
+        *speed,
         (f"speedup_vs_{baseline}", f"vs {baseline}", fmt_fixed(2)),
         ("rel_err", "rel err", fmt_float(2)),
         ("compile_s", "compile s", fmt_fixed(1)),

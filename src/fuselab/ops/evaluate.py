@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -26,6 +28,9 @@ from fuselab.ops.registry import Impl, Op, Shape
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 SHORT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
+
+
+PASSES = ("forward", "forward+backward")
 
 
 class Unavailable(NotRun, RuntimeError):
@@ -248,13 +253,22 @@ def bench_case(
     options: dict,
     timing: Timing,
     rounds: int = 5,
+    backward: bool = False,
 ) -> dict[str, dict | Exception]:
     """Time the impls of one case on one fresh input, taking turns over `rounds` rounds (`benchmark_side_by_side`;
     CUDA-graph timing runs them one after the other). Per impl: its row (speed, and its error against the reference
-    on the same input), or the exception that stopped it. An exception while timing stops them all."""
+    on the same input), or the exception that stopped it. An exception while timing stops them all.
+
+    backward: time forward + backward (torch.autograd.grad of the output against a fixed random gradient, so nothing
+    accumulates); impls without a backward are left out. A compute-bound op on a GPU is also timed back to back
+    (`sustained_ms`: calls queued one after another, no flush, as do_bench and the papers time them) beside the
+    rested default (each call from an idle, flushed GPU), since clocks under a power limit differ between the two.
+    """
     results: dict[str, dict | Exception] = {}
     for impl in impls:  # impls that cannot or need not run here are left out before any input is made
         reason = impl.unavailable(device)
+        if not reason and backward and not impl.backward:
+            reason = f"{impl.name} has no backward"
         if reason or interpreted(impl, device):
             results[impl.name] = Unavailable(reason) if reason else Skipped(INTERPRETER_SKIP)
     if len(results) == len(impls):
@@ -274,16 +288,25 @@ def bench_case(
             if isinstance(exc, torch.OutOfMemoryError):
                 torch.cuda.empty_cache()
     del ref
-    calls = {name: functools.partial(fn, *inputs, **options) for name, fn in fns.items()}
+    calls = {name: _call(fn, inputs, options, backward) for name, fn in fns.items()}
     try:
         measured = benchmark_side_by_side(calls, rounds=rounds, device=device, timing=timing)
+        sustained = (
+            back_to_back(calls, device=device, timing=timing)
+            if op.bound == "compute" and torch.device(device).type == "cuda"
+            else {}
+        )
     except Exception as exc:
         return {name: exc if name in fns else result for name, result in results.items()}
-    nbytes, flops = op.case_cost(shape, dtype, options)
+    cost_options = {**options, "backward": True} if backward else options
+    nbytes, flops = op.case_cost(shape, dtype, cost_options)
     for name, m in measured.items():
         seconds = m.median_ms * 1e-3
         row = results[name]
         row.update(m.summary(), numel=inputs[0].numel(), bytes=nbytes, flops=flops, bound=op.bound)
+        if name in sustained:
+            row["sustained_ms"] = sustained[name]
+            row["sustained_tflops"] = flops / (sustained[name] * 1e-3) / 1e12 if sustained[name] > 0 else None
         row["gbps"] = nbytes / seconds / 1e9 if seconds > 0 else None
         row["tflops"] = flops / seconds / 1e12 if seconds > 0 else None
         fn = fns[name]
@@ -291,6 +314,52 @@ def bench_case(
             row.update(compile_s=fn.compile_s, compile_graphs=fn.graphs, compile_flags=fn.flags)
             row["warnings"] = [*row["warnings"], *fn.flags]
     return results
+
+
+def _call(
+    fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor], options: dict, backward: bool
+) -> Callable[[], object]:
+    """What one timed call runs: the forward, or forward + backward (gradients of every floating input against one
+    fixed random output gradient, returned rather than accumulated)."""
+    if not backward:
+        return functools.partial(fn, *inputs, **options)
+    leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+    wanted = [x for x in leaves if x.requires_grad]
+    with torch.no_grad():
+        probe = fn(*leaves, **options)
+    grad = torch.randn_like(probe)
+
+    def step() -> object:
+        return torch.autograd.grad(fn(*leaves, **options), wanted, grad)
+
+    return step
+
+
+def back_to_back(
+    calls: dict[str, Callable[[], object]], *, device: str, timing: Timing, rounds: int = 3
+) -> dict[str, float]:
+    """{name: median ms per call} of each callable queued back to back (no L2 flush, no idle gap between calls),
+    timed with CUDA events over bursts of about timing.rep_ms / rounds, the callables taking turns."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    per_call: dict[str, float] = {}
+    for name, call in calls.items():  # one synced call each, to size the bursts
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize(device)
+        per_call[name] = max((time.perf_counter() - start) * 1e3, 1e-3)
+    for _ in range(rounds):
+        for name, call in calls.items():
+            n = max(3, min(200, int(timing.rep_ms / rounds / per_call[name])))
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            call()  # one call ahead, so the burst starts with the GPU busy
+            begin.record()
+            for _ in range(n):
+                call()
+            end.record()
+            end.synchronize()
+            samples[name].append(begin.elapsed_time(end) / n)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def bench_op(
@@ -305,17 +374,23 @@ def bench_op(
     timing: Timing | dict | None = None,
     rounds: int = 5,
     show_progress: bool = True,
+    passes: Sequence[str] = ("forward",),
 ) -> list[dict]:
-    """Sweep impls x dtypes x shapes (x option values), one row per case, appended to `out` (JSON lines).
+    """Sweep impls x dtypes x shapes (x option values) x passes, one row per case, appended to `out` (JSON lines).
 
     The impls of one case are timed together on the same input, taking turns over `rounds` rounds, so the ratios
     between them are not at the mercy of what drifts (clocks under a power limit, temperature). Rows carry the
     environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling and of a copy of the same bytes timed
     after the sweep, the speed-up against the op's baseline impl, and the error against the reference.
     timing: how each impl is timed (a `fuselab.bench.Timing`, or a mapping of its fields; None: its defaults).
+    passes: "forward" and/or "forward+backward" (each case's `pass`; the cost model is asked for the backward's
+    bytes and FLOPs with backward=True).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     timing = Timing.of(timing)
+    unknown = [p for p in passes if p not in PASSES]
+    if unknown or not passes:
+        raise ValueError(f"unknown pass {unknown or passes}; accepted: {', '.join(PASSES)}")
     names = list(impls or op.impls)
     for name in names:
         op.get_impl(name)
@@ -324,10 +399,11 @@ def bench_op(
     dtypes = list(dtypes or [torch.float32, torch.bfloat16])
     # Case-major, impl fastest: the log is written in the order the impls were measured.
     cases = [
-        {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **opts}
+        {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **opts, "pass": pass_}
         for dtype in dtypes
         for shape in shapes or op.bench_shapes
         for opts in option_grid(op, options)
+        for pass_ in passes
         for name in names
     ]
     env = environment(device)
@@ -346,7 +422,15 @@ def bench_op(
                 measured[together] = dict.fromkeys(names, exc)
                 raise
             measured[together] = bench_case(
-                op, [op.get_impl(n) for n in names], shape, dtype, device, opts, timing, rounds
+                op,
+                [op.get_impl(n) for n in names],
+                shape,
+                dtype,
+                device,
+                opts,
+                timing,
+                rounds,
+                backward=case["pass"] == "forward+backward",
             )
         result = measured[together][case["impl"]]
         if isinstance(result, Exception):
@@ -367,7 +451,7 @@ def bench_op(
     if op.bound == "memory":  # a copy of the same bytes, timed once per size: what such a size can reach
         sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
         same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing) for b in sizes}
-    rows = add_derived(rows, op.baseline, copy_gbps, ("op", "dtype", "shape", *op.options), same_size)
+    rows = add_derived(rows, op.baseline, copy_gbps, ("op", "dtype", "shape", *op.options, "pass"), same_size)
     for row in rows:
         peak = ceilings_mod.peak_tflops(ceilings, row["dtype"])
         if not row.get("error") and peak and row.get("tflops") is not None:

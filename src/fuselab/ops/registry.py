@@ -142,9 +142,12 @@ class Op:
     report: per report mode ("quick", "cpu", "gpu") what the report's section on the op measures:
         {"check_shapes", "check_dtypes", "compile_check_shapes", "compile_check_dtypes", "bench_dtypes",
          "bench_sweeps": [{"shapes": [...], "options": {...}}, ...] (the first is plotted),
-         "x": "numel" or "width" (the axis of its plots and tables)}; what a mode leaves out falls back to the op's
+         "passes": ("forward", "forward+backward"), "x": "numel", "width" or "axis" (the op's `axis`: what its plots
+         and tables run along)}; what a mode leaves out falls back to the op's
         defaults (check_shapes, bench_shapes at default options, fp32).
     random_shape(rng): one shape drawn for `bench --shapes random:N` (numpy Generator), or None.
+    axis: (label, shape -> value) the plots of its speed run along (default: the element count, or the last
+        dimension where the count is fixed); panel(shape): what else splits the plots into panels (e.g. "d=64").
     module: the op's drop-in nn.Module (exposed as fuselab.nn.<its class name>); functional: {name: function}
         exposed in fuselab.nn.functional.
     prose: a Markdown file of the op's own words for its report section.
@@ -173,6 +176,8 @@ class Op:
     profile_shape: Shape | None = None
     report: dict[str, dict] = field(default_factory=dict)
     random_shape: Callable[..., Shape] | None = None
+    axis: tuple[str, Callable[[Shape], int]] | None = None
+    panel: Callable[[Shape], str] | None = None
     module: type | None = None
     functional: dict[str, Callable] = field(default_factory=dict)
     prose: Path | None = None
@@ -196,7 +201,8 @@ class Op:
             "compile_check_dtypes": ["float32"],
             "bench_dtypes": ["float32"],
             "bench_sweeps": [{"shapes": list(self.bench_shapes), "options": self.default_options()}],
-            "x": "numel",
+            "passes": ("forward",),
+            "x": "axis" if self.axis else "numel",
         }
         plan.update(self.report.get(mode, {}))
         return plan

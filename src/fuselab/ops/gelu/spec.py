@@ -43,9 +43,9 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, **opti
     return (x.to(dtype),)
 
 
-def bytes_moved(shape: Shape, dtype: torch.dtype, **options: object) -> int:
-    """Read x once, write y once: 2 * numel * itemsize bytes."""
-    return 2 * math.prod(shape) * dtype.itemsize
+def bytes_moved(shape: Shape, dtype: torch.dtype, backward: bool = False, **options: object) -> int:
+    """Read x once, write y once: 2 * numel * itemsize bytes; with the backward also read x and dy, write dx: 5x."""
+    return (5 if backward else 2) * math.prod(shape) * dtype.itemsize
 
 
 def flops(shape: Shape, **options: object) -> int:

@@ -23,9 +23,9 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, **opti
     return (x.to(dtype),)
 
 
-def bytes_moved(shape: Shape, dtype: torch.dtype, **options: object) -> int:
-    """Read x once, write y once."""
-    return 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+def bytes_moved(shape: Shape, dtype: torch.dtype, backward: bool = False, **options: object) -> int:
+    """Read x once, write y once; with the backward also read y and dy, write dx (5 passes)."""
+    return (5 if backward else 2) * math.prod(shape) * dtype.itemsize
 
 
 def flops(shape: Shape, **options: object) -> int:

@@ -39,15 +39,18 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
                 out=ctx.log(op.name, "bench" if i == 0 else f"bench{i}"),
                 timing=ctx.budget["timing"],
                 show_progress=ctx.show_progress,
+                passes=plan["passes"],
             )
             for r in rows:
                 r.setdefault("numel", math.prod(r["shape"]))
                 r["width"] = r["shape"][-1] if r["shape"] else 1
+                if op.axis is not None:
+                    r["axis"] = op.axis[1](tuple(r["shape"]))
             sweeps.append(rows)
         if not ctx.on_gpu and any("triton" in name for name in op.impls):
             doc.text("On the CPU, Triton runs under its interpreter: it is checked for correctness above, never timed.")
         x = plan["x"]
-        xlabel = {"numel": "elements", "width": "row width"}.get(x, x)
+        xlabel = {"numel": "elements", "width": "row width", "axis": op.axis[0] if op.axis else "x"}.get(x, x)
         if sweeps:
             _bench_docs(ctx, doc, op, sweeps[0], x=x, xlabel=xlabel)
         for rows in sweeps[1:]:
@@ -154,17 +157,23 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xla
     """Per dtype (and option values) a table of time · rate against `x`; what could not run; every timing (folded);
     the plots of rate and time against `x`."""
     rate, unit, _pct, of = _speed(op)
-    ok = [r for r in rows if not r.get("error")]
-    variants = dict.fromkeys((r["dtype"], *[r.get(k) for k in op.options]) for r in rows)
+
+    def variant_of(r: dict) -> tuple:
+        panel = op.panel(tuple(r["shape"])) if op.panel else ""
+        return (r["dtype"], *[f"{k}={r.get(k)}" for k in op.options], r.get("pass", "forward"), panel)
+
+    ok = [{**r, "panel": " ".join(str(v) for v in variant_of(r) if v)} for r in rows if not r.get("error")]
+
+    variants = dict.fromkeys(variant_of(r) for r in rows)
     for variant in variants:
-        mine = [r for r in rows if (r["dtype"], *[r.get(k) for k in op.options]) == variant]
+        mine = [r for r in rows if variant_of(r) == variant]
         xs = sorted({r[x] for r in mine})
         impls = list(dict.fromkeys(r["impl"] for r in mine))
         table = [
             [impl, *[_cell(next((r for r in mine if r["impl"] == impl and r[x] == v), None), op) for v in xs]]
             for impl in impls
         ]
-        label = ", ".join(str(v) for v in variant)
+        label = ", ".join(str(v) for v in variant if v)
         doc.table(
             [f"impl \\ {xlabel}", *[pow2(v) for v in xs]],
             table,
@@ -189,6 +198,7 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xla
                 xlabel=xlabel,
                 ylabel=unit,
                 title=op.name,
+                panel="panel",
             ),
             f"{op.name}: {unit} against {xlabel}, with {of}.",
         )
@@ -202,6 +212,7 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xla
                 ylabel="ms",
                 logy=True,
                 title=op.name,
+                panel="panel",
             ),
             f"{op.name}: time against {xlabel} (log-log).",
         )

@@ -1,0 +1,289 @@
+"""Attention: every impl against the float64 reference at odd sizes (forward and gradients), the CS336 autograd
+interface, determinism, bad input; Triton under the CPU interpreter in fp32 at tiny sizes, all dtypes on a GPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from fuselab.ops.attention import ATTENTION, FlashAttentionTiled, attention
+from fuselab.ops.attention.spec import flops, reference
+from fuselab.ops.evaluate import relative_error
+
+HAS_CUDA = torch.cuda.is_available()
+TRITON_OK = HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1"
+
+# (shape descriptor): 3-D, 4-D, Nq != Nk, GQA; N 1, 17, 65, 130; d 16, 48, 80
+CPU_SHAPES = [(2, 1, 16), (2, 17, 16), (1, 2, 65, 33, 48), (1, 4, 2, 17, 40, 80), (1, 2, 130, 130, 16)]
+
+
+def inputs(shape: tuple, dtype: torch.dtype, device: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    return ATTENTION.make_inputs(shape, dtype, device, seed + sum(shape) * 31 + len(shape))
+
+
+def check_against_reference(impl: str, shape: tuple, causal: bool, dtype: torch.dtype, device: str) -> None:
+    q, k, v = inputs(shape, dtype, device)
+    xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = attention(*xs, causal=causal, impl=impl)
+    assert out.shape == q.shape and out.dtype == dtype
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    dout = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    out.backward(dout.to(device=device, dtype=dtype))
+    xs64 = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    ref = reference(*xs64, causal=causal)
+    ref.backward(dout.to(device))
+    tol = ATTENTION.tolerance[dtype]
+    assert relative_error(out, ref) < tol, (impl, shape, causal)
+    for name, a, b in zip("qkv", xs, xs64, strict=True):
+        assert relative_error(a.grad, b.grad) < tol, (impl, shape, causal, name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", CPU_SHAPES)
+@pytest.mark.parametrize("impl", ["naive", "sdpa", "tiled"])
+def test_cpu_impls_match_reference(impl: str, shape: tuple, causal: bool) -> None:
+    check_against_reference(impl, shape, causal, torch.float32, "cpu")
+
+
+def test_reference_is_softmax_of_scores_with_top_left_mask() -> None:
+    q, k, v = inputs((1, 1, 5, 7, 8), torch.float64, "cpu")
+    out = reference(q, k, v, causal=True, scale=0.3)
+    # query 0 sees key 0 only: its output is v's row 0
+    torch.testing.assert_close(out[0, 0, 0], v[0, 0, 0])
+    s = (q[0, 0, 2] @ k[0, 0, :3].T) * 0.3
+    torch.testing.assert_close(out[0, 0, 2], torch.softmax(s, -1) @ v[0, 0, :3])
+
+
+def test_cost_model_follows_the_papers() -> None:
+    assert flops((2, 3, 100, 16)) == 4 * 2 * 3 * 100 * 100 * 16
+    assert flops((2, 3, 100, 16), causal=True) == 2 * 2 * 3 * 100 * 100 * 16
+    assert flops((2, 3, 100, 16), backward=True) == int(3.5 * 4 * 2 * 3 * 100 * 100 * 16)
+    assert ATTENTION.bytes_moved((2, 4, 2, 10, 20, 8), torch.bfloat16) == (2 * 2 * 4 * 10 * 8 + 2 * 2 * 2 * 20 * 8) * 2
+
+
+def test_tiled_function_saves_q_k_v_o_and_logsumexp() -> None:
+    q, k, v = (t.requires_grad_(True) for t in inputs((2, 70, 16), torch.float32, "cpu"))
+    out = FlashAttentionTiled.apply(q, k, v, True)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 5
+    assert [tuple(t.shape) for t in saved[:4]] == [(2, 70, 16)] * 4
+    lse = saved[4]
+    assert lse.shape == (2, 70) and lse.dtype == torch.float32
+    s = (q.double() @ k.double().transpose(1, 2)) / 4.0
+    s = s.masked_fill(torch.ones(70, 70, dtype=torch.bool).tril().logical_not(), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, dim=-1), rtol=1e-5, atol=1e-5)
+
+
+def test_tiled_backward_is_deterministic() -> None:
+    q, k, v = inputs((1, 2, 90, 75, 16), torch.float32, "cpu")
+    grads = []
+    for _ in range(2):
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        attention(*xs, causal=True, impl="tiled").sum().backward()
+        grads.append([x.grad for x in xs])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("q", "k", "v", "kind", "match"),
+    [
+        ((2, 3, 8, 16), (3, 3, 8, 16), (3, 3, 8, 16), ValueError, "batch dims differ"),
+        ((2, 3, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16), ValueError, "multiple of"),
+        ((2, 4, 8, 16), (2, 2, 8, 32), (2, 2, 8, 32), ValueError, "head dim"),
+        ((2, 4, 8, 16), (2, 2, 8, 16), (2, 2, 9, 16), ValueError, "same shape"),
+        ((2, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16), ValueError, "one rank"),
+    ],
+)
+@pytest.mark.parametrize("impl", ["naive", "tiled", "triton"])
+def test_bad_shapes_are_named(impl: str, q: tuple, k: tuple, v: tuple, kind: type, match: str) -> None:
+    if impl == "triton" and not TRITON_OK:
+        pytest.skip("no Triton here")
+    device = "cuda" if HAS_CUDA else "cpu"
+    with pytest.raises(kind, match=match):
+        tensors = [torch.randn(size, device=device) for size in (q, k, v)]
+        attention(*tensors, impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["naive", "tiled", "triton"])
+def test_bad_dtypes_and_devices_are_named(impl: str) -> None:
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(TypeError, match="share one dtype"):
+        attention(q, q.double(), q, impl=impl)
+    with pytest.raises(TypeError, match="floating"):
+        attention(q.long(), q.long(), q.long(), impl=impl)
+    if HAS_CUDA:
+        with pytest.raises(ValueError, match="one device"):
+            attention(q.cuda(), q, q, impl=impl)
+    with pytest.raises(TypeError, match=r"torch\.Tensor"):
+        attention([1.0], q, q, impl=impl)
+
+
+def test_unknown_impl_lists_the_known_ones() -> None:
+    q = torch.randn(1, 4, 8)
+    with pytest.raises(ValueError, match=r"known: .*tiled"):
+        attention(q, q, q, impl="flash9")
+
+
+def test_sdpa_backends_say_why_unavailable_on_cpu() -> None:
+    for name in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient"):
+        assert "cuda" in ATTENTION.get_impl(name).unavailable("cpu").lower()
+
+
+# ---------------------------------------------------------------------------------------------- triton
+
+needs_triton = pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+# the interpreter runs 16 x 16 tiles by default; these plans have BLOCK_M != BLOCK_N, as on a GPU
+UNEVEN_PLANS = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}
+
+
+def _uneven_plans() -> dict:
+    from fuselab.ops.attention.triton_kernels import Plan
+
+    return {k: Plan(m, n, 4, 2) for k, (m, n) in UNEVEN_PLANS.items()}
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1, 16), (2, 17, 16), (1, 2, 65, 33, 48), (1, 4, 2, 17, 40, 80)])
+def test_triton_matches_reference(shape: tuple, causal: bool) -> None:
+    check_against_reference("triton", shape, causal, torch.float32, DEVICE)
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 70, 45, 16), (1, 2, 1, 33, 66, 24)])
+def test_triton_uneven_blocks_match_reference(shape: tuple, causal: bool) -> None:
+    from fuselab.ops.attention.triton_kernels import forced_plans
+
+    with forced_plans(_uneven_plans()):
+        check_against_reference("triton", shape, causal, torch.float32, DEVICE)
+
+
+@needs_triton
+def test_triton_function_saves_exactly_q_k_v_o_and_logsumexp() -> None:
+    from fuselab.ops.attention import FlashAttentionTriton
+
+    q, k, v = (t.requires_grad_(True) for t in inputs((2, 19, 16), torch.float32, DEVICE))
+    out = FlashAttentionTriton.apply(q, k, v, True)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 5
+    assert all(a is b for a, b in zip(saved[:3], (q, k, v), strict=True))
+    assert saved[3].shape == (2, 19, 16) and saved[4].shape == (2, 19) and saved[4].dtype == torch.float32
+    ref_lse = FlashAttentionTiled.apply(q, k, v, True).grad_fn.saved_tensors[4]
+    torch.testing.assert_close(saved[4], ref_lse, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, reference(q, k, v, causal=True).float(), rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
+def test_triton_strided_inputs_and_stride0_grad() -> None:
+    """q, k, v as transposed views of (B, N, H, d) tensors; the gradient of o.sum() has stride 0 everywhere."""
+    base = [torch.randn(1, n, 2, 24, device=DEVICE) for n in (21, 30, 30)]
+    xs = [t.transpose(1, 2).requires_grad_(True) for t in (b.clone() for b in base)]
+    xs = [t.detach().requires_grad_(True) for t in xs]
+    assert not xs[0].is_contiguous()
+    attention(*xs, causal=True, impl="triton").sum().backward()
+    xs64 = [t.detach().double().requires_grad_(True) for t in xs]
+    reference(*xs64, causal=True).sum().backward()
+    for a, b in zip(xs, xs64, strict=True):
+        assert relative_error(a.grad, b.grad) < ATTENTION.tolerance[torch.float32]
+
+
+@needs_triton
+def test_triton_backward_is_deterministic() -> None:
+    q, k, v = inputs((1, 4, 2, 40, 37, 16), torch.float32, DEVICE)
+    grads = []
+    for _ in range(2):
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        attention(*xs, causal=True, impl="triton").backward(torch.ones(q.shape, device=DEVICE) * 0.5)
+        grads.append([x.grad for x in xs])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_triton
+def test_triton_compiles_fullgraph_without_break() -> None:
+    from fuselab.ops.attention import scaled_dot_product_attention
+
+    q, k, v = (t.requires_grad_(True) for t in inputs((1, 2, 20, 16), torch.float32, DEVICE))
+
+    def model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return scaled_dot_product_attention(q * 2, k, v, is_causal=True).square().sum()
+
+    backend = "inductor" if HAS_CUDA else "aot_eager"
+    torch.compile(model, fullgraph=True, backend=backend)(q, k, v).backward()
+    compiled = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    model(q, k, v).backward()
+    for a, t in zip(compiled, (q, k, v), strict=True):
+        torch.testing.assert_close(a, t.grad, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+TOL_16 = {torch.float16: 3e-3, torch.bfloat16: 2.4e-2}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("d", [16, 32, 64, 80, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_triton_head_dims_and_dtypes(d: int, dtype: torch.dtype, causal: bool) -> None:
+    for shape in [(2, 3, 1, 1, d), (1, 4, 2, 300, 257, d), (2, 2, 1000, d)]:
+        check_against_reference("triton", shape, causal, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 17, 128, 129, 1000, 2048, 4097])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_triton_lengths(n: int, causal: bool) -> None:
+    check_against_reference("triton", (1, 2, n, max(1, n // 3 + 5), 64), causal, torch.bfloat16, "cuda")
+    check_against_reference("triton", (1, 2, n, 64), causal, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_triton_deterministic(dtype: torch.dtype) -> None:
+    q, k, v = inputs((2, 8, 2, 1500, 1500, 64), dtype, "cuda")
+    grads = []
+    for _ in range(2):
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        attention(*xs, causal=True, impl="triton").sum().backward()
+        grads.append([x.grad for x in xs])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_triton_memory_grows_linearly() -> None:
+    """Extra memory at N = 32768 (naive would need 2 * 32768^2 * 2 bytes = 4 GiB of scores per head) stays O(N)."""
+    peaks = {}
+    for n in (8192, 32768):
+        q, k, v = (t.requires_grad_(True) for t in inputs((1, 2, n, 64), torch.bfloat16, "cuda"))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        attention(q, k, v, causal=True, impl="triton").sum().backward()
+        torch.cuda.synchronize()
+        peaks[n] = torch.cuda.max_memory_allocated() - start
+    assert peaks[32768] < 6 * peaks[8192]  # 4x the length: ~4x the memory, not 16x
+    assert peaks[32768] < 64 * 2**20
+
+
+@pytest.mark.gpu
+def test_gpu_sdpa_parity_nan_and_inf() -> None:
+    """NaN in a key and inf in a query poison the rows SDPA's do; every other row matches SDPA."""
+    q, k, v = inputs((1, 2, 200, 64), torch.bfloat16, "cuda")
+    k[0, 0, 150, 3] = float("nan")
+    q[0, 1, 20, 0] = float("inf")
+    for causal in (False, True):
+        ours = attention(q, k, v, causal=causal, impl="triton")
+        theirs = attention(q, k, v, causal=causal, impl="sdpa-flash")
+        assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
+        finite = torch.isfinite(theirs)
+        assert torch.equal(finite, torch.isfinite(ours))
+        assert relative_error(ours[finite], theirs[finite]) < TOL_16[torch.bfloat16]
