@@ -54,6 +54,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (launch-bound kernels)")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")
+    p.add_argument(
+        "--call-cost-ms",
+        type=non_negative(float),
+        default=100.0,
+        help="time per impl and case for the host cost and end-to-end time of back-to-back calls (0: skip)",
+    )
     p.set_defaults(func=run)
 
 
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         "cuda_graph": args.cuda_graph,
         "flush_l2": not args.no_flush,
     }
-    rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, **kwargs)
+    rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, call_cost_ms=args.call_cost_ms, **kwargs)
     measured = [r for r in rows if not r.get("error")]
     if measured:
         cols = columns(op.baseline, list(op.options))
@@ -162,6 +168,8 @@ def columns(baseline: str, options: list[str]) -> list:
         ("pct_copy", "% copy", fmt_fixed(1)),
         ("pct_copy_same", "% copy same size", fmt_fixed(1)),
         (f"speedup_vs_{baseline}", f"vs {baseline}", fmt_fixed(2)),
+        ("host_us", "host us/call", fmt_fixed(1)),
+        ("e2e_us", "e2e us/call", fmt_fixed(1)),
         ("rel_err", "rel err", fmt_float(2)),
         ("compile_s", "compile s", fmt_fixed(1)),
     ]

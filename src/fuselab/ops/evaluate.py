@@ -19,7 +19,7 @@ from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.memory import format_bytes, free_bytes
 from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
-from fuselab.bench.timer import benchmark, benchmark_side_by_side
+from fuselab.bench.timer import benchmark, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape
 
@@ -244,10 +244,12 @@ def bench_case(
     options: dict,
     timing: dict,
     rounds: int = 5,
+    call_cost_ms: float = 100.0,
 ) -> dict[str, dict | Exception]:
     """Time the impls of one case on one fresh input, taking turns over `rounds` rounds (`benchmark_side_by_side`;
     CUDA-graph timing runs them one after the other). Per impl: its row (speed, and its error against the reference
-    on the same input), or the exception that stopped it. An exception while timing stops them all."""
+    on the same input), or the exception that stopped it. An exception while timing stops them all.
+    call_cost_ms: time per impl for `call_cost` (host us/call and end-to-end us/call of back-to-back calls); 0: none."""
     results: dict[str, dict | Exception] = {}
     for impl in impls:  # impls that cannot or need not run here are left out before any input is made
         reason = impl.unavailable(device)
@@ -290,6 +292,8 @@ def bench_case(
         if isinstance(fn, WatchedCompile):
             row.update(compile_s=fn.compile_s, compile_graphs=fn.graphs, compile_flags=fn.flags)
             row["warnings"] = [*row["warnings"], *fn.flags]
+        if call_cost_ms > 0:
+            row.update(call_cost(calls[name], device=device, budget_ms=call_cost_ms).summary())
     return results
 
 
@@ -305,13 +309,15 @@ def bench_op(
     timing: dict | None = None,
     rounds: int = 5,
     show_progress: bool = True,
+    call_cost_ms: float = 100.0,
 ) -> list[dict]:
     """Sweep impls x dtypes x shapes (x option values), one row per case, appended to `out` (JSON lines).
 
     The impls of one case are timed together on the same input, taking turns over `rounds` rounds, so the ratios
     between them are not at the mercy of what drifts (clocks under a power limit, temperature). Rows carry the
     environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling and of a copy of the same bytes timed
-    after the sweep, the speed-up against the op's baseline impl, and the error against the reference.
+    after the sweep, the speed-up against the op's baseline impl, and the error against the reference; with
+    call_cost_ms > 0, the host's cost of a call and the end-to-end time of back-to-back calls (host_us, e2e_us).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     names = list(impls or op.impls)
@@ -344,7 +350,7 @@ def bench_op(
                 measured[together] = dict.fromkeys(names, exc)
                 raise
             measured[together] = bench_case(
-                op, [op.get_impl(n) for n in names], shape, dtype, device, opts, timing or {}, rounds
+                op, [op.get_impl(n) for n in names], shape, dtype, device, opts, timing or {}, rounds, call_cost_ms
             )
         result = measured[together][case["impl"]]
         if isinstance(result, Exception):
