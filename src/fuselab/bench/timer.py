@@ -520,7 +520,7 @@ def call_cost(
         fn()
     sync()
     per_call_ms = max((clock() - start) * 1e3 / 3, 1e-6)
-    calls = int(min(max_calls, max(10, budget_ms / repeats / per_call_ms)))
+    calls = round(min(max_calls, max(10, budget_ms / repeats / per_call_ms)))
     host, total = [], []
     for _ in range(repeats):
         sync()
