@@ -86,7 +86,7 @@ def forward_backward(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
     return lambda: torch.autograd.grad(fn(x), x, dy)
 
 
-def eager_cases(device: str, label: str) -> dict[str, Callable[[], object]]:
+def eager_cases(device: str, label: str, fused: tuple[str, ...] = FUSED) -> dict[str, Callable[[], object]]:
     """name -> call, for the eager table."""
     from fuselab.ops import get_op
 
@@ -98,7 +98,7 @@ def eager_cases(device: str, label: str) -> dict[str, Callable[[], object]]:
         s = torch.randn(SOFTMAX_SHAPE, device=device, dtype=dtype)
         cases[f"gelu torch {tag}"] = functools.partial(F.gelu, x, approximate="tanh")
         cases[f"softmax torch {tag}"] = functools.partial(torch.softmax, s, -1)
-        for impl in FUSED:
+        for impl in fused:
             cases[f"gelu {impl} {tag}"] = functools.partial(gelu.get_impl(impl).fn, x, "tanh")
             cases[f"softmax {impl} {tag}"] = functools.partial(softmax.get_impl(impl).fn, s)
             if label == "after":  # the registered op, through the dispatcher (what compiled code and subclasses call)
@@ -112,7 +112,7 @@ def eager_cases(device: str, label: str) -> dict[str, Callable[[], object]]:
     s = torch.randn(SOFTMAX_SHAPE, device=device)
     cases["fwd+bwd gelu torch fp32"] = forward_backward(lambda t: F.gelu(t, approximate="tanh"), x)
     cases["fwd+bwd softmax torch fp32"] = forward_backward(lambda t: torch.softmax(t, -1), s)
-    for impl in FUSED:
+    for impl in fused:
         cases[f"fwd+bwd gelu {impl} fp32"] = forward_backward(
             functools.partial(gelu.get_impl(impl).fn, approximate="tanh"), x
         )
@@ -122,7 +122,7 @@ def eager_cases(device: str, label: str) -> dict[str, Callable[[], object]]:
 
 def run_eager(args: argparse.Namespace) -> dict:
     call_cost = harness(args.harness)
-    cases = eager_cases("cuda", args.label)
+    cases = eager_cases("cuda", args.label, tuple(args.fused))
     rows = {}
     for name, fn in cases.items():
         try:
@@ -336,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("eager")
     e.add_argument("--label", default="after")
     e.add_argument("--harness", help="timer.py to take call_cost from (a package older than it)")
+    e.add_argument("--fused", nargs="+", default=list(FUSED), choices=FUSED, help="the fused impls to time")
     s = sub.add_parser("study")
     s.add_argument("--ops", nargs="+", default=["gelu", "softmax"])
     s.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)

@@ -79,12 +79,14 @@ def wrap_triton(kernel: object) -> object:
 def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
     """A context that makes `t`'s GPU the current one for a launch (Triton launches on the current device); a
     shared null context when it already is, or when `t` is not a plain CUDA tensor (a fake one, while tracing)."""
-    if t.is_cuda and type(t) is torch.Tensor and t.get_device() != torch.cuda.current_device():
+    if t.is_cuda and type(t) is torch.Tensor and t.get_device() != torch._C._cuda_getDevice():
         return torch.cuda.device(t.device)
     return _NULL_CONTEXT
 
 
+@functools.cache
 def _interpreted() -> bool:
+    """TRITON_INTERPRET=1 (read once: Triton itself reads it when kernels are defined, at import)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 

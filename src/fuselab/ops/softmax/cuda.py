@@ -27,7 +27,8 @@ _EXTENSION: list[ModuleType] = []
 
 
 def extension() -> ModuleType:
-    """The built extension: forward(x, y) and backward(y, dy, dx) on (rows, width) CUDA tensors. Loading it
+    """The built extension: forward(x, y) and backward(y, dy, dx) on (rows, width) CUDA tensors, softmax(x) and
+    softmax_backward(y, dy) on any shape. Loading it
     registers the CUDA kernels of fuselab::softmax_cuda and fuselab::softmax_cuda_backward."""
     if not _EXTENSION:
         _EXTENSION.append(load_cuda_extension("fuselab_softmax", (str(BINDING_FILE), str(CU_FILE))))
@@ -45,7 +46,16 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None
 DEVICES = ("cuda",)
 
 
-_forward, _backward = _shared.row_functions(launch_forward, launch_backward)
+def _forward(x: torch.Tensor) -> torch.Tensor:
+    """y = softmax(x) over the last dimension, contiguous: one call into the binding (rows and output made in C++)."""
+    return extension().softmax(x)
+
+
+def _backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dx = y * (dy - sum(dy * y)) over the last dimension, contiguous."""
+    return extension().softmax_backward(y, dy)
+
+
 _check, _backward_check = _shared.make_checks("softmax cuda", DEVICES)
 softmax_cuda_op = define_op(
     "softmax_cuda",

@@ -93,4 +93,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "y = softmax(x) over the rows of x (rows, width)", pybind11::arg("x"), pybind11::arg("y"));
   m.def("backward", &backward, "dx = y * (dy - sum(dy * y)) row by row", pybind11::arg("y"), pybind11::arg("dy"),
         pybind11::arg("dx"));
+  // The ops' kernels, whole: any shape in, contiguous out (one call from Python, rows and output made here).
+  m.def("softmax", &softmax_op, "y = softmax(x) over the last dimension", pybind11::arg("x"));
+  m.def("softmax_backward", &softmax_backward_op, "dx from y and dy over the last dimension", pybind11::arg("y"),
+        pybind11::arg("dy"));
 }

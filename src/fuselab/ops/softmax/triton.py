@@ -558,7 +558,7 @@ def _alignment(*tensors: torch.Tensor) -> int:
     width = tensors[0].shape[1]
     if width >= 2**31:
         return 1
-    return math.gcd(16 // tensors[0].element_size(), width, *(t.stride(0) for t in tensors))
+    return math.gcd(16 // tensors[0].element_size(), int(width), *(int(t.stride(0)) for t in tensors))
 
 
 INTERPRETER_PROGRAMS = 3  # persistent grids under the interpreter: a few programs, each taking several tiles
@@ -572,7 +572,7 @@ def _ready(x: torch.Tensor) -> None:
 def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -> None:
     """y = softmax(x) row by row. x, y: (rows, width), unit column stride; plan: None chooses (`forward_plan`)."""
     _ready(x)
-    n_rows, n_cols = x.shape
+    n_rows, n_cols = x.shape[0], int(x.shape[1])  # the width picks the plan: a symbolic one (torch.compile) is fixed
     plan = plan or forward_plan(n_cols, x.dtype, x.device)
     with on_device(x):
         if plan.kernel == "rows":
@@ -631,7 +631,7 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None = None) -> None:
     """dx = y * (dy - sum(dy * y)) row by row. All (rows, width), unit column stride; plan: None chooses."""
     _ready(y)
-    n_rows, n_cols = y.shape
+    n_rows, n_cols = y.shape[0], int(y.shape[1])
     plan = plan or backward_plan(n_cols, y.dtype)
     strides = (y.stride(0), dy.stride(0), dx.stride(0))
     with on_device(y):
