@@ -203,3 +203,53 @@ def test_cuda_graph_on_the_cpu_is_refused_not_silently_dropped():
         benchmark(lambda: None, warmup_ms=0.0, rep_ms=0.0, min_reps=3, cuda_graph=True, device="cpu")
     with pytest.raises(ValueError, match="CUDA device"):
         benchmark_side_by_side({"a": lambda: None}, timing=Timing(cuda_graph=True), device="cpu")
+
+
+class FakeDevice:
+    """A host clock and a GPU queue: each call costs the host `host_us` and queues `gpu_us` of GPU work, which starts
+    when both the call is issued and the previous work is done; sync() waits for the queue."""
+
+    def __init__(self, host_us: float, gpu_us: float) -> None:
+        self.now = 0.0
+        self.gpu_free = 0.0
+        self.host_us, self.gpu_us = host_us, gpu_us
+
+    def clock(self) -> float:
+        return self.now
+
+    def call(self) -> None:
+        self.now += self.host_us * 1e-6
+        self.gpu_free = max(self.gpu_free, self.now) + self.gpu_us * 1e-6
+
+    def sync(self) -> None:
+        self.now = max(self.now, self.gpu_free)
+
+
+@pytest.mark.parametrize(("host_us", "gpu_us"), [(20.0, 4.0), (6.0, 50.0)])
+def test_call_cost_reads_host_and_end_to_end_per_call(host_us: float, gpu_us: float) -> None:
+    """Host-bound calls: end to end = host cost; GPU-bound: end to end = GPU time, host cost still the host's."""
+    from fuselab.bench import call_cost
+
+    dev = FakeDevice(host_us, gpu_us)
+    cost = call_cost(dev.call, budget_ms=10, repeats=3, clock=dev.clock, sync=dev.sync)
+    assert cost.host_us == pytest.approx(host_us)
+    assert cost.end_to_end_us == pytest.approx(max(host_us, gpu_us), rel=0.05)
+    assert cost.host_bound is (host_us > gpu_us)
+    assert 10 <= cost.calls <= 500 and cost.repeats == 3
+    assert set(cost.summary()) == {"host_us", "e2e_us", "host_bound"}
+
+
+def test_call_cost_sizes_its_loops_to_the_budget_and_checks_arguments() -> None:
+    from fuselab.bench import call_cost
+
+    dev = FakeDevice(1.0, 100.0)  # 0.1 ms a call: 20 ms budget over 4 loops = 50 calls each
+    assert call_cost(dev.call, budget_ms=20, repeats=4, clock=dev.clock, sync=dev.sync).calls == 50
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        call_cost(dev.call, repeats=0, clock=dev.clock, sync=dev.sync)
+
+
+def test_call_cost_on_the_cpu_times_a_real_call() -> None:
+    from fuselab.bench import call_cost
+
+    cost = call_cost(lambda: time.sleep(1e-4), device="cpu", budget_ms=20, repeats=2)
+    assert cost.host_us >= 100 and cost.end_to_end_us >= cost.host_us and cost.host_bound

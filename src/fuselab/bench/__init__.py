@@ -4,16 +4,27 @@ from fuselab.bench.ceilings import get_ceilings, measure_ceilings
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.sweep import grid, load_records, run_sweep
-from fuselab.bench.timer import PITFALLS, Measurement, Measurements, Timing, benchmark, benchmark_side_by_side
+from fuselab.bench.timer import (
+    PITFALLS,
+    CallCost,
+    Measurement,
+    Measurements,
+    Timing,
+    benchmark,
+    benchmark_side_by_side,
+    call_cost,
+)
 
 __all__ = [
     "PITFALLS",
+    "CallCost",
     "Measurement",
     "Measurements",
     "Timing",
     "WatchedCompile",
     "benchmark",
     "benchmark_side_by_side",
+    "call_cost",
     "environment",
     "get_ceilings",
     "grid",

@@ -503,3 +503,80 @@ def _graph_times(fn: Callable[[], object], reps: int) -> list[float]:
         end.record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) / GRAPH_CALLS for s, e in zip(starts, ends, strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------- the cost of a call
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """What a call costs when calls come back to back, as a model makes them (no stream padding, no flush).
+
+    host_us: host time to issue one call (the loop of `calls` calls before the final synchronize, per call): the
+    dispatch cost, what Python, checks, allocation and the launch take. end_to_end_us: the same loop including the
+    final synchronize, per call: max(host, GPU) once the queue is steady. calls / repeats: the loop's length and how
+    many loops were timed (medians are reported).
+    """
+
+    host_us: float
+    end_to_end_us: float
+    calls: int
+    repeats: int
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether the host is the bottleneck: the GPU finishes (almost) as soon as the host has issued the calls."""
+        return self.host_us >= HOST_BOUND_FRACTION * self.end_to_end_us
+
+    def summary(self) -> dict[str, object]:
+        return {"host_us": self.host_us, "e2e_us": self.end_to_end_us, "host_bound": self.host_bound}
+
+
+HOST_BOUND_FRACTION = 0.9  # host_us / end_to_end_us above this: launch-bound
+MAX_CALLS = 500  # kept below the launch queue's depth (~1000), so the host never waits for the GPU while issuing
+
+
+def call_cost(
+    fn: Callable[[], object],
+    *,
+    device: str | torch.device | None = None,
+    budget_ms: float = 100.0,
+    repeats: int = 5,
+    warmup: int = 10,
+    max_calls: int = MAX_CALLS,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] | None = None,
+) -> CallCost:
+    """Time `fn()` (no arguments) called back to back: host cost and end-to-end time per call, in microseconds.
+
+    After `warmup` calls, a short synced burst estimates the time a call takes; each of `repeats` loops then runs
+    as many calls as fit in budget_ms / repeats (between 10 and max_calls), reading the clock after the last call is
+    issued (host) and after a synchronize (end to end). Nothing pads the stream and no L2 flush runs, unlike
+    `benchmark`, so a kernel shorter than its launch shows the host's cost, as it does in a model.
+    clock / sync: the clock (seconds) and how to wait for the device; default perf_counter and the device's sync.
+    """
+    if repeats < 1 or max_calls < 1:
+        raise ValueError(f"call_cost needs repeats >= 1 and max_calls >= 1, got {repeats} and {max_calls}")
+    if sync is None:
+        _, sync = _device_and_sync(device)
+    for _ in range(warmup):
+        fn()
+    sync()
+    start = clock()
+    for _ in range(3):
+        fn()
+    sync()
+    per_call_ms = max((clock() - start) * 1e3 / 3, 1e-6)
+    calls = round(min(max_calls, max(10, budget_ms / repeats / per_call_ms)))
+    host, total = [], []
+    for _ in range(repeats):
+        sync()
+        start = clock()
+        for _ in range(calls):
+            fn()
+        issued = clock()
+        sync()
+        done = clock()
+        host.append((issued - start) * 1e6 / calls)
+        total.append((done - start) * 1e6 / calls)
+    return CallCost(statistics.median(host), statistics.median(total), calls, repeats)

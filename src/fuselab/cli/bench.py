@@ -64,6 +64,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="on many GPUs: one GPU times at a time while the others prepare and compile (default: all time at once)",
     )
+    p.add_argument(
+        "--call-cost-ms",
+        type=non_negative(float),
+        default=100.0,
+        help="time per impl and case for the host cost and end-to-end time of back-to-back calls (0: skip)",
+    )
     p.set_defaults(func=run)
 
 
@@ -88,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     )
     distributed.set_isolate(args.isolate)
     passes = ("forward", "forward+backward") if args.backward else ("forward",)
-    rows = bench_op(op, out=log, timing=timing, rounds=args.rounds, passes=passes, **kwargs)
+    rows = bench_op(
+        op, out=log, timing=timing, rounds=args.rounds, passes=passes, call_cost_ms=args.call_cost_ms, **kwargs
+    )
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 0
     measured = [r for r in rows if not r.get("error")]
@@ -204,6 +212,8 @@ def columns(baseline: str, options: list[str], bound: str = "memory", backward: 
         ("iqr_ms", "IQR ms", fmt_float(2)),
         *speed,
         (f"speedup_vs_{baseline}", f"vs {baseline}", fmt_fixed(2)),
+        ("host_us", "host us/call", fmt_fixed(1)),
+        ("e2e_us", "e2e us/call", fmt_fixed(1)),
         ("rel_err", "rel err", fmt_float(2)),
         ("compile_s", "compile s", fmt_fixed(1)),
     ]

@@ -22,7 +22,7 @@ from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.memory import format_bytes, free_bytes
 from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
-from fuselab.bench.timer import Timing, benchmark_side_by_side
+from fuselab.bench.timer import Timing, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape
 
@@ -254,11 +254,13 @@ def bench_case(
     timing: Timing,
     rounds: int = 5,
     backward: bool = False,
+    call_cost_ms: float = 100.0,
 ) -> dict[str, dict | Exception]:
     """Time the impls of one case on one fresh input, taking turns over `rounds` rounds (`benchmark_side_by_side`;
     CUDA-graph timing runs them one after the other). Per impl: its row (speed, and its error against the reference
     on the same input), or the exception that stopped it. An exception while timing stops them all.
 
+    call_cost_ms: time per impl for `call_cost` (host us/call and end-to-end us/call of back-to-back calls); 0: none.
     backward: time forward + backward (torch.autograd.grad of the output against a fixed random gradient, so nothing
     accumulates); impls without a backward are left out. A compute-bound op on a GPU is also timed back to back
     (`sustained_ms`: calls queued one after another, no flush, as do_bench and the papers time them) beside the
@@ -313,6 +315,8 @@ def bench_case(
         if isinstance(fn, WatchedCompile):
             row.update(compile_s=fn.compile_s, compile_graphs=fn.graphs, compile_flags=fn.flags)
             row["warnings"] = [*row["warnings"], *fn.flags]
+        if call_cost_ms > 0:
+            row.update(call_cost(calls[name], device=device, budget_ms=call_cost_ms).summary())
     return results
 
 
@@ -375,6 +379,7 @@ def bench_op(
     rounds: int = 5,
     show_progress: bool = True,
     passes: Sequence[str] = ("forward",),
+    call_cost_ms: float = 100.0,
 ) -> list[dict]:
     """Sweep impls x dtypes x shapes (x option values) x passes, one row per case, appended to `out` (JSON lines).
 
@@ -385,6 +390,7 @@ def bench_op(
     timing: how each impl is timed (a `fuselab.bench.Timing`, or a mapping of its fields; None: its defaults).
     passes: "forward" and/or "forward+backward" (each case's `pass`; the cost model is asked for the backward's
     bytes and FLOPs with backward=True).
+    call_cost_ms > 0 adds the host's cost of a call and the end-to-end time of back-to-back calls (host_us, e2e_us).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     timing = Timing.of(timing)
@@ -431,6 +437,7 @@ def bench_op(
                 timing,
                 rounds,
                 backward=case["pass"] == "forward+backward",
+                call_cost_ms=call_cost_ms,
             )
         result = measured[together][case["impl"]]
         if isinstance(result, Exception):

@@ -1,9 +1,12 @@
 """GELU as one fused CUDA C++ kernel (gelu.cu), built with torch.utils.cpp_extension on first use.
 
-Registered as impl "cuda" and as custom ops fuselab::gelu_cuda / fuselab::gelu_cuda_backward. gelu.cu holds the
-kernels and raw-pointer launchers with no torch headers (CI checks it with `nvcc -arch=sm_90 -c`);
-gelu_binding.cpp is the thin torch side. The build (~1 min) is cached under ~/.cache/fuselab/ext/fuselab_gelu
-(or $FUSELAB_EXT_DIR) and rebuilt only when a source changes.
+Registered as impl "cuda" and, through the op factory (fuselab.ops.library), as ops fuselab::gelu_cuda /
+fuselab::gelu_cuda_backward: their schemas, fakes and autograd are Python; their CUDA kernels are registered from C++
+(TORCH_LIBRARY_IMPL in gelu_binding.cpp) when the extension loads, so torch.compile's code and autograd reach the
+kernel without Python in between. In eager mode the impl calls the binding directly. gelu.cu holds the kernels and
+raw-pointer launchers with no torch headers (CI checks it with `nvcc -arch=sm_90 -c`); gelu_binding.cpp is the thin
+torch side. The build (~1 min) is cached under ~/.cache/fuselab/ext/fuselab_gelu (or $FUSELAB_EXT_DIR) and rebuilt
+only when a source changes.
 """
 
 from __future__ import annotations
@@ -14,28 +17,44 @@ from types import ModuleType
 import torch
 
 from fuselab.ops.backends import cuda_unavailable, load_cuda_extension
-from fuselab.ops.gelu.library import define_gelu_ops
+from fuselab.ops.gelu import fused
 from fuselab.ops.gelu.spec import GELU
+from fuselab.ops.library import define_op
 
 CU_FILE: Path = Path(__file__).with_name("gelu.cu")
 BINDING_FILE: Path = Path(__file__).with_name("gelu_binding.cpp")
 DEVICES = ("cuda",)
+_EXTENSION: list[ModuleType] = []
 
 
 def extension() -> ModuleType:
-    """The compiled extension, with forward(x, tanh) and backward(dy, x, tanh); built on the first call."""
-    return load_cuda_extension("fuselab_gelu", (str(BINDING_FILE), str(CU_FILE)))
+    """The compiled extension, with forward(x, tanh) and backward(dy, x, tanh); built on the first call. Loading it
+    registers the CUDA kernels of fuselab::gelu_cuda and fuselab::gelu_cuda_backward."""
+    if not _EXTENSION:
+        _EXTENSION.append(load_cuda_extension("fuselab_gelu", (str(BINDING_FILE), str(CU_FILE))))
+    return _EXTENSION[0]
 
 
-def _forward(x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    return extension().forward(x, tanh)
+def forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """y = gelu(x), contiguous (a copy first for non-contiguous x: one extra read and write)."""
+    return extension().forward(x.contiguous(), approximate == "tanh")
 
 
-def _backward(grad: torch.Tensor, x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    return extension().backward(grad, x, tanh)
+def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """dx = dy * gelu'(x), contiguous."""
+    return extension().backward(dy.contiguous(), x.contiguous(), approximate == "tanh")
 
 
-gelu_cuda_op = define_gelu_ops("cuda", _forward, _backward, DEVICES)
+gelu_cuda_op = define_op(
+    "gelu_cuda",
+    forward,
+    backward=backward,
+    fake=fused.fake,
+    backward_fake=fused.backward_fake,
+    check=fused.make_check("gelu cuda", DEVICES),
+    backward_check=fused.make_backward_check("gelu cuda", DEVICES),
+    kind="cuda",
+)
 
 
 @GELU.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True, cuda_source=CU_FILE)

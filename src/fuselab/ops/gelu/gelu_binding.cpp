@@ -1,7 +1,11 @@
 // Torch side of the GELU CUDA kernels: checks tensors, allocates the output, launches on the current stream.
+// Two entry points to the same code: the Python module's forward/backward (the eager path calls them directly) and
+// the CUDA kernels of the ops fuselab::gelu_cuda / fuselab::gelu_cuda_backward, whose schemas, fakes and autograd
+// Python defines (fuselab.ops.library); registering them here lets the dispatcher reach C++ without Python.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include "gelu.h"
 
@@ -63,6 +67,31 @@ at::Tensor backward_tensor(const at::Tensor& dy, const at::Tensor& x, bool tanh)
                                             form_of(tanh), c10::cuda::getCurrentCUDAStream()),
                "backward");
   return dx;
+}
+
+namespace {
+
+bool is_tanh(c10::string_view approximate) {
+  TORCH_CHECK(approximate == "tanh" || approximate == "none", "gelu cuda: approximate='", approximate,
+              "' is not a GELU form; accepted: 'tanh', 'none' (erf)");
+  return approximate == "tanh";
+}
+
+// fuselab::gelu_cuda(Tensor x, str approximate) -> Tensor: any layout (non-contiguous x is copied first).
+at::Tensor gelu_op(const at::Tensor& x, c10::string_view approximate) {
+  return forward_tensor(x.contiguous(), is_tanh(approximate));
+}
+
+// fuselab::gelu_cuda_backward(Tensor dy, Tensor x, str approximate) -> Tensor
+at::Tensor gelu_backward_op(const at::Tensor& dy, const at::Tensor& x, c10::string_view approximate) {
+  return backward_tensor(dy.contiguous(), x.contiguous(), is_tanh(approximate));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuselab, CUDA, m) {
+  m.impl("gelu_cuda", &gelu_op);
+  m.impl("gelu_cuda_backward", &gelu_backward_op);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,6 +1,7 @@
-"""GELU as one fused Triton kernel (forward and backward), registered as impl "triton" and as custom ops
-fuselab::gelu_triton / fuselab::gelu_triton_backward. The kernels live in triton_kernels.py, imported on first
-use so that importing fuselab needs no Triton; `TRITON_KERNELS` is re-exported from there.
+"""GELU as one fused Triton kernel (forward and backward), registered as impl "triton" and, through the op factory
+(fuselab.ops.library), as triton ops fuselab::gelu_triton / fuselab::gelu_triton_backward. The kernels live in
+triton_kernels.py, imported on first use so that importing fuselab needs no Triton; `TRITON_KERNELS` is re-exported
+from there.
 """
 
 from __future__ import annotations
@@ -10,36 +11,51 @@ from types import ModuleType
 import torch
 
 from fuselab.ops.backends import triton_unavailable
-from fuselab.ops.gelu.library import define_gelu_ops
+from fuselab.ops.gelu import fused
 from fuselab.ops.gelu.spec import GELU
+from fuselab.ops.library import define_op
 
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
+_KERNELS: list[ModuleType] = []
 
 
 def _kernels() -> ModuleType:
     """triton_kernels, imported on first use."""
-    from fuselab.ops.gelu import triton_kernels
+    if not _KERNELS:
+        from fuselab.ops.gelu import triton_kernels
 
-    return triton_kernels
+        _KERNELS.append(triton_kernels)
+    return _KERNELS[0]
 
 
 def _ready(x: torch.Tensor) -> None:
     """On the CPU, raise ValueError unless Triton's interpreter is on."""
-    if x.device.type == "cpu" and (reason := triton_unavailable("cpu")):
+    if not x.is_cuda and (reason := triton_unavailable("cpu")):
         raise ValueError(f"gelu triton: input is on cpu; move it with .to('cuda'). {reason}")
 
 
-def _forward(x: torch.Tensor, tanh: bool) -> torch.Tensor:
+def forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """y = gelu(x), contiguous (any layout of x: the launcher reads strides or copies)."""
     _ready(x)
-    return _kernels().gelu_forward(x, tanh)
+    return _kernels().gelu_forward(x, approximate == "tanh")
 
 
-def _backward(grad: torch.Tensor, x: torch.Tensor, tanh: bool) -> torch.Tensor:
+def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """dx = dy * gelu'(x), contiguous."""
     _ready(x)
-    return _kernels().gelu_backward(grad, x, tanh)
+    return _kernels().gelu_backward(dy, x, approximate == "tanh")
 
 
-gelu_triton_op = define_gelu_ops("triton", _forward, _backward, DEVICES)
+gelu_triton_op = define_op(
+    "gelu_triton",
+    forward,
+    backward=backward,
+    fake=fused.fake,
+    backward_fake=fused.backward_fake,
+    check=fused.make_check("gelu triton", DEVICES),
+    backward_check=fused.make_backward_check("gelu triton", DEVICES),
+    kind="triton",
+)
 
 
 @GELU.impl(

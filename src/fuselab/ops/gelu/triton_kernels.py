@@ -12,7 +12,6 @@ which gives F.gelu's special values by itself: x = +inf -> inf / 1 = inf, x = -i
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -20,6 +19,7 @@ import triton
 import triton.language as tl
 
 from fuselab.ops.gelu.spec import KAPPA, SQRT1_2, SQRT_2_OVER_PI
+from fuselab.ops.library import on_device, wrap_triton
 
 BLOCK_BYTES = 4096  # input bytes per program
 NUM_WARPS = {4: 8, 2: 4}  # by element size
@@ -90,16 +90,16 @@ def _launch(kernel: triton.JITFunction, *tensors: torch.Tensor, tanh: bool) -> t
     if n == 0:
         return out
     block, num_warps = launch_config(out.dtype)
-    with torch.cuda.device(out.device) if out.is_cuda else contextlib.nullcontext():
-        kernel[(triton.cdiv(n, block),)](*tensors, out, n, TANH=tanh, BLOCK=block, num_warps=num_warps)
+    with on_device(out):
+        wrap_triton(kernel)[(triton.cdiv(n, block),)](*tensors, out, n, TANH=tanh, BLOCK=block, num_warps=num_warps)
     return out
 
 
 def gelu_forward(x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    """GELU of contiguous x (any shape), same shape and dtype."""
-    return _launch(gelu_forward_kernel, x, tanh=tanh)
+    """GELU of x (any shape; copied first unless contiguous), same shape and dtype, contiguous."""
+    return _launch(gelu_forward_kernel, x.contiguous(), tanh=tanh)
 
 
 def gelu_backward(dy: torch.Tensor, x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    """dy * GELU'(x); dy, x contiguous, same shape and dtype."""
-    return _launch(gelu_backward_kernel, dy, x, tanh=tanh)
+    """dy * GELU'(x); dy, x of the same shape and dtype (copied first unless contiguous); contiguous."""
+    return _launch(gelu_backward_kernel, dy.contiguous(), x.contiguous(), tanh=tanh)

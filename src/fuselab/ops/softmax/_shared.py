@@ -1,4 +1,9 @@
-"""What the Triton and CUDA C++ softmax share: the (rows, width) view of a tensor and the torch custom ops."""
+"""What the Triton and CUDA C++ softmax share: the (rows, width) view of a tensor, and what they give the op factory
+(fuselab.ops.library): forward/backward around a row launcher, the input check and the fakes.
+
+Both ops are fuselab::softmax_<backend>(Tensor x) -> Tensor and fuselab::softmax_<backend>_backward(Tensor y,
+Tensor dy) -> Tensor. Outputs are contiguous.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     stride (x[:, :k, :]) are copied with .contiguous(): correct, at the cost of one extra read and write.
     """
     width = width_of(x)
+    if x.dim() == 2 and (width <= 1 or x.stride(1) == 1):
+        return x  # already (rows, width)
     if width > 1 and x.stride(-1) != 1:
         x = x.contiguous()
     try:
@@ -35,67 +42,55 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
         return x.contiguous().view(-1, width)
 
 
-def define_custom_ops(
-    backend: str, forward: ForwardLaunch, backward: BackwardLaunch, devices: Sequence[str]
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Register `fuselab::softmax_<backend>(Tensor x) -> Tensor` and `fuselab::softmax_<backend>_backward(Tensor y,
-    Tensor dy) -> Tensor`, joined by register_autograd; return a function calling the differentiable op.
+def _empty(x: torch.Tensor) -> torch.Tensor:
+    """An uninitialized contiguous tensor like x (empty_like: a third of torch.empty(shape, ...)'s host cost)."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-    The ops are opaque to torch.compile: it calls their fake impls (shape, dtype, device; outputs are contiguous)
-    instead of the kernels, so a model using them compiles with fullgraph=True. Inputs are checked in the ops and in
-    their fake impls, so bad input fails while tracing too.
-    """
-    name = f"softmax {backend}"
+
+def row_functions(
+    forward: ForwardLaunch, backward: BackwardLaunch
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """(forward(x) -> y, backward(y, dy) -> dx) over tensors of any shape, allocating the contiguous output and
+    handing the row launchers (rows, width) views."""
+
+    def softmax_forward(x: torch.Tensor) -> torch.Tensor:
+        y = _empty(x)
+        if x.numel():
+            forward(as_rows(x), y.view(-1, width_of(y)))
+        return y
+
+    def softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        dx = _empty(y)
+        if y.numel():
+            backward(as_rows(y), as_rows(dy), dx.view(-1, width_of(dx)))
+        return dx
+
+    return softmax_forward, softmax_backward
+
+
+def make_checks(
+    name: str, devices: Sequence[str]
+) -> tuple[Callable[[torch.Tensor], None], Callable[[torch.Tensor, torch.Tensor], None]]:
+    """(check(x), backward_check(y, dy)): clear errors for a non-tensor, a device or dtype the impl lacks, or a dy
+    that does not match y."""
     devices = tuple(devices)
 
     def check(x: torch.Tensor) -> None:
         check_tensor(x, impl=name, devices=devices)
 
-    def check_grad(y: torch.Tensor, dy: torch.Tensor) -> None:
+    def backward_check(y: torch.Tensor, dy: torch.Tensor) -> None:
         check(y)
         check_tensor(dy, impl=f"{name} backward", devices=devices)
         check_matches(dy, y, impl=f"{name} backward", names=("dy", "y"))
 
-    def like(x: torch.Tensor) -> torch.Tensor:
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return check, backward_check
 
-    @torch.library.custom_op(f"fuselab::softmax_{backend}", mutates_args=())
-    def softmax_op(x: torch.Tensor) -> torch.Tensor:
-        check(x)
-        y = like(x)
-        if x.numel():
-            forward(as_rows(x), y.view(-1, width_of(y)))
-        return y
 
-    @softmax_op.register_fake
-    def _(x: torch.Tensor) -> torch.Tensor:
-        check(x)
-        return like(x)
+def fake(x: torch.Tensor) -> torch.Tensor:
+    """y: x's shape and dtype, contiguous."""
+    return _empty(x)
 
-    @torch.library.custom_op(f"fuselab::softmax_{backend}_backward", mutates_args=())
-    def softmax_backward_op(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-        check_grad(y, dy)
-        dx = like(y)
-        if y.numel():
-            backward(as_rows(y), as_rows(dy), dx.view(-1, width_of(dx)))
-        return dx
 
-    @softmax_backward_op.register_fake
-    def _(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-        check_grad(y, dy)
-        return like(y)
-
-    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor) -> None:
-        ctx.save_for_backward(output)  # dx needs y only: y * (dy - sum(dy * y))
-
-    def backward_fn(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return softmax_backward_op(y, dy)
-
-    softmax_op.register_autograd(backward_fn, setup_context=setup_context)
-
-    def softmax(x: torch.Tensor) -> torch.Tensor:
-        check(x)  # before the op's own schema check, whose message for a non-tensor is cryptic
-        return softmax_op(x)
-
-    return softmax
+def backward_fake(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dx: y's shape and dtype, contiguous."""
+    return _empty(y)

@@ -1,5 +1,9 @@
 """Softmax in CUDA C++: kernels and launchers in softmax.cu, torch binding in softmax_binding.cpp, built on first use.
 
+Registered as impl "cuda" and, through the op factory (fuselab.ops.library), as ops fuselab::softmax_cuda /
+fuselab::softmax_cuda_backward: schemas, fakes and autograd in Python, CUDA kernels registered from C++
+(TORCH_LIBRARY_IMPL in softmax_binding.cpp) when the extension loads. In eager mode the impl calls the binding.
+
 The kernels (warp per row, block per row, looped online softmax; see softmax.cu) need no torch headers, so
 `nvcc -arch=sm_90 -c softmax.cu` checks them anywhere. The extension is built once per machine and cached in
 ~/.cache/fuselab/ext/fuselab_softmax (FUSELAB_EXT_DIR overrides); the first call takes a minute or so.
@@ -13,16 +17,22 @@ from types import ModuleType
 import torch
 
 from fuselab.ops.backends import cuda_unavailable, load_cuda_extension
-from fuselab.ops.softmax._shared import define_custom_ops
+from fuselab.ops.library import define_op
+from fuselab.ops.softmax import _shared
 from fuselab.ops.softmax.spec import SOFTMAX
 
 CU_FILE: Path = Path(__file__).with_name("softmax.cu")
 BINDING_FILE: Path = Path(__file__).with_name("softmax_binding.cpp")
+_EXTENSION: list[ModuleType] = []
 
 
 def extension() -> ModuleType:
-    """The built extension: forward(x, y) and backward(y, dy, dx) on (rows, width) CUDA tensors."""
-    return load_cuda_extension("fuselab_softmax", (str(BINDING_FILE), str(CU_FILE)))
+    """The built extension: forward(x, y) and backward(y, dy, dx) on (rows, width) CUDA tensors, softmax(x) and
+    softmax_backward(y, dy) on any shape. Loading it
+    registers the CUDA kernels of fuselab::softmax_cuda and fuselab::softmax_cuda_backward."""
+    if not _EXTENSION:
+        _EXTENSION.append(load_cuda_extension("fuselab_softmax", (str(BINDING_FILE), str(CU_FILE))))
+    return _EXTENSION[0]
 
 
 def launch_forward(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -35,7 +45,28 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None
 
 DEVICES = ("cuda",)
 
-softmax_cuda_op = define_custom_ops("cuda", launch_forward, launch_backward, DEVICES)
+
+def _forward(x: torch.Tensor) -> torch.Tensor:
+    """y = softmax(x) over the last dimension, contiguous: one call into the binding (rows and output made in C++)."""
+    return extension().softmax(x)
+
+
+def _backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dx = y * (dy - sum(dy * y)) over the last dimension, contiguous."""
+    return extension().softmax_backward(y, dy)
+
+
+_check, _backward_check = _shared.make_checks("softmax cuda", DEVICES)
+softmax_cuda_op = define_op(
+    "softmax_cuda",
+    _forward,
+    backward=_backward,
+    fake=_shared.fake,
+    backward_fake=_shared.backward_fake,
+    check=_check,
+    backward_check=_backward_check,
+    kind="cuda",
+)
 
 
 @SOFTMAX.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True, cuda_source=CU_FILE)

@@ -1,8 +1,12 @@
 // Torch binding of the CUDA softmax: checks the tensors, then calls the launchers of softmax.cu on the current stream
 // (c10::cuda::getCurrentCUDAStream, the same stream as at::cuda::getCurrentCUDAStream, from a lighter header).
+// Two entry points: the Python module's forward/backward on (rows, width) views (the eager path), and the CUDA
+// kernels of the ops fuselab::softmax_cuda / fuselab::softmax_cuda_backward, whose schemas, fakes and autograd
+// Python defines (fuselab.ops.library); registered here, the dispatcher reaches them without Python.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include "softmax.h"
 
@@ -52,10 +56,45 @@ void backward(const torch::Tensor& y, const torch::Tensor& dy, const torch::Tens
                                          c10::cuda::getCurrentCUDAStream()));
 }
 
+// x (..., width) as (rows, width) with unit column stride: a view where one exists, else a contiguous copy (as
+// fuselab.ops.softmax._shared.as_rows). x has at least one element.
+torch::Tensor as_rows(const torch::Tensor& x, int64_t width) {
+  const torch::Tensor t = (width > 1 && x.stride(-1) != 1) ? x.contiguous() : x;
+  return t.reshape({-1, width});
+}
+
+// fuselab::softmax_cuda(Tensor x) -> Tensor: softmax over the last dimension, contiguous output.
+torch::Tensor softmax_op(const torch::Tensor& x) {
+  torch::Tensor y = torch::empty(x.sizes(), x.options());
+  if (x.numel() == 0) return y;
+  const int64_t width = x.dim() ? x.size(-1) : 1;
+  forward(as_rows(x, width), y.view({-1, width}));
+  return y;
+}
+
+// fuselab::softmax_cuda_backward(Tensor y, Tensor dy) -> Tensor: dx = y * (dy - sum(dy * y)) over the last dimension.
+torch::Tensor softmax_backward_op(const torch::Tensor& y, const torch::Tensor& dy) {
+  TORCH_CHECK(dy.sizes() == y.sizes(), "softmax cuda backward: dy has shape ", dy.sizes(), ", not y's ", y.sizes());
+  torch::Tensor dx = torch::empty(y.sizes(), y.options());
+  if (y.numel() == 0) return dx;
+  const int64_t width = y.dim() ? y.size(-1) : 1;
+  backward(as_rows(y, width), as_rows(dy, width), dx.view({-1, width}));
+  return dx;
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(fuselab, CUDA, m) {
+  m.impl("softmax_cuda", &softmax_op);
+  m.impl("softmax_cuda_backward", &softmax_backward_op);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "y = softmax(x) over the rows of x (rows, width)", pybind11::arg("x"), pybind11::arg("y"));
   m.def("backward", &backward, "dx = y * (dy - sum(dy * y)) row by row", pybind11::arg("y"), pybind11::arg("dy"),
         pybind11::arg("dx"));
+  // The ops' kernels, whole: any shape in, contiguous out (one call from Python, rows and output made here).
+  m.def("softmax", &softmax_op, "y = softmax(x) over the last dimension", pybind11::arg("x"));
+  m.def("softmax_backward", &softmax_backward_op, "dx from y and dy over the last dimension", pybind11::arg("y"),
+        pybind11::arg("dy"));
 }

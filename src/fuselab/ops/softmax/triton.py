@@ -29,7 +29,6 @@ Which kernel (`forward_plan`, thresholds below; docs/ops/softmax.md explains the
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -40,7 +39,8 @@ import triton
 import triton.language as tl
 
 from fuselab.ops.backends import triton_unavailable
-from fuselab.ops.softmax._shared import define_custom_ops
+from fuselab.ops.library import define_op, on_device, wrap_triton
+from fuselab.ops.softmax import _shared
 from fuselab.ops.softmax.spec import SOFTMAX
 
 # Thresholds timed on the H200 (copy ceiling ~4270 GB/s) with tune.py and the exploration of 2026-11-29/30
@@ -507,6 +507,7 @@ def _can_wait(device: torch.device) -> bool:
     return device.type == "cuda" and not _interpreted()
 
 
+@functools.lru_cache(maxsize=4096)  # plans are looked up on every call: cached by (width, dtype, device)
 def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
     """The forward kernel for rows of `width` (see the module docstring)."""
     block = triton.next_power_of_2(width)
@@ -527,6 +528,7 @@ def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
     return Plan("looped", LOOP_BLOCK, 1, 8)
 
 
+@functools.lru_cache(maxsize=4096)
 def backward_plan(width: int, dtype: torch.dtype) -> Plan:
     """The backward kernel for rows of `width`: whole rows up to BACKWARD_ROW_MAX, else looped."""
     block = triton.next_power_of_2(width)
@@ -534,9 +536,13 @@ def backward_plan(width: int, dtype: torch.dtype) -> Plan:
 
 
 def _in_pairs(*tensors: torch.Tensor) -> bool:
-    """Whether (rows, width) bf16 tensors can be read as int32 pairs: even width and row strides, 4-byte aligned."""
+    """Whether (rows, width) bf16 tensors can be read as int32 pairs: even width and row strides, 4-byte aligned
+    (while torch.compile traces, with no address to read, an even storage offset into an aligned allocation)."""
     return all(
-        t.dtype == torch.bfloat16 and t.shape[1] % 2 == 0 and t.stride(0) % 2 == 0 and t.data_ptr() % 4 == 0
+        t.dtype == torch.bfloat16
+        and t.shape[1] % 2 == 0
+        and t.stride(0) % 2 == 0
+        and (t.data_ptr() % 4 == 0 if type(t) is torch.Tensor else t.storage_offset() % 2 == 0)
         for t in tensors
     )
 
@@ -552,28 +558,23 @@ def _alignment(*tensors: torch.Tensor) -> int:
     width = tensors[0].shape[1]
     if width >= 2**31:
         return 1
-    return math.gcd(16 // tensors[0].element_size(), width, *(t.stride(0) for t in tensors))
+    return math.gcd(16 // tensors[0].element_size(), int(width), *(int(t.stride(0)) for t in tensors))
 
 
 INTERPRETER_PROGRAMS = 3  # persistent grids under the interpreter: a few programs, each taking several tiles
 
 
-def _on(device: torch.device) -> contextlib.AbstractContextManager:
-    """Launch on the tensor's GPU, not the current one."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 def _ready(x: torch.Tensor) -> None:
-    if x.device.type == "cpu" and (reason := triton_unavailable("cpu")):
+    if not x.is_cuda and (reason := triton_unavailable("cpu")):
         raise RuntimeError(f"softmax triton: {reason}")
 
 
 def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -> None:
     """y = softmax(x) row by row. x, y: (rows, width), unit column stride; plan: None chooses (`forward_plan`)."""
     _ready(x)
-    n_rows, n_cols = x.shape
+    n_rows, n_cols = x.shape[0], int(x.shape[1])  # the width picks the plan: a symbolic one (torch.compile) is fixed
     plan = plan or forward_plan(n_cols, x.dtype, x.device)
-    with _on(x.device):
+    with on_device(x):
         if plan.kernel == "rows":
             # Masks compiled out for fp32 tiles that divide the tensor: 0.1-0.3% faster at widths 128-1024. In 16 bits
             # the masked kernel was faster (bf16 rows of 128-256, 16 or 8 to a tile: 3922-3946 GB/s against 3841-3876;
@@ -581,7 +582,7 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
             # (bf16 32768: 3983-4014 against 3880-3907; 16384: 4074-4076 against 4023-4102; softmax_explore_11).
             even = (x.element_size() == 4 or plan.hold) and n_cols == plan.block and n_rows % plan.rows == 0
             a = _alignment(x, y)
-            _forward_rows_kernel[(triton.cdiv(n_rows, plan.rows),)](
+            wrap_triton(_forward_rows_kernel)[(triton.cdiv(n_rows, plan.rows),)](
                 x, y, n_rows, n_cols // a, x.stride(0) // a, y.stride(0) // a, ROWS=plan.rows, BLOCK=plan.block,
                 EVEN=even, HOLD=plan.hold and x.element_size() == 2, PTX=not _interpreted(), ALIGN=a,
                 num_warps=plan.num_warps, maxnreg=plan.maxnreg,
@@ -590,7 +591,7 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
             n_tiles = triton.cdiv(n_rows, plan.rows)
             programs = _sm_count(x.device.index) if x.is_cuda else INTERPRETER_PROGRAMS
             a = _alignment(x, y)
-            _forward_rows_ahead_kernel[(min(n_tiles, programs),)](
+            wrap_triton(_forward_rows_ahead_kernel)[(min(n_tiles, programs),)](
                 x, y, n_rows, n_cols // a, x.stride(0) // a, y.stride(0) // a, ROWS=plan.rows, BLOCK=plan.block,
                 PTX=not _interpreted(), ALIGN=a, num_warps=plan.num_warps, maxnreg=plan.maxnreg,
             )  # fmt: skip
@@ -606,18 +607,18 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
             sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
             meta = {"SPLIT": split, "SPLIT_P2": triton.next_power_of_2(split), "num_warps": plan.num_warps}
             if plan.kernel == "split_pairs":
-                _forward_split_pairs_kernel[(n_rows * split,)](
+                wrap_triton(_forward_split_pairs_kernel)[(n_rows * split,)](
                     x, y, stats[0], stats[1], sync, n_cols // 2, x.stride(0) // 2, y.stride(0) // 2,
                     CHUNK=plan.block // 2, PTX=not _interpreted(), **meta,
                 )  # fmt: skip
             else:
-                _forward_split_kernel[(n_rows * split,)](
+                wrap_triton(_forward_split_kernel)[(n_rows * split,)](
                     x, y, stats[0], stats[1], sync, n_cols, x.stride(0), y.stride(0), CHUNK=plan.block,
                     PTX=not _interpreted(), **meta,
                 )  # fmt: skip
         elif plan.kernel == "looped":
             a = _alignment(x, y)
-            _forward_looped_kernel[(n_rows,)](
+            wrap_triton(_forward_looped_kernel)[(n_rows,)](
                 x, y, n_cols // a, x.stride(0) // a, y.stride(0) // a, BLOCK=plan.block, PTX=not _interpreted(),
                 ALIGN=a, num_warps=plan.num_warps,
             )  # fmt: skip
@@ -630,19 +631,19 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None = None) -> None:
     """dx = y * (dy - sum(dy * y)) row by row. All (rows, width), unit column stride; plan: None chooses."""
     _ready(y)
-    n_rows, n_cols = y.shape
+    n_rows, n_cols = y.shape[0], int(y.shape[1])
     plan = plan or backward_plan(n_cols, y.dtype)
     strides = (y.stride(0), dy.stride(0), dx.stride(0))
-    with _on(y.device):
+    with on_device(y):
         if plan.kernel == "rows":
             a = _alignment(y, dy, dx)
-            _backward_rows_kernel[(triton.cdiv(n_rows, plan.rows),)](
+            wrap_triton(_backward_rows_kernel)[(triton.cdiv(n_rows, plan.rows),)](
                 y, dy, dx, n_rows, n_cols // a, *(s // a for s in strides), ROWS=plan.rows, BLOCK=plan.block, ALIGN=a,
                 num_warps=plan.num_warps,
             )  # fmt: skip
         elif plan.kernel == "looped":
             a = _alignment(y, dy, dx)
-            _backward_looped_kernel[(n_rows,)](
+            wrap_triton(_backward_looped_kernel)[(n_rows,)](
                 y, dy, dx, n_cols // a, *(s // a for s in strides), BLOCK=plan.block, ALIGN=a, num_warps=plan.num_warps
             )
         else:
@@ -651,7 +652,18 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: P
 
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
 
-softmax_triton_op = define_custom_ops("triton", launch_forward, launch_backward, DEVICES)
+_forward, _backward = _shared.row_functions(launch_forward, launch_backward)
+_check, _backward_check = _shared.make_checks("softmax triton", DEVICES)
+softmax_triton_op = define_op(
+    "softmax_triton",
+    _forward,
+    backward=_backward,
+    fake=_shared.fake,
+    backward_fake=_shared.backward_fake,
+    check=_check,
+    backward_check=_backward_check,
+    kind="triton",
+)
 
 
 @SOFTMAX.impl(

@@ -1,0 +1,48 @@
+"""What GELU's fused impls (triton, cuda) give the op factory (fuselab.ops.library): the input check and the fakes.
+
+Both ops are fuselab::gelu_<backend>(Tensor x, str approximate) -> Tensor and
+fuselab::gelu_<backend>_backward(Tensor dy, Tensor x, str approximate) -> Tensor. Outputs are contiguous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from fuselab.ops.backends import check_matches, check_tensor
+from fuselab.ops.gelu.spec import FORMS, check_form
+
+
+def make_check(name: str, devices: Sequence[str]) -> Callable[[torch.Tensor, str], None]:
+    """check(x, approximate): a clear error for a non-tensor, a device or dtype the impl lacks, an unknown form."""
+    devices = tuple(devices)
+
+    def check(x: torch.Tensor, approximate: str) -> None:
+        check_tensor(x, impl=name, devices=devices)
+        if approximate not in FORMS:
+            check_form(approximate)
+
+    return check
+
+
+def fake(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """y: x's shape and dtype, contiguous."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def make_backward_check(name: str, devices: Sequence[str]) -> Callable[[torch.Tensor, torch.Tensor, str], None]:
+    """check(dy, x, approximate) for the backward op: x as forward's, dy of x's shape, dtype and device."""
+    check = make_check(name, devices)
+
+    def backward_check(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> None:
+        check(x, approximate)
+        check_tensor(dy, impl=f"{name} backward", devices=tuple(devices))
+        check_matches(dy, x, impl=f"{name} backward", names=("dy", "x"))
+
+    return backward_check
+
+
+def backward_fake(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """dx: x's shape and dtype, contiguous."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)

@@ -1,0 +1,354 @@
+"""One factory for every fused impl: `define_op` turns an impl's forward and backward functions into a PyTorch
+custom op (schema, fake, autograd) and a callable whose eager path costs the host as little as a call can.
+
+What it builds, for name "gelu_triton":
+
+- ``fuselab::gelu_triton`` and ``fuselab::gelu_triton_backward``, schemas inferred from the annotations of `forward`
+  and `backward`, joined by ``register_autograd``, each with a fake impl, so torch.compile(fullgraph=True) traces a
+  model using them without a graph break.
+  kind "triton": registered with ``torch.library.triton_op``; the kernels are launched through `wrap_triton` (this
+  module's, which torch recognizes), so torch.compile traces into the launcher, sees each Triton kernel, launches it
+  from the compiled code and can capture it in a CUDA graph. Under Triton's CPU interpreter (TRITON_INTERPRET=1)
+  kernels cannot be traced, so there the op is an opaque ``custom_op`` with the given fake.
+  kind "cuda": a ``custom_op`` whose Python body (the CompositeExplicitAutograd kernel) calls the extension; the
+  extension's binding registers its own kernels for the CUDA dispatch key (TORCH_LIBRARY_IMPL) when it is loaded,
+  and from then on the dispatcher calls C++ directly for CUDA tensors.
+  kind "python": a plain ``custom_op`` on `forward` / `backward`.
+- a :class:`FusedOp`, the function users call. In eager mode, on plain tensors and outside any tracing, it skips the
+  dispatcher: without autograd it calls `forward` directly; with it, a ``torch.autograd.Function`` calling `forward`
+  and `backward` directly (a custom op's Python autograd costs some 20 us more a call). While torch.compile traces
+  (or under a dispatch mode, or on tensor subclasses such as FakeTensor) it calls the registered op.
+
+The functions, by convention (attention is the general case)::
+
+    forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]   # (o, lse)
+    backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float)
+        -> tuple[Tensor, Tensor, Tensor]                                                          # (dq, dk, dv)
+    define_op("attention_triton", forward, backward=backward, outputs=("o",), extras=("lse",), fake=..., ...)
+
+`forward` takes tensors and options (bool, int, float, str) positionally and returns `outputs` then `extras` (saved
+for backward, not returned to the user). `backward`'s parameters are matched by name: ``d<output>`` is the gradient
+of that output; a name of a forward parameter, output or extra is that value, saved by the forward; a forward option
+is passed on. It returns one gradient per tensor parameter of `forward`, in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+
+Kind = Literal["triton", "cuda", "python"]
+KINDS = ("triton", "cuda", "python")
+NAMESPACE = "fuselab"
+
+_NULL_CONTEXT = contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------------------------------- launch-site helpers
+
+try:  # torch >= 2.6: the switch triton_op flips off around its eager body, so that wrap_triton costs nothing there
+    from torch._library.triton import is_wrap_triton_enabled
+    from torch._library.triton import wrap_triton_enabled as _WRAP_SWITCH
+except ImportError:  # pragma: no cover (older torch: wrapping is always on)
+    _WRAP_SWITCH = None
+
+    def is_wrap_triton_enabled() -> bool:
+        return True
+
+
+def wrap_triton(kernel: object) -> object:
+    """`kernel` (a @triton.jit function) as an impl's launcher must launch it: ``wrap_triton(k)[grid](...)``.
+
+    While torch traces a triton_op (torch.compile's functional pass), torch.library.wrap_triton's traceable wrapper,
+    so the launch becomes a node of the graph; in eager mode the kernel itself, for the cost of one flag read
+    (torch's own wrap_triton imports three modules a call). Under the interpreter, kernels are never wrapped.
+    The name matters: torch finds the kernels of a triton_op by looking for calls named ``wrap_triton``.
+    """
+    if not is_wrap_triton_enabled() or _interpreted():
+        return kernel
+    return torch.library.wrap_triton(kernel)
+
+
+def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """A context that makes `t`'s GPU the current one for a launch (Triton launches on the current device); a
+    shared null context when it already is, or when `t` is not a plain CUDA tensor (a fake one, while tracing)."""
+    if t.is_cuda and type(t) is torch.Tensor and t.get_device() != torch._C._cuda_getDevice():
+        return torch.cuda.device(t.device)
+    return _NULL_CONTEXT
+
+
+@functools.cache
+def _interpreted() -> bool:
+    """TRITON_INTERPRET=1 (read once: Triton itself reads it when kernels are defined, at import)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _triton_traceable() -> bool:
+    """Whether kernels can be registered with triton_op: Triton installed and compiling (not interpreting)."""
+    return importlib.util.find_spec("triton") is not None and not _interpreted()
+
+
+# ---------------------------------------------------------------------------------------------- the factory
+
+
+class FusedOp:
+    """A fused impl as users call it: ``op(*args)`` with forward's arguments, positionally.
+
+    Returns forward's `outputs` (one tensor, or a tuple when there are several); `extras` stay with autograd.
+    Attributes: `name`; `op` / `backward_op`: the registered ops (``torch.ops.fuselab.<name>`` and its backward);
+    `kind`; `direct`: whether the eager path may skip the dispatcher (False: always call the op).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        forward: Callable[..., object],
+        *,
+        fake: Callable[..., object],
+        backward: Callable[..., object] | None,
+        backward_fake: Callable[..., object] | None,
+        outputs: Sequence[str],
+        extras: Sequence[str],
+        check: Callable[..., None] | None,
+        backward_check: Callable[..., None] | None,
+        kind: Kind,
+        direct: bool,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"define_op {name}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        if not outputs:
+            raise ValueError(f"define_op {name}: an op needs at least one output")
+        if (backward is None) != (backward_fake is None):
+            raise ValueError(f"define_op {name}: give backward and backward_fake together, or neither")
+        self.name, self.kind, self.direct = name, kind, direct
+        self.outputs, self.extras = tuple(outputs), tuple(extras)
+        self._check = check
+        params = _parameters(forward, name)
+        self._params = tuple(params)
+        self._tensor_idx = tuple(i for i, (_, is_tensor) in enumerate(params.items()) if is_tensor)
+        self._option_idx = tuple(i for i, (_, is_tensor) in enumerate(params.items()) if not is_tensor)
+        if not self._tensor_idx:
+            raise ValueError(f"define_op {name}: forward takes no tensor (annotate its tensor parameters)")
+        self._single = len(self.outputs) == 1 and not self.extras
+        n_out = len(self.outputs)
+        triton = kind == "triton"
+        self._forward = _eager(forward) if triton else forward
+        self._backward = (_eager(backward) if triton else backward) if backward is not None else None
+
+        self.op = _register(name, _checked(forward, check), _checked(fake, check), triton)
+        self.backward_op = None
+        if backward is not None:
+            self._plan_backward(backward, name)
+            self.backward_op = _register(
+                f"{name}_backward", _checked(backward, backward_check), _checked(backward_fake, backward_check), triton
+            )
+            self.op.register_autograd(self._op_backward, setup_context=self._op_setup_context)
+            self._function = self._make_function()
+        self._visible = (lambda out: out) if self._single else (lambda out: out[0] if n_out == 1 else out[:n_out])
+
+    # -- the call
+
+    def __call__(self, *args: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """forward's outputs for `args` (forward's parameters, positionally), differentiable if a backward exists."""
+        if self._check is not None:
+            self._check(*args)
+        if self.direct and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0:
+            tensors = [args[i] for i in self._tensor_idx]
+            if all(type(t) is torch.Tensor for t in tensors):
+                if self.backward_op is not None and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+                    return self._function.apply(*args)
+                return self._visible(self._forward(*args))
+        return self._visible(self.op(*args))
+
+    def __repr__(self) -> str:
+        return f"FusedOp({NAMESPACE}::{self.name}, kind={self.kind!r}, direct={self.direct})"
+
+    # -- autograd, shared by the op's registration and the eager Function
+
+    def _plan_backward(self, backward: Callable, name: str) -> None:
+        """How backward's parameters are filled: ('grad', i), ('saved', name) or ('option', i)."""
+        forward_names = list(self._params)
+        options = {forward_names[i]: i for i in self._option_idx}
+        values = set(forward_names) | set(self.outputs) | set(self.extras)
+        plan: list[tuple[str, object]] = []
+        saved: list[str] = []
+        for p in _parameters(backward, f"{name}_backward"):
+            if p.startswith("d") and p[1:] in self.outputs:
+                plan.append(("grad", self.outputs.index(p[1:])))
+            elif p in options:
+                plan.append(("option", options[p]))
+            elif p in values:
+                plan.append(("saved", len(saved)))
+                saved.append(p)
+            else:
+                raise ValueError(
+                    f"define_op {name}: backward parameter {p!r} is neither d<output> (outputs: {self.outputs}), "
+                    f"nor a forward parameter, output or extra"
+                )
+        self._bw_plan = tuple(plan)
+        self._saved = tuple(saved)
+
+    def _save(self, ctx: object, args: Sequence[object], outs: tuple) -> None:
+        named = dict(zip(self._params, args, strict=True))
+        named.update(zip(self.outputs + self.extras, outs, strict=True))
+        ctx.save_for_backward(*(named[n] for n in self._saved))
+        ctx.forward_options = {i: args[i] for i in self._option_idx}
+
+    def _backward_args(self, ctx: object, grads: Sequence[torch.Tensor]) -> list[object]:
+        saved = ctx.saved_tensors
+        by_kind = {"grad": grads, "saved": saved}
+        all_args: list[object] = []
+        for kind, i in self._bw_plan:
+            all_args.append(ctx.forward_options[i] if kind == "option" else by_kind[kind][i])
+        return all_args
+
+    def _input_grads(self, result: object) -> tuple[torch.Tensor | None, ...]:
+        grads = result if isinstance(result, tuple) else (result,)
+        if len(grads) != len(self._tensor_idx):
+            n = len(self._tensor_idx)
+            raise RuntimeError(f"{self.name} backward returned {len(grads)} gradients for {n} tensor inputs")
+        out: list[torch.Tensor | None] = [None] * len(self._params)
+        for i, g in zip(self._tensor_idx, grads, strict=True):
+            out[i] = g
+        return tuple(out)
+
+    def _op_setup_context(self, ctx: object, inputs: tuple, output: object) -> None:
+        outs = output if isinstance(output, tuple) else (output,)
+        self._save(ctx, inputs, outs)
+        if self.extras:
+            ctx.mark_non_differentiable(*outs[len(self.outputs) :])
+
+    def _op_backward(self, ctx: object, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return self._input_grads(self.backward_op(*self._backward_args(ctx, grads[: len(self.outputs)])))
+
+    def _make_function(self) -> type[torch.autograd.Function]:
+        """The eager autograd.Function: forward and backward called directly (grad_fn: <Name>Backward)."""
+        fused = self
+        n_out = len(self.outputs)
+
+        def forward(ctx: object, *args: object) -> object:
+            out = fused._forward(*args)
+            outs = out if isinstance(out, tuple) else (out,)
+            fused._save(ctx, args, outs)
+            return outs[0] if n_out == 1 else outs[:n_out]
+
+        def backward(ctx: object, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+            return fused._input_grads(fused._backward(*fused._backward_args(ctx, grads)))
+
+        title = "".join(part.title() for part in self.name.split("_"))
+        body = {"forward": staticmethod(forward), "backward": staticmethod(backward), "__module__": __name__}
+        return type(title, (torch.autograd.Function,), body)
+
+
+def define_op(
+    name: str,
+    forward: Callable[..., object],
+    *,
+    fake: Callable[..., object],
+    backward: Callable[..., object] | None = None,
+    backward_fake: Callable[..., object] | None = None,
+    outputs: Sequence[str] = ("y",),
+    extras: Sequence[str] = (),
+    check: Callable[..., None] | None = None,
+    backward_check: Callable[..., None] | None = None,
+    kind: Kind = "python",
+    direct: bool = True,
+) -> FusedOp:
+    """Register ``fuselab::<name>`` (and ``fuselab::<name>_backward``) and return the callable (:class:`FusedOp`).
+
+    forward(*tensors and options) -> outputs then extras (one Tensor or a tuple); annotated, as the schema is
+    inferred from it. Its outputs must not alias its inputs (a custom op's rule). Kind "triton": launches its kernels
+    through this module's `wrap_triton` and allocates with torch ops only (torch.compile traces it with fake tensors:
+    no data_ptr, no host syncs). Kind "cuda": calls the extension; the extension registers its CUDA kernels under
+    the same names from C++ when loaded.
+    fake: forward's fake impl (same parameters; empty outputs of the right shape, dtype, device and strides).
+    backward / backward_fake: the backward (parameters matched by name, see the module docstring) and its fake.
+    outputs / extras: names of forward's returns: `outputs` go to the caller and have gradients, `extras` are kept
+    for backward only (e.g. attention's logsumexp).
+    check(*args): raises a clear error for bad input; run on every call and while tracing (in the fakes).
+    backward_check(*backward args): the same for the backward op when called as an op (autograd's own calls, whose
+    gradients match by construction, skip it in eager mode).
+    direct: let the eager call skip the dispatcher (see :class:`FusedOp`).
+    """
+    return FusedOp(
+        name,
+        forward,
+        fake=fake,
+        backward=backward,
+        backward_fake=backward_fake,
+        outputs=outputs,
+        extras=extras,
+        check=check,
+        backward_check=backward_check,
+        kind=kind,
+        direct=direct,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+
+
+def _parameters(fn: Callable, name: str) -> dict[str, bool]:
+    """fn's positional parameters in order, each mapped to whether it is a Tensor (from its annotation)."""
+    try:
+        signature = inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError) as exc:
+        raise ValueError(f"define_op {name}: cannot read the annotations of {fn.__qualname__}: {exc}") from None
+    out = {}
+    for p in signature.parameters.values():
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            raise ValueError(f"define_op {name}: parameter {p.name!r} of {fn.__qualname__} must be positional")
+        if p.annotation is inspect.Parameter.empty:
+            raise ValueError(f"define_op {name}: parameter {p.name!r} of {fn.__qualname__} needs a type annotation")
+        out[p.name] = p.annotation is torch.Tensor
+    return out
+
+
+def _checked(fn: Callable, check: Callable[..., None] | None) -> Callable:
+    """fn, calling check(*args) first; with fn's signature (schemas are inferred from it)."""
+    if check is None:
+        return fn
+
+    @functools.wraps(fn)
+    def checked(*args: object) -> object:
+        check(*args)
+        return fn(*args)
+
+    return checked
+
+
+def _eager(fn: Callable) -> Callable:
+    """fn run with torch's wrap_triton switch off, as triton_op runs its body in eager mode: the kernels launch
+    directly instead of through the tracing wrapper."""
+    if _WRAP_SWITCH is None:
+        return fn
+    switch = _WRAP_SWITCH
+
+    def run(*args: object) -> object:
+        before = getattr(switch, "value", True)
+        switch.value = False
+        try:
+            return fn(*args)
+        finally:
+            switch.value = before
+
+    return run
+
+
+def _register(name: str, fn: Callable, fake: Callable, triton: bool) -> torch.library.CustomOpDef:
+    """fuselab::<name> on fn: a triton_op (traced by torch.compile) or a custom_op (opaque) with `fake`."""
+    qualname = f"{NAMESPACE}::{name}"
+    if triton and _triton_traceable():
+        op = torch.library.triton_op(qualname, fn, mutates_args=())  # its fake: fn itself, traced
+    else:
+        op = torch.library.custom_op(qualname, fn, mutates_args=())
+        op.register_fake(fake)
+    return op

@@ -1,0 +1,234 @@
+"""The op factory (fuselab.ops.library.define_op) on a toy op shaped like attention: two tensor inputs, bool, float
+and str options, a forward that also returns a tensor kept for backward only, a backward with two gradients.
+GPU tests: one call of every fused impl makes no host sync and launches exactly the kernels expected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+from fuselab.ops import get_op
+from fuselab.ops.evaluate import relative_error as rel_err
+from fuselab.ops.library import define_op
+
+CALLS = {"forward": 0, "backward": 0}
+
+
+def toy_forward(
+    a: torch.Tensor, b: torch.Tensor, flip: bool, scale: float, mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """out = scale * a * b (negated when flip; tanh'd when mode == 'tanh'); extra: a * b, kept for backward."""
+    CALLS["forward"] += 1
+    prod = a * b
+    pre = (-scale if flip else scale) * prod
+    return (torch.tanh(pre) if mode == "tanh" else pre.clone()), prod
+
+
+def toy_backward(
+    dout: torch.Tensor, a: torch.Tensor, b: torch.Tensor, prod: torch.Tensor, flip: bool, scale: float, mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    CALLS["backward"] += 1
+    s = -scale if flip else scale
+    g = dout * s * ((1 - torch.tanh(s * prod) ** 2) if mode == "tanh" else 1.0)
+    return g * b, g * a
+
+
+def toy_fake(
+    a: torch.Tensor, b: torch.Tensor, flip: bool, scale: float, mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(a), torch.empty_like(a)
+
+
+def toy_backward_fake(dout, a, b, prod, flip, scale, mode):
+    return torch.empty_like(a), torch.empty_like(b)
+
+
+def toy_check(a: torch.Tensor, b: torch.Tensor, flip: bool, scale: float, mode: str) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"toy: a {tuple(a.shape)} and b {tuple(b.shape)} must have one shape")
+    if mode not in ("linear", "tanh"):
+        raise ValueError(f"toy: mode={mode!r}; accepted: 'linear', 'tanh'")
+
+
+TOY = define_op(
+    "test_library_toy",
+    toy_forward,
+    fake=toy_fake,
+    backward=toy_backward,
+    backward_fake=toy_backward_fake,
+    outputs=("out",),
+    extras=("prod",),
+    check=toy_check,
+)
+TOY_VIA_OP = define_op(
+    "test_library_toy_op",
+    toy_forward,
+    fake=toy_fake,
+    backward=toy_backward,
+    backward_fake=toy_backward_fake,
+    outputs=("out",),
+    extras=("prod",),
+    check=toy_check,
+    direct=False,
+)
+
+
+def reference(a: torch.Tensor, b: torch.Tensor, flip: bool, scale: float, mode: str) -> torch.Tensor:
+    pre = (-scale if flip else scale) * a * b
+    return torch.tanh(pre) if mode == "tanh" else pre
+
+
+def inputs(shape: tuple[int, ...] = (7, 13), seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
+
+
+def test_schemas_are_inferred_from_the_functions() -> None:
+    assert str(torch.ops.fuselab.test_library_toy.default._schema) == (
+        "fuselab::test_library_toy(Tensor a, Tensor b, bool flip, float scale, str mode) -> (Tensor, Tensor)"
+    )
+    backward = str(torch.ops.fuselab.test_library_toy_backward.default._schema)
+    assert backward.startswith("fuselab::test_library_toy_backward(Tensor dout, Tensor a, Tensor b, Tensor prod, bool")
+
+
+@pytest.mark.parametrize("op", [TOY, TOY_VIA_OP], ids=["direct", "via-op"])
+@pytest.mark.parametrize("mode", ["linear", "tanh"])
+def test_forward_and_gradients_match_float64(op, mode: str) -> None:
+    a, b = inputs((5, 11), seed=3)
+    out = op(a, b, True, 0.7, mode)
+    assert isinstance(out, torch.Tensor)  # extras are not returned
+    assert rel_err(out, reference(a, b, True, 0.7, mode)) < 1e-12
+    assert torch.autograd.gradcheck(lambda x, y: op(x, y, False, 1.3, mode), (a.requires_grad_(), b.requires_grad_()))
+
+
+def test_eager_path_skips_the_dispatcher_and_tracing_uses_the_op() -> None:
+    """Eager calls run forward directly (no grad) or through the autograd.Function (grad); fake tensors and
+    torch.compile go through the registered op."""
+    a, b = inputs()
+    CALLS.update(forward=0, backward=0)
+    TOY(a, b, False, 1.0, "linear")
+    assert CALLS["forward"] == 1
+    y = TOY(a.requires_grad_(), b, False, 1.0, "tanh")
+    assert type(y.grad_fn).__name__ == "TestLibraryToyBackward"
+    y.sum().backward()
+    assert CALLS == {"forward": 2, "backward": 1}
+    z = TOY_VIA_OP(a, b, False, 1.0, "tanh")
+    assert "TestLibraryToy" not in type(z.grad_fn).__name__  # the op's own autograd node
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    before = CALLS["forward"]
+    with FakeTensorMode():
+        fa, fb = torch.empty(3, 4), torch.empty(3, 4)
+        out = TOY(fa, fb, True, 2.0, "tanh")
+        assert out.shape == (3, 4) and CALLS["forward"] == before  # the fake ran, not forward
+        with pytest.raises(ValueError, match="must have one shape"):
+            TOY(fa, torch.empty(4, 3), True, 2.0, "tanh")
+
+
+def test_compiles_fullgraph_with_gradients() -> None:
+    a, b = inputs((6, 9), seed=5)
+    a32, b32 = a.float().requires_grad_(), b.float()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, y: TOY(x, y, True, 0.5, "tanh").sum(), fullgraph=True, backend="aot_eager")
+    f(a32, b32).backward()
+    a64 = a.clone().requires_grad_()
+    reference(a64, b, True, 0.5, "tanh").sum().backward()
+    assert rel_err(a32.grad, a64.grad) < 1e-6
+    torch._dynamo.reset()
+
+
+def test_opcheck() -> None:
+    a, b = inputs((4, 6), seed=9)
+    torch.library.opcheck(torch.ops.fuselab.test_library_toy.default, (a.requires_grad_(), b, True, 0.5, "tanh"))
+
+
+def test_definition_errors_are_clear() -> None:
+    def no_annotation(x, flag: bool) -> torch.Tensor:
+        return x.clone()
+
+    with pytest.raises(ValueError, match="needs a type annotation"):
+        define_op("test_library_bad1", no_annotation, fake=no_annotation)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    def backward(dz: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # dz: no output named z
+        return dz
+
+    with pytest.raises(ValueError, match="backward parameter 'dz'"):
+        define_op("test_library_bad2", forward, fake=forward, backward=backward, backward_fake=backward)
+    with pytest.raises(ValueError, match="kind 'cpp'"):
+        define_op("test_library_bad3", forward, fake=forward, kind="cpp")
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+# (op, impl, shape, a part of its kernels' names): one forward launches one kernel; forward + backward two.
+FUSED_CASES = [
+    ("gelu", "triton", (4099,), "gelu_"),
+    ("gelu", "cuda", (4099,), "gelu_kernel"),
+    ("softmax", "triton", (37, 1000), "rows_kernel"),
+    ("softmax", "cuda", (37, 1000), "softmax_"),
+]
+
+
+def device_activities(prof: torch.profiler.profile) -> list[str]:
+    """Names of what ran on the GPU (kernels, copies, memsets)."""
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("op_name", "impl", "shape", "kernel"), FUSED_CASES)
+def test_gpu_a_call_syncs_never_and_launches_only_its_kernel(
+    op_name: str, impl: str, shape: tuple[int, ...], kernel: str
+) -> None:
+    op = get_op(op_name)
+    fn = op.get_impl(impl).fn
+    (x,) = op.make_inputs(shape, torch.float32, "cuda", 1)
+    xg = x.clone().requires_grad_()
+    dy = torch.randn_like(x)
+    torch.autograd.grad(fn(xg), xg, dy)  # builds, compiles, warms
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn(x)
+        torch.autograd.grad(fn(xg), xg, dy)
+        with torch.no_grad():
+            fn(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        torch.cuda.synchronize()
+    forward = device_activities(prof)
+    assert len(forward) == 1 and kernel in forward[0], forward
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(fn(xg), xg, dy)
+        torch.cuda.synchronize()
+    both = device_activities(prof)
+    assert len(both) == 2 and all(kernel in name for name in both), both
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("op_name", "impl", "shape", "kernel"), FUSED_CASES)
+def test_gpu_compiled_graphs_call_the_kernels(op_name: str, impl: str, shape: tuple[int, ...], kernel: str) -> None:
+    """fullgraph compile with and without CUDA graphs: the same values as eager, and the graph replays launch the
+    impl's own kernel."""
+    op = get_op(op_name)
+    fn = op.get_impl(impl).fn
+    (x,) = op.make_inputs(shape, torch.float32, "cuda", 2)
+    eager = fn(x)
+    for mode in ("max-autotune-no-cudagraphs", "reduce-overhead"):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda t: fn(t * 1.0), fullgraph=True, mode=mode)
+        for _ in range(3):
+            out = compiled(x)
+        assert rel_err(out, eager) < 1e-6, mode
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            compiled(x)
+            torch.cuda.synchronize()
+        assert any(kernel in name for name in device_activities(prof)), (mode, device_activities(prof))
+    torch._dynamo.reset()
