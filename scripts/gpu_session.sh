@@ -5,7 +5,8 @@
 # Results go to benchmarks/results/h200/ (committed afterwards); logs and a tarball of the results to $OUT.
 # The bench and report stages measure anew (the committed logs they would resume from are removed first);
 # RESUME=1 keeps them, to finish a run that was cut short. OPS="gelu softmax" limits the op stages to those ops;
-# BENCH_ARGS adds arguments to every `fuselab bench` (e.g. "--rep-ms 100"); GPUS=2 spreads bench over two GPUs.
+# BENCH_ARGS adds arguments to every `fuselab bench` (e.g. "--rep-ms 100"), DTYPES replaces its dtypes; TESTS selects
+# tests (e.g. "tests/ops"), TESTS_S caps their time.
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1 FUSELAB_EXT_DIR=${FUSELAB_EXT_DIR:-/tmp/fuselab-ext} MAX_JOBS=16
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
@@ -27,12 +28,13 @@ for s in "$@"; do
       fl device --refresh --out "$RES/device.json" ;;
     tests)
       stage "gpu tests"
-      timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 180 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40 ;;
+      timeout ${TESTS_S:-420} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 180 ${TESTS:-} 2>&1 \
+        | tee "$OUT/pytest_gpu.log" | tail -40 ;;
     bench)
       for op in $OPS; do
         stage "bench $op"
         fresh "$RES/$op.jsonl"
-        fl bench "$op" --dtype fp32 --dtype bf16 --out "$RES/$op.json" --plot "$RES/$op.png" ${BENCH_ARGS:-}
+        fl bench "$op" ${DTYPES:---dtype fp32 --dtype bf16} --out "$RES/$op.json" --plot "$RES/$op.png" ${BENCH_ARGS:-}
       done ;;
     random)
       for op in $(random_ops); do
