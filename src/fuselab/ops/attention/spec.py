@@ -197,9 +197,9 @@ def random_shape(rng: object) -> Shape:
 
 REPORT = {
     "quick": {
-        "check_shapes": [(2, 1, 16), (1, 2, 17, 48)],
+        "check_shapes": [(1, 2, 17, 16)],
         "compile_check_shapes": [(2, 1, 16)],
-        "bench_sweeps": [{"shapes": [(1, 2, 64, 32), (1, 2, 128, 32)], "options": {"causal": False}}],
+        "bench_sweeps": [{"shapes": [(1, 2, 64, 32)], "options": {"causal": False}}],
         "x": "axis",
     },
     "cpu": {

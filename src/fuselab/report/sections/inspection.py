@@ -9,6 +9,23 @@ from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 
 
+def op_source_lines(op_name: str, impl: str) -> list[str]:
+    """The source lines of an impl's Triton kernels (how heavy an offline compile of them is)."""
+    import inspect as pyinspect
+
+    from fuselab.ops.registry import get_op
+
+    kernels = get_op(op_name).get_impl(impl).triton_kernels or (lambda: ())
+    lines: list[str] = []
+    for k in kernels():
+        fn = getattr(k, "fn", k)
+        try:
+            lines += pyinspect.getsource(fn).splitlines()
+        except (OSError, TypeError):
+            lines.append("?")
+    return lines
+
+
 def inspect_section(ctx: Context, doc: Doc) -> dict:
     from fuselab.profile.inspect import inspect_impl
 
@@ -24,8 +41,10 @@ def inspect_section(ctx: Context, doc: Doc) -> dict:
         (op.name, name)
         for op in all_ops()
         for name, impl in op.impls.items()
-        if impl.inspectable and (which == "all" or (which == "triton") == (impl.triton_kernels is not None))
+        if impl.inspectable and (which == "all" or (which in ("triton", "first")) == (impl.triton_kernels is not None))
     ]
+    if which == "first":
+        chosen = [min(chosen, key=lambda pair: len(op_source_lines(*pair)))] if chosen else []
     for op_name, impl in chosen:
         try:
             inspection = inspect_impl(op_name, impl, dtype=torch.float32)
