@@ -28,11 +28,11 @@ def extension() -> ModuleType:
 
 
 def _forward(x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    return extension().forward(x, tanh)
+    return extension().forward(x.contiguous(), tanh)  # a copy for non-contiguous x (one read + write)
 
 
 def _backward(grad: torch.Tensor, x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    return extension().backward(grad, x, tanh)
+    return extension().backward(grad.contiguous(), x.contiguous(), tanh)
 
 
 gelu_cuda_op = define_gelu_ops("cuda", _forward, _backward, DEVICES)

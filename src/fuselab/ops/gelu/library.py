@@ -5,7 +5,7 @@
     fuselab::gelu_triton_backward(Tensor grad, Tensor x, str approximate) -> Tensor
 and joins them with register_autograd, so gradients flow and torch.compile traces a model using them as single
 opaque nodes (no graph break): the fake impls give the output's shape, dtype and strides without running a kernel.
-Outputs are contiguous; non-contiguous inputs are copied to contiguous first (one extra read + write).
+Outputs are contiguous; inputs are passed as they are (each backend reads strides or copies, and says which).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 from fuselab.ops.backends import check_matches, check_tensor
 from fuselab.ops.gelu.spec import check_form
 
-Forward = Callable[[torch.Tensor, bool], torch.Tensor]  # (contiguous x, tanh form?) -> y
-Backward = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]  # (contiguous grad, contiguous x, tanh?) -> dx
+Forward = Callable[[torch.Tensor, bool], torch.Tensor]  # (x, tanh form?) -> contiguous y
+Backward = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]  # (grad, x, tanh?) -> contiguous dx
 
 
 def define_gelu_ops(
@@ -43,7 +43,7 @@ def define_gelu_ops(
     @torch.library.custom_op(f"fuselab::gelu_{backend}", mutates_args=())
     def gelu_op(x: torch.Tensor, approximate: str) -> torch.Tensor:
         check(x, approximate)
-        return forward(x.contiguous(), approximate == "tanh")
+        return forward(x, approximate == "tanh")
 
     @gelu_op.register_fake
     def _(x: torch.Tensor, approximate: str) -> torch.Tensor:
@@ -54,7 +54,7 @@ def define_gelu_ops(
     def gelu_backward_op(grad: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
         check(x, approximate)
         check_grad(grad, x)
-        return backward(grad.contiguous(), x.contiguous(), approximate == "tanh")
+        return backward(grad, x, approximate == "tanh")
 
     @gelu_backward_op.register_fake
     def _(grad: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
