@@ -17,6 +17,7 @@ import torch
 from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
+from fuselab.bench.shapes import apply_layout
 from fuselab.bench.sweep import case_key, grid, run_sweep
 from fuselab.bench.timer import benchmark, benchmark_side_by_side
 from fuselab.ops.registry import Impl, Op, Shape
@@ -206,11 +207,13 @@ def bench_case(
     options: dict,
     timing: dict,
     rounds: int = 5,
+    layout: str = "contiguous",
 ) -> dict[str, dict | Exception]:
     """Time the impls of one case on one fresh input, taking turns over `rounds` rounds (`benchmark_side_by_side`;
     CUDA-graph timing runs them one after the other). Per impl: its row (speed, and its error against the reference
-    on the same input), or the exception that stopped it. An exception while timing stops them all."""
-    inputs = op.make_inputs(shape, dtype, device, fresh_seed())
+    on the same input), or the exception that stopped it. An exception while timing stops them all. layout: the
+    inputs' memory layout (fuselab.bench.shapes.apply_layout: contiguous, transposed, sliced, expanded)."""
+    inputs = tuple(apply_layout(x, layout) for x in op.make_inputs(shape, dtype, device, fresh_seed()))
     ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
     results: dict[str, dict | Exception] = {}
     fns: dict[str, Callable[..., torch.Tensor]] = {}
@@ -258,6 +261,7 @@ def bench_op(
     out: str | Path | None = None,
     timing: dict | None = None,
     rounds: int = 5,
+    layout: str = "contiguous",
     show_progress: bool = True,
 ) -> list[dict]:
     """Sweep impls x dtypes x shapes (x option values), one row per case, appended to `out` (JSON lines).
@@ -266,6 +270,7 @@ def bench_op(
     between them are not at the mercy of what drifts (clocks under a power limit, temperature). Rows carry the
     environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling and of a copy of the same bytes timed
     after the sweep, the speed-up against the op's baseline impl, and the error against the reference.
+    layout: the inputs' memory layout (`bench_case`); rows of a layout other than contiguous carry it.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     names = list(impls or op.impls)
@@ -275,8 +280,9 @@ def bench_op(
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     dtypes = list(dtypes or [torch.float32, torch.bfloat16])
     # Case-major, impl fastest: the log is written in the order the impls were measured.
+    laid = {} if layout == "contiguous" else {"layout": layout}
     cases = [
-        {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **opts}
+        {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **laid, **opts}
         for dtype in dtypes
         for shape in shapes or op.bench_shapes
         for opts in option_grid(op, options)
@@ -293,7 +299,7 @@ def bench_op(
             opts = {k: case[k] for k in op.options}
             shape, dtype = tuple(case["shape"]), DTYPES[case["dtype"]]
             measured[together] = bench_case(
-                op, [op.get_impl(n) for n in names], shape, dtype, device, opts, timing or {}, rounds
+                op, [op.get_impl(n) for n in names], shape, dtype, device, opts, timing or {}, rounds, layout
             )
         result = measured[together][case["impl"]]
         if isinstance(result, Exception):
@@ -303,7 +309,12 @@ def bench_op(
     rows = run_sweep(cases, run, out=out, description=f"bench {op.name}", show_progress=show_progress)
     sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
     same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing or {}) for b in sizes}
-    return add_derived(rows, op.baseline, copy_gbps, ("op", "dtype", "shape", *op.options), same_size)
+    return add_derived(rows, op.baseline, copy_gbps, peer_fields(op), same_size)
+
+
+def peer_fields(op: Op) -> tuple[str, ...]:
+    """The fields of a bench row that make it one case, whichever impl ran it."""
+    return ("op", "dtype", "shape", "layout", *op.options)
 
 
 def add_derived(

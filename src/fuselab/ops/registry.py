@@ -70,6 +70,8 @@ class Op:
     options: keyword options the impls accept, each with its allowed values, the first the default.
     check_shapes / bench_shapes: defaults for `fuselab check` and `fuselab bench`.
     baseline: the impl speed-ups are quoted against.
+    random_shape(rng): a shape drawn with a numpy Generator, for `bench --shapes random:N` (fuselab.bench.shapes);
+    None: the op has no random draw.
     """
 
     name: str
@@ -84,6 +86,7 @@ class Op:
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
     baseline: str = "torch"
     doc: str = ""
+    random_shape: Callable[[object], Shape] | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def impl(self, name: str, **kwargs: object) -> Callable[[Callable], Callable]:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
+from fuselab.bench.shapes import draw_size, draw_width
 from fuselab.ops.registry import Op, Shape, register_op
 
 FORMS = ("tanh", "none")
@@ -47,6 +49,19 @@ def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
     return 2 * math.prod(shape) * dtype.itemsize
 
 
+RANDOM_NUMEL = (2**18, 2**28)  # the random draw's range: below it a call costs more on the host than on the GPU
+
+
+def random_shape(rng: np.random.Generator) -> Shape:
+    """A shape for the random-shape bench: numel log-uniform over RANDOM_NUMEL (with odd, prime and model sizes);
+    half of them as (rows, width) with a width drawn from 1 .. 2^14 (for the non-contiguous layouts)."""
+    n = draw_size(rng, *RANDOM_NUMEL)
+    if rng.uniform() < 0.5:
+        return (n,)
+    width = draw_width(rng, 1, 2**14)
+    return (max(1, n // width), width)
+
+
 def flops(shape: Shape) -> int:
     """9 per element, counted on the tanh form: x*x, *x, *0.044715, +x, *sqrt(2/pi), tanh (as 1), +1, *x, *0.5."""
     return 9 * math.prod(shape)
@@ -70,6 +85,7 @@ GELU = register_op(
         bench_shapes=[(2**24,), (2**26,), (2**28,)],
         options={"approximate": FORMS},
         baseline="torch",
+        random_shape=random_shape,
         doc="GELU activation, y = x * Phi(x); option approximate='tanh' (default) or 'none' (erf), as F.gelu",
     )
 )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
+from fuselab.bench.shapes import draw_width, log_uniform
 from fuselab.ops.registry import Op, Shape, register_op
 
 
@@ -29,6 +31,19 @@ def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
 def flops(shape: Shape) -> int:
     """Per element: compare (max), subtract, exp, add (sum), multiply (by 1/sum); each counted as one."""
     return 5 * math.prod(shape)
+
+
+RANDOM_NUMEL = (2**18, 2**26)  # elements per drawn tensor (rows = numel / width, at least 1)
+
+
+def random_shape(rng: np.random.Generator) -> Shape:
+    """(rows, width) for the random-shape bench: width log-uniform over 1 .. 2^20 (odd, prime and model sizes among
+    them), rows so that rows * width is log-uniform over RANDOM_NUMEL; one in ten rows of 4096 or more columns come
+    as a small batch of 1 to 8 rows (3 x 11008)."""
+    width = draw_width(rng)
+    if width >= 4096 and rng.uniform() < 0.1:
+        return (int(rng.integers(1, 9)), width)
+    return (max(1, log_uniform(rng, *RANDOM_NUMEL) // width), width)
 
 
 WIDTHS = [2**k for k in range(7, 19)]  # 128 ... 262144
@@ -56,6 +71,7 @@ SOFTMAX = register_op(
             (3, 40000),  # wider than a row held whole by one program: the looped/split kernels
         ],
         bench_shapes=[(2**26 // w, w) for w in WIDTHS],
+        random_shape=random_shape,
         doc="softmax over the last dimension: y = exp(x - max) / sum(exp(x - max)), math in fp32",
     )
 )
