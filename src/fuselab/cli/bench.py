@@ -10,8 +10,8 @@ from rich.console import Console
 from fuselab.bench.ceilings import get_ceilings
 from fuselab.bench.env import environment
 from fuselab.bench.results import fmt_fixed, fmt_float, fmt_plain, make_table, plot_metric, write_csv, write_json
-from fuselab.cli._args import add_op_arguments, resolve
 from fuselab.bench.shapes import LAYOUTS, add_ratios, draw_shapes, parse_random, plot_ratios, summarize
+from fuselab.cli._args import add_op_arguments, resolve
 from fuselab.ops.evaluate import bench_op, peer_fields
 from fuselab.ops.registry import Op
 
@@ -92,12 +92,16 @@ SUMMARY_COLUMNS = [
     ("worst", "worst", fmt_fixed(3)),
     ("p95", "p95", fmt_fixed(3)),
     ("geomean", "geomean", fmt_fixed(3)),
-    ("worst_shapes", "worst shapes (ratio)", lambda v: ", ".join(f"{fmt_shape(w['shape'])} {w['ratio']:.2f}" for w in v)),
+    ("worst_shapes", "worst shapes (ratio)", fmt_worst),
 ]
 
 
 def fmt_shape(shape: list[int]) -> str:
     return "x".join(map(str, shape)) or "scalar"
+
+
+def fmt_worst(worst: list[dict]) -> str:
+    return ", ".join(f"{fmt_shape(w['shape'])} {w['ratio']:.2f}" for w in worst)
 
 
 def random_shapes(op: Op, args: argparse.Namespace, kwargs: dict) -> list[tuple[int, ...]]:
