@@ -84,6 +84,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def fmt_shape(shape: list[int]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def fmt_worst(worst: list[dict]) -> str:
+    return ", ".join(f"{fmt_shape(w['shape'])} {w['ratio']:.2f}" for w in worst)
+
+
 PEERS = ("torch", "compile")  # the ratio's denominator: the fastest of these that ran the case
 SUMMARY_COLUMNS = [
     ("impl", "impl", fmt_plain),
@@ -94,14 +102,6 @@ SUMMARY_COLUMNS = [
     ("geomean", "geomean", fmt_fixed(3)),
     ("worst_shapes", "worst shapes (ratio)", fmt_worst),
 ]
-
-
-def fmt_shape(shape: list[int]) -> str:
-    return "x".join(map(str, shape)) or "scalar"
-
-
-def fmt_worst(worst: list[dict]) -> str:
-    return ", ".join(f"{fmt_shape(w['shape'])} {w['ratio']:.2f}" for w in worst)
 
 
 def random_shapes(op: Op, args: argparse.Namespace, kwargs: dict) -> list[tuple[int, ...]]:
