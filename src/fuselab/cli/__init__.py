@@ -11,7 +11,7 @@ import sys
 
 import fuselab
 
-COMMANDS = ("device", "check", "bench", "profile", "inspect", "report")
+COMMANDS = ("device", "check", "bench", "tune", "profile", "inspect", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

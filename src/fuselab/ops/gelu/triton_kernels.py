@@ -147,15 +147,18 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
         return t.contiguous().view(-1, cols)
 
 
-def _launch(kernel: triton.JITFunction, *tensors: torch.Tensor, tanh: bool) -> torch.Tensor:
+def _launch(
+    kernel: triton.JITFunction, *tensors: torch.Tensor, tanh: bool, config: tuple[int, int] | None = None
+) -> torch.Tensor:
     """Run `kernel` over inputs `tensors` (same shape; any strides) into a new contiguous tensor; return it.
 
-    Contiguous inputs are one flat row; others are read as rows through their row strides (`as_rows`)."""
+    Contiguous inputs are one flat row; others are read as rows through their row strides (`as_rows`).
+    config: (BLOCK, num_warps) instead of `launch_config`'s (the tuner's candidates)."""
     out = torch.empty(tensors[0].shape, dtype=tensors[0].dtype, device=tensors[0].device)
     n = out.numel()
     if n == 0:
         return out
-    block, num_warps = launch_config(out.dtype)
+    block, num_warps = config or launch_config(out.dtype)
     if all(t.is_contiguous() for t in tensors):
         views, n_rows, n_cols, strided = [t.view(-1) for t in tensors], 1, n, False
     else:
@@ -171,9 +174,9 @@ def _launch(kernel: triton.JITFunction, *tensors: torch.Tensor, tanh: bool) -> t
     return out
 
 
-def gelu_forward(x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    """GELU of x (any shape and strides): a new contiguous tensor, same shape and dtype."""
-    return _launch(gelu_forward_kernel, x, tanh=tanh)
+def gelu_forward(x: torch.Tensor, tanh: bool, config: tuple[int, int] | None = None) -> torch.Tensor:
+    """GELU of x (any shape and strides): a new contiguous tensor, same shape and dtype. config: see `_launch`."""
+    return _launch(gelu_forward_kernel, x, tanh=tanh, config=config)
 
 
 def gelu_backward(dy: torch.Tensor, x: torch.Tensor, tanh: bool) -> torch.Tensor:
