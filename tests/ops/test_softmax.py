@@ -353,7 +353,8 @@ def launch_all():
                             (70000, None), (20000, None)):  # looped (no split on the CPU), a wide row (bf16: held)
             x = torch.empty(64, width, dtype=dtype)
             st.launch_forward(x, torch.empty_like(x), plan)
-            st.launch_backward(x, x, torch.empty_like(x))  # 17000: looped backward
+            if width != 50257:  # the looped backward has no edges path yet: odd wide rows read it scalar
+                st.launch_backward(x, x, torch.empty_like(x))  # 17000: looped backward
     x = torch.empty(64, 20000, dtype=torch.bfloat16)  # chosen for fp16 rows of 32768
     st.launch_forward(x, torch.empty_like(x), st.Plan("rows_ahead", 32768, num_warps=32))
 
