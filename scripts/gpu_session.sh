@@ -25,7 +25,7 @@ for s in "$@"; do
       timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 180 2>&1 | tee "$OUT/pytest_gpu.log" | tail -60 ;;
     tune)
       stage "softmax tuner"
-      timeout 200 python3 -m fuselab.ops.softmax.tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/softmax_tune.log" | tail -80 ;;
+      timeout 200 python3 -m fuselab tune softmax --dry-run ${TUNE_ARGS:-} 2>&1 | tee "$OUT/softmax_tune.log" | tail -80 ;;
     check)
       stage check
       py -m fuselab check gelu --out "$RES/check_gelu.json" | tail -30
