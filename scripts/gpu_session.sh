@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU run needs, in one command, from the repository root on the GPU machine:
 #   bash scripts/gpu_session.sh STAGE...
-# stages: env tests bench random callcost counters profile harness report   (each over every registered op)
+# stages: env tests tune bench random callcost counters profile harness report   (each over every registered op)
 # Results go to benchmarks/results/h200/ (committed afterwards); logs and a tarball of the results to $OUT.
 # The bench and report stages measure anew (the committed logs they would resume from are removed first);
 # RESUME=1 keeps them, to finish a run that was cut short. OPS="gelu softmax" limits the op stages to those ops;
@@ -17,6 +17,9 @@ fl() { echo "+ fuselab $*"; python3 -m fuselab "$@"; }
 fresh() { [ "${RESUME:-0}" = 1 ] || rm -rf "$@"; }
 stage() { echo; echo "=== $1 ($(date +%T))"; }
 OPS=${OPS:-$(python3 -c "from fuselab.ops import all_ops; print(' '.join(o.name for o in all_ops()))")}
+tune_ops() {  # the ops whose tune module has run(): the ones `fuselab tune` drives
+  python3 -c "import importlib as i, importlib.util as u; print(' '.join(o for o in '$OPS'.split() if u.find_spec(f'fuselab.ops.{o}.tune') and hasattr(i.import_module(f'fuselab.ops.{o}.tune'), 'run')))"
+}
 random_ops() { python3 -c "from fuselab.ops import get_op; print(' '.join(o for o in '$OPS'.split() if get_op(o).random_shape))"; }
 
 for s in "$@"; do
@@ -42,6 +45,16 @@ for s in "$@"; do
         fresh "$RES/${op}_random.jsonl"
         fl bench "$op" --shapes random:${RANDOM_N:-200} --seed ${SEED:-20261130} --dtype fp32 --dtype bf16 \
           --out "$RES/${op}_random.json" --plot "$RES/${op}_random.png" ${RANDOM_ARGS:-}
+      done ;;
+    tune)  # prints each op's tuned plan table; TUNE_WRITE=1 writes it (the op's plans/<gpu>.json, copied to $RES/plans)
+      for op in $(tune_ops); do
+        stage "tune $op"
+        if [ "${TUNE_WRITE:-0}" = 1 ]; then
+          timeout 300 python3 -m fuselab tune "$op" ${TUNE_ARGS:-} 2>&1 | tee "$OUT/${op}_tune.log" | tail -40
+          mkdir -p "$RES/plans/$op" && cp src/fuselab/ops/"$op"/plans/*.json "$RES/plans/$op/" 2>/dev/null
+        else
+          timeout 300 python3 -m fuselab tune "$op" --dry-run ${TUNE_ARGS:-} 2>&1 | tee "$OUT/${op}_tune.log" | tail -40
+        fi
       done ;;
     callcost)
       stage "call cost"

@@ -125,6 +125,7 @@ def test_bench_impls_of_a_case_take_turns_on_one_input(tmp_path):
     op.impl("second")(recording("second"))
     op.impl("broken")(lambda x: x.reshape(3, -1))  # 4096 elements: raises
     timing = {"warmup_ms": 0, "min_warmup": 1, "rep_ms": 0, "min_reps": 6, "max_reps": 6}
+    # call_cost_ms=0: the call-cost measurement would call the impls again after the timed rounds
     rows = bench_op(op, impls=["first", "broken", "second"], dtypes=[torch.float32], device="cpu", timing=timing,
                     rounds=3, show_progress=False, call_cost_ms=0)  # fmt: skip
     by_impl = {r["impl"]: r for r in rows}

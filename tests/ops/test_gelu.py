@@ -453,3 +453,44 @@ def test_gpu_past_2_pow_31_elements(name: str) -> None:
         assert rel_err(y[part], reference(x[part], "tanh")) <= tol, f"forward at {part}"
         ref_grad = reference_grad(x[part], torch.ones_like(x[part]), "tanh")
         assert rel_err(dx[part], ref_grad) <= tol, f"backward at {part}"
+
+
+# ---------------------------------------------------------------------------------------------- bulk and tail
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("n", [17, 1023, 4097 + 3])
+@pytest.mark.parametrize("form", FORMS)
+def test_cpu_triton_bulk_and_tail(n: int, form: str) -> None:
+    """With 16-element blocks, n = 17, 1023, 4100 run unmasked (bulk) blocks and a masked last block; with the
+    default block, n = 17 is the tail alone. Forward and backward against float64, into NaN-poisoned memory."""
+    from fuselab.ops.gelu import triton_kernels as tk
+
+    (x,) = GELU.make_inputs((n,), torch.float32, "cpu", n)
+    (dy,) = GELU.make_inputs((n,), torch.float32, "cpu", n + 1)
+    for config in ((16, 1), None):
+        poison_allocator(x.numel() * 4, "cpu")
+        y = tk.gelu_forward(x, form == "tanh", config)
+        assert rel_err(y, reference(x, form)) <= GELU.tolerance[torch.float32], f"{n} {config}"
+    dx = tk.gelu_backward(dy, x, form == "tanh")
+    assert rel_err(dx, dy.double() * reference_grad(x, torch.ones_like(dy), form)) <= GELU.tolerance[torch.float32]
+
+
+@interpreter_quiet
+def test_cpu_triton_reads_row_strides_in_place() -> None:
+    """A slice x[:, :k] of wider rows is read through its row stride (no copy: as_rows keeps the view), with bulk and
+    tail blocks in every row; other layouts are copied; the output is contiguous."""
+    from fuselab.ops.gelu import triton_kernels as tk
+
+    (wide,) = GELU.make_inputs((5, 1031), torch.float32, "cpu", 3)
+    x = wide[:, :1030]
+    assert tk.as_rows(x).data_ptr() == x.data_ptr() and tk.as_rows(x).stride() == (1031, 1)
+    assert tk.as_rows(x.t()).is_contiguous()  # transposed: copied
+    for config in ((16, 1), None):
+        y = tk.gelu_forward(x, True, config)
+        assert y.is_contiguous() and rel_err(y, reference(x)) <= GELU.tolerance[torch.float32]
+    (dy,) = GELU.make_inputs((1030, 5), torch.float32, "cpu", 4)
+    dx = tk.gelu_backward(dy.t(), x, True)  # one input strided, the other transposed
+    assert rel_err(dx, reference_grad(x, dy.t(), "tanh")) <= GELU.tolerance[torch.float32]
+    expanded = wide[:1, :300].expand(4, 300)  # row stride 0
+    assert rel_err(tk.gelu_forward(expanded, False), reference(expanded, "none")) <= GELU.tolerance[torch.float32]

@@ -21,9 +21,10 @@ import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kern
 from fuselab.ops import get_op
 from fuselab.ops.evaluate import poison_allocator
 from fuselab.ops.evaluate import relative_error as rel_err
-from fuselab.ops.softmax import SOFTMAX, Softmax
+from fuselab.ops.softmax import SOFTMAX, Softmax, launch, plans
 from fuselab.ops.softmax import triton as st
 from fuselab.ops.softmax._shared import as_rows
+from fuselab.ops.softmax.plans import next_power_of_2
 from fuselab.ops.softmax.spec import reference
 
 HAS_CUDA = torch.cuda.is_available()
@@ -196,11 +197,11 @@ def test_cpu_special_rows_as_torch_softmax(name: str) -> None:
 # per row here (the interpreter runs programs one after another, so a program cannot wait for another); the GPU
 # tests run it with many.
 FORWARD_PLANS = {
-    "rows, 8 per program": lambda w: st.Plan("rows", st.triton.next_power_of_2(w), rows=8),
-    "rows, 1 per program": lambda w: st.Plan("rows", st.triton.next_power_of_2(w), rows=1),
-    "rows ahead, 2 per program": lambda w: st.Plan("rows_ahead", st.triton.next_power_of_2(w), rows=2),
+    "rows, 8 per program": lambda w: st.Plan("rows", next_power_of_2(w), rows=8),
+    "rows, 1 per program": lambda w: st.Plan("rows", next_power_of_2(w), rows=1),
+    "rows ahead, 2 per program": lambda w: st.Plan("rows_ahead", next_power_of_2(w), rows=2),
     "looped, 64 columns a step": lambda w: st.Plan("looped", 64),
-    "split, 1 chunk": lambda w: st.Plan("split", st.triton.next_power_of_2(w)),
+    "split, 1 chunk": lambda w: st.Plan("split", next_power_of_2(w)),
 }
 BACKWARD_PLANS = {k: v for k, v in FORWARD_PLANS.items() if not k.startswith(("split", "rows ahead"))}
 PATH_WIDTHS = (1, 3, 64, 65, 300)
@@ -244,7 +245,7 @@ def test_cpu_triton_held_rows(dtype: torch.dtype) -> None:
         (wide,) = SOFTMAX.make_inputs((13, width + 5), dtype, "cpu", width)
         x = wide[:, 2 : 2 + width]
         for rows in (1, 4):
-            plan = st.Plan("rows", st.triton.next_power_of_2(width), rows=rows, hold=True)
+            plan = st.Plan("rows", next_power_of_2(width), rows=rows, hold=True)
             y = torch.full(x.shape, float("nan"), dtype=dtype)
             st.launch_forward(x, y, plan)
             assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"{plan}, width {width}"
@@ -256,16 +257,16 @@ def test_cpu_triton_held_rows(dtype: torch.dtype) -> None:
 
 def test_alignment_in_elements() -> None:
     """How many elements (up to 16 bytes) the width and the row strides are all multiples of."""
-    assert st._alignment(torch.empty(5, 17000, dtype=torch.bfloat16)) == 8  # 34000-byte rows: 16-byte vectors
-    assert st._alignment(torch.empty(5, 32768, dtype=torch.bfloat16)) == 8
-    assert st._alignment(torch.empty(5, 17002, dtype=torch.bfloat16)) == 2
-    assert st._alignment(torch.empty(5, 1000)) == 4
-    assert st._alignment(torch.empty(5, 1001)) == 1
+    assert st.alignment(torch.empty(5, 17000, dtype=torch.bfloat16)) == 8  # 34000-byte rows: 16-byte vectors
+    assert st.alignment(torch.empty(5, 32768, dtype=torch.bfloat16)) == 8
+    assert st.alignment(torch.empty(5, 17002, dtype=torch.bfloat16)) == 2
+    assert st.alignment(torch.empty(5, 1000)) == 4
+    assert st.alignment(torch.empty(5, 1001)) == 1
     wide = torch.empty(5, 1030)
-    assert st._alignment(wide[:, 2:1002]) == 2  # width 1000, row stride 1030
-    assert st._alignment(torch.empty(5, 1000), wide[:, 2:1002]) == 2  # every tensor counts
-    assert st._alignment(torch.empty(1, 24).expand(3, 24)) == 4  # row stride 0
-    assert st._alignment(torch.empty(1, 2**31 + 8, dtype=torch.bfloat16, device="meta")) == 1  # kernels use int32
+    assert st.alignment(wide[:, 2:1002]) == 2  # width 1000, row stride 1030
+    assert st.alignment(torch.empty(5, 1000), wide[:, 2:1002]) == 2  # every tensor counts
+    assert st.alignment(torch.empty(1, 24).expand(3, 24)) == 4  # row stride 0
+    assert st.alignment(torch.empty(1, 2**31 + 8, dtype=torch.bfloat16, device="meta")) == 1  # kernels use int32
 
 
 def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -298,7 +299,7 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     assert st.forward_plan(32769, f32, cpu).kernel == "looped"  # the interpreter cannot wait: no split
     assert st.forward_plan(65536, bf16, cpu).kernel == "looped"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(st, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(launch, "sm_count", lambda index: 132)
     assert st.forward_plan(32769, f32, gpu) == st.Plan("split", 16384, num_warps=16)
     assert st.forward_plan(65536, bf16, gpu) == st.Plan("split_pairs", 8192, num_warps=4)
     assert st.forward_plan(65537, bf16, gpu) == st.Plan("split", 8192, num_warps=8)  # odd: no pairs
@@ -318,11 +319,11 @@ def test_cpu_triton_split_pairs_bf16() -> None:
         (x,) = SOFTMAX.make_inputs((11, width), torch.bfloat16, "cpu", width)
         for case in (x, special_rows(torch.bfloat16, "cpu", width)):
             y = torch.full_like(case, float("nan"))
-            st.launch_forward(case, y, st.Plan("split_pairs", st.triton.next_power_of_2(width)))
+            st.launch_forward(case, y, st.Plan("split_pairs", next_power_of_2(width)))
             assert_softmax_like_torch(y, case, f"split_pairs width {width}")
     (wide,) = SOFTMAX.make_inputs((7, 131), torch.bfloat16, "cpu", 9)
     for view in (wide[:, :65], wide[:, 1:65], wide[:, :64]):  # odd width, odd offset, odd row stride
-        assert not st._in_pairs(view)
+        assert not st.in_pairs(view)
         y = torch.full(view.shape, float("nan"), dtype=view.dtype)
         st.launch_forward(view, y, st.Plan("split_pairs", 128))
         assert rel_err(y, reference(view)) <= SOFTMAX.tolerance[torch.bfloat16], f"{view.shape} {view.stride()}"
@@ -335,6 +336,9 @@ def test_cpu_triton_split_pairs_bf16() -> None:
 COMPILE_OFFLINE = """
 import json, torch
 import fuselab
+from fuselab.ops.softmax import launch
+from fuselab.ops.softmax import plans
+from fuselab.ops.softmax.plans import next_power_of_2
 from fuselab.ops.softmax import triton as st
 from fuselab.profile.inspect import triton_compile_offline
 
@@ -342,12 +346,15 @@ def launch_all():
     for dtype in (torch.float32, torch.bfloat16):
         for width, plan in ((128, None), (512, None), (4096, None), (16384, None),  # bf16 512, 16384: capped
                             (1000, None), (17000, None),  # 16-byte rows whose width is no multiple of 16
+                            (129, None), (1025, None),  # odd: aligned bulk + edges
+                            (50257, st.Plan("split", 8192, num_warps=8)),  # odd, split, with edges
                             (40000, st.Plan("split", 16384, num_warps=16)),
                             (40000, st.Plan("split_pairs", 8192, num_warps=4)),  # bf16 only; else split
                             (70000, None), (20000, None)):  # looped (no split on the CPU), a wide row (bf16: held)
             x = torch.empty(64, width, dtype=dtype)
             st.launch_forward(x, torch.empty_like(x), plan)
-            st.launch_backward(x, x, torch.empty_like(x))  # 17000: looped backward
+            if width != 50257:  # the looped backward has no edges path yet: odd wide rows read it scalar
+                st.launch_backward(x, x, torch.empty_like(x))  # 17000: looped backward
     x = torch.empty(64, 20000, dtype=torch.bfloat16)  # chosen for fp16 rows of 32768
     st.launch_forward(x, torch.empty_like(x), st.Plan("rows_ahead", 32768, num_warps=32))
 
@@ -359,7 +366,7 @@ def described(kernels):
     return [{"name": k.name, "loads": [a.bytes for a in k.loads], "stores": [a.bytes for a in k.stores],
              "registers": k.resources.registers, "spills": k.resources.spill_stores} for k in kernels]
 
-st._interpreted = lambda: False  # compile what a GPU runs (inline PTX: fast exp, conversions, pairs)
+launch.interpreted = lambda: False  # compile what a GPU runs (inline PTX: fast exp, conversions, pairs)
 print(json.dumps({"all": described(triton_compile_offline(list(st.TRITON_KERNELS), launch_all, "sm_90")),
                   "held": described(triton_compile_offline(list(st.TRITON_KERNELS), launch_held, "sm_90"))}))
 """
@@ -609,7 +616,7 @@ def test_gpu_triton_forced_paths(dtype: torch.dtype) -> None:
         ((1000, 24001), 1, 16),
     ):
         (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 13)
-        block = st.triton.next_power_of_2(shape[1])
+        block = next_power_of_2(shape[1])
         for plan in (st.Plan("rows_ahead", block, rows, warps), st.Plan("rows", block, rows, warps, hold=True)):
             y = torch.full_like(x, float("nan"))
             st.launch_forward(x, y, plan)
@@ -752,13 +759,78 @@ def test_gpu_past_2_pow_31_elements(name: str, width: int) -> None:
 
 
 @interpreter_quiet
-def test_tuner_runs_and_checks_each_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    """`python -m fuselab.ops.softmax.tune` at a tiny size on the CPU: every plan checked, timed and printed."""
-    from fuselab.ops.softmax import tune
+def test_tuner_scores_candidates_and_writes_parameters(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner at tiny sizes on the CPU: each candidate's plan is checked and timed beside torch.softmax, every
+    candidate gets a score (>= 1: time over the best), and the table it would write holds rule parameters (the keys
+    of plans.DEFAULTS), which launchers read back through tuning.params."""
+    from fuselab.ops import tuning
+    from fuselab.ops.softmax import plans, tune
 
-    tune.main(["--dtype", "fp32", "--width", "5000", "--elements", "2^13", "--quick"])
-    out = capsys.readouterr().out
-    assert "float32 width 5000 (1 rows)" in out and "torch.softmax" in out and "torch.compile" in out
-    assert "/ compile:" in out  # the chosen plan against both references, timed side by side
-    assert "chosen" in out and "best" in out and "Plan(kernel='looped'" in out
-    assert "rel err" not in out  # every plan computed the right thing
+    params, evidence = tune.run([(3, 129), (2, 5000)], [torch.float32], torch.device("cpu"), True, False)
+    assert set(params) == set(plans.DEFAULTS)
+    assert set(evidence["scores"]) == set(tune.CANDIDATES) and all(v >= 1.0 for v in evidence["scores"].values())
+    assert evidence["winner"] in tune.CANDIDATES
+    path = tuning.write_table(tmp_path, "test-gpu-sm90", {**params, "tile_bytes": 2048}, evidence)
+    assert path == tmp_path / "plans" / "test-gpu-sm90.json"
+    assert tuning.params(plans.DEFAULTS, tmp_path, "test-gpu-sm90")["tile_bytes"] == 2048
+    assert tuning.params(plans.DEFAULTS, tmp_path, "never-tuned-sm80") == plans.DEFAULTS
+    tuning.write_table(tmp_path, "bad-sm90", {"block_for_width_50257": 7}, {})
+    with pytest.raises(ValueError, match="unknown parameters"):
+        tuning.params(plans.DEFAULTS, tmp_path, "bad-sm90")
+
+
+# ---------------------------------------------------------------------------------------------- aligned bulk + edges
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("width", [33, 129, 1025, 4099])
+def test_cpu_triton_edges_path_at_odd_widths(width: int) -> None:
+    """Rows that are not whole 16-byte vectors (odd widths, contiguous, aligned buffers) take the aligned bulk +
+    edges path in the rows, looped and one-chunk split kernels and the rows backward; each row's shift differs
+    (row r starts at r * width), so heads and tails of every length are exercised; float64 reference."""
+    rows = 9
+    (x,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cpu", width)
+    y = torch.full_like(x, float("nan"))
+    assert launch.edges(x, y, min_bytes=plans.DEFAULTS["edge_min_bytes"])
+    block = next_power_of_2(width)
+    for plan in (st.Plan("rows", block, rows=2, num_warps=1), st.Plan("looped", 64), st.Plan("split", block)):
+        y.fill_(float("nan"))
+        st.launch_forward(x, y, plan)
+        assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[torch.float32], f"{plan}"
+    (dy,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cpu", width + 1)
+    ys = torch.softmax(x, -1)
+    dx = torch.full_like(x, float("nan"))
+    st.launch_backward(ys, dy, dx, st.Plan("rows", block, rows=2, num_warps=1))
+    assert rel_err(dx, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32]
+
+
+def test_edges_rule() -> None:
+    """Edges only where rows are not whole vectors, long enough, 16-byte aligned, row strides agreeing mod a vector."""
+    x = torch.empty(4, 129)
+    assert launch.edges(x, torch.empty(4, 129), min_bytes=128)
+    assert not launch.edges(torch.empty(4, 128), torch.empty(4, 128), min_bytes=128)  # whole vectors already
+    assert not launch.edges(torch.empty(4, 31), torch.empty(4, 31), min_bytes=128)  # too short
+    assert not launch.edges(torch.empty(4, 130)[:, 1:], torch.empty(4, 129), min_bytes=128)  # misaligned buffer
+    assert not launch.edges(torch.empty(4, 131)[:, :129], torch.empty(4, 129), min_bytes=128)  # strides 131 vs 129
+    assert launch.edges(torch.empty(4, 133)[:, :129], torch.empty(4, 129), min_bytes=128)  # 133 = 129 mod 4
+
+
+def test_plan_rules_are_pure_and_take_parameters() -> None:
+    """The rules without a GPU: split spans are equal, vector multiples, cover the row; a table's parameters change
+    the choice for every width they govern (not one width)."""
+    for width in (32769, 50257, 151936, 2**20 - 3):
+        parts, span, tile = plans.split_spans(width, 16384, 16)
+        assert span % 16 == 0 and span <= 16384 and parts * span >= width > (parts - 1) * span and tile >= span
+    assert plans.split_spans(32769, 16384, 16) == (3, 10928, 16384)  # three equal spans, not 16384 + 16384 + 1
+    p = plans.DEFAULTS
+    assert plans.choose_forward(50257, 2, True, 132, p) == plans.Plan("split", 8192, 1, 8)  # odd: one by one
+    assert plans.choose_forward(50258, 2, True, 132, p).kernel == "split_pairs"
+    assert plans.choose_forward(50257, 2, True, None, p).kernel == "looped"  # cannot wait: looped
+    assert plans.choose_forward(2**20, 4, False, 32, p).kernel == "looped"  # 64 spans > 32 SMs
+    wide = {**p, "tile_bytes": 8192}
+    for width in (100, 129, 200, 255):
+        assert (
+            plans.choose_forward(width, 4, False, 132, wide).rows
+            == 2 * plans.choose_forward(width, 4, False, 132, p).rows
+        )
+    assert plans.choose_backward(8193, 4, p).kernel == "looped" and plans.choose_backward(8192, 4, p).kernel == "rows"

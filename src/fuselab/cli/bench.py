@@ -31,10 +31,11 @@ from fuselab.bench.results import (
     write_csv,
     write_json,
 )
+from fuselab.bench.shapes import LAYOUTS, add_ratios, draw_shapes, parse_random, plot_ratios, summarize
 from fuselab.bench.sweep import Status
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
-from fuselab.ops.evaluate import bench_op
+from fuselab.ops.evaluate import bench_op, peer_fields
 from fuselab.ops.registry import Op, Shape, format_shape
 
 CPU_DEFAULT_NUMEL = 2**20  # without --shape on the CPU: the op's (GPU-sized) bench shapes, scaled down to this
@@ -58,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--backward", action="store_true", help="also time forward + backward (impls with a backward), as pass rows"
     )
+    p.add_argument(
+        "--shapes",
+        metavar="random:N",
+        help="draw N shapes from the op's random_shape (instead of --shape) and report each impl's time ratio to the "
+        "best of torch and compile: worst, p95, geometric mean, the five worst shapes (--plot: ratio against size)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the --shapes draw (default 0)")
+    p.add_argument("--layout", choices=LAYOUTS, default="contiguous", help="inputs' memory layout (default contiguous)")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")
     p.add_argument(
         "--isolate",
@@ -80,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cuda_graph and not kwargs["device"].startswith("cuda"):
         raise ValueError(f"--cuda-graph needs a CUDA device; this run is on {kwargs['device']}")
     console = Console(highlight=False)
+    drawn = random_shapes(op, args, kwargs)
     if kwargs["shapes"] is None and kwargs["device"] == "cpu":
         kwargs["shapes"] = cpu_shapes(op.bench_shapes, CPU_DEFAULT_NUMEL)
         shown = ", ".join(format_shape(s) for s in kwargs["shapes"])
@@ -95,7 +105,14 @@ def run(args: argparse.Namespace) -> int:
     distributed.set_isolate(args.isolate)
     passes = ("forward", "forward+backward") if args.backward else ("forward",)
     rows = bench_op(
-        op, out=log, timing=timing, rounds=args.rounds, passes=passes, call_cost_ms=args.call_cost_ms, **kwargs
+        op,
+        out=log,
+        timing=timing,
+        rounds=args.rounds,
+        passes=passes,
+        call_cost_ms=args.call_cost_ms,
+        layout=args.layout,
+        **kwargs,
     )
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 0
@@ -110,13 +127,25 @@ def run(args: argparse.Namespace) -> int:
     for line in not_measured_lines(rows):
         console.print(line, soft_wrap=True)
     ceilings = get_ceilings(kwargs["device"], measure=False)
+    summary = None
+    if drawn:
+        add_ratios(rows, PEERS, peer_fields(op))
+        by = (*op.options, *(["pass"] if args.backward else []))
+        summary = summarize(rows, ("impl", "dtype", *by))
+        shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in by], *SUMMARY_COLUMNS[2:]]
+        print_table(make_table(summary, shown, title=f"{op.name}: time / best of {', '.join(PEERS)}"), console)
     if args.out and args.out.suffix == ".json":
         meta = {"env": environment(kwargs["device"]), "ceilings": ceilings}
+        if drawn:
+            meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": list(PEERS)}
+            meta["ratios"] = summary
         write_json(rows, args.out, meta=meta)
         console.print(f"wrote {args.out} (log: {log})")
     if args.csv:
         write_csv(rows, args.csv)
-    if args.plot:
+    if args.plot and drawn:
+        plot_ratios(rows, args.plot, title=op.name)
+    elif args.plot:
         points, x, xlabel = plot_axis(rows, op)
         y, ylabel = ("tflops", "TFLOP/s") if op.bound == "compute" else ("gbps", "GB/s")
         ceiling = (ceilings or {}).get("copy_gbps") if op.bound == "memory" else None
@@ -131,6 +160,41 @@ def exit_status(rows: list[dict]) -> int:
     if any(not r.get("error") for r in rows):
         return 0
     return 0 if all(Status(r.get("status", "error")) is Status.SKIPPED for r in rows) else 1
+
+
+def fmt_shape(shape: list[int]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def fmt_worst(worst: list[dict]) -> str:
+    return ", ".join(f"{fmt_shape(w['shape'])} {w['ratio']:.2f}" for w in worst)
+
+
+PEERS = ("torch", "compile")  # the ratio's denominator: the fastest of these that ran the case
+SUMMARY_COLUMNS = [
+    ("impl", "impl", fmt_plain),
+    ("dtype", "dtype", fmt_plain),
+    ("shapes", "shapes", fmt_plain),
+    ("worst", "worst", fmt_fixed(3)),
+    ("p95", "p95", fmt_fixed(3)),
+    ("geomean", "geomean", fmt_fixed(3)),
+    ("worst_shapes", "worst shapes (ratio)", fmt_worst),
+]
+
+
+def random_shapes(op: Op, args: argparse.Namespace, kwargs: dict) -> list[tuple[int, ...]]:
+    """The shapes drawn for --shapes random:N (also set in kwargs), or [] without --shapes."""
+    if not args.shapes:
+        return []
+    n = parse_random(args.shapes)
+    if n is None:
+        raise ValueError(f"--shapes takes random:N, got {args.shapes!r} (for given shapes use --shape)")
+    if args.shape:
+        raise ValueError("give either --shapes random:N or --shape, not both")
+    if op.random_shape is None:
+        raise ValueError(f"op {op.name!r} has no random_shape in its spec, so --shapes random:N cannot draw for it")
+    kwargs["shapes"] = draw_shapes(op.random_shape, n, args.seed)
+    return kwargs["shapes"]
 
 
 def not_measured_lines(rows: list[dict]) -> list[str]:

@@ -21,6 +21,7 @@ from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.memory import format_bytes, free_bytes
+from fuselab.bench.shapes import apply_layout
 from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
 from fuselab.bench.timer import Timing, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
@@ -256,6 +257,7 @@ def bench_case(
     rounds: int = 5,
     backward: bool = False,
     call_cost_ms: float = 100.0,
+    layout: str = "contiguous",
 ) -> dict[str, dict | Exception]:
     """Time the impls of one case on one fresh input, taking turns over `rounds` rounds (`benchmark_side_by_side`;
     CUDA-graph timing runs them one after the other). Per impl: its row (speed, and its error against the reference
@@ -266,6 +268,7 @@ def bench_case(
     accumulates); impls without a backward are left out. A compute-bound op on a GPU is also timed back to back
     (`sustained_ms`: calls queued one after another, no flush, as do_bench and the papers time them) beside the
     rested default (each call from an idle, flushed GPU), since clocks under a power limit differ between the two.
+    layout: the inputs' memory layout (fuselab.bench.shapes.apply_layout: contiguous, transposed, sliced, expanded).
     """
     results: dict[str, dict | Exception] = {}
     for impl in impls:  # impls that cannot or need not run here are left out before any input is made
@@ -276,7 +279,7 @@ def bench_case(
             results[impl.name] = Unavailable(reason) if reason else Skipped(INTERPRETER_SKIP)
     if len(results) == len(impls):
         return results
-    inputs = op.make_inputs(shape, dtype, device, fresh_seed(), **options)
+    inputs = tuple(apply_layout(x, layout) for x in op.make_inputs(shape, dtype, device, fresh_seed(), **options))
     try:
         ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
     except torch.OutOfMemoryError:  # a float64 reference too large for the device (attention's N x N scores at 16k)
@@ -387,6 +390,7 @@ def bench_op(
     out: str | Path | None = None,
     timing: Timing | dict | None = None,
     rounds: int = 5,
+    layout: str = "contiguous",
     show_progress: bool = True,
     passes: Sequence[str] = ("forward",),
     call_cost_ms: float = 100.0,
@@ -401,6 +405,7 @@ def bench_op(
     passes: "forward" and/or "forward+backward" (each case's `pass`; the cost model is asked for the backward's
     bytes and FLOPs with backward=True).
     call_cost_ms > 0 adds the host's cost of a call and the end-to-end time of back-to-back calls (host_us, e2e_us).
+    layout: the inputs' memory layout (`bench_case`); rows of a layout other than contiguous carry it.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     timing = Timing.of(timing)
@@ -414,8 +419,9 @@ def bench_op(
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     dtypes = list(dtypes or [torch.float32, torch.bfloat16])
     # Case-major, impl fastest: the log is written in the order the impls were measured.
+    laid = {} if layout == "contiguous" else {"layout": layout}
     cases = [
-        {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **opts, "pass": pass_}
+        {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **laid, **opts, "pass": pass_}
         for dtype in dtypes
         for shape in shapes or op.bench_shapes
         for opts in option_grid(op, options)
@@ -448,6 +454,7 @@ def bench_op(
                 rounds,
                 backward=case["pass"] == "forward+backward",
                 call_cost_ms=call_cost_ms,
+                layout=layout,
             )
         result = measured[together][case["impl"]]
         if isinstance(result, Exception):
@@ -468,12 +475,17 @@ def bench_op(
     if op.bound == "memory":  # a copy of the same bytes, timed once per size: what such a size can reach
         sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
         same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing) for b in sizes}
-    rows = add_derived(rows, op.baseline, copy_gbps, ("op", "dtype", "shape", *op.options, "pass"), same_size)
+    rows = add_derived(rows, op.baseline, copy_gbps, peer_fields(op), same_size)
     for row in rows:
         peak = ceilings_mod.peak_tflops(ceilings, row["dtype"])
         if not row.get("error") and peak and row.get("tflops") is not None:
             row["pct_peak"] = 100 * row["tflops"] / peak
     return rows
+
+
+def peer_fields(op: Op) -> tuple[str, ...]:
+    """The fields of a bench row that make it one case, whichever impl ran it."""
+    return ("op", "dtype", "shape", "layout", *op.options, "pass")
 
 
 def sweep_cost(op: Op, timing: Timing | None = None) -> Callable[[dict], float]:

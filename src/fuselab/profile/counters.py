@@ -756,7 +756,9 @@ def ncu_version(ncu: str | None) -> str | None:
 
 
 def study_shapes(op: Op) -> list[tuple[int, ...]]:
-    """A large and a small shape for any op, by rule: the middle bench shape, and it with the leading dim / 256 + 1."""
+    """A large and a small shape for any op, by rule: the middle bench shape, and it with its first dimension of at
+    least 256 (the leading one for gelu and softmax; attention's sequence length, its batch being 1) / 256 + 1."""
     large = tuple(op.bench_shapes[len(op.bench_shapes) // 2])
-    small = (large[0] // 256 + 1, *large[1:])
+    i = next((i for i, n in enumerate(large) if n >= 256), 0)
+    small = (*large[:i], large[i] // 256 + 1, *large[i + 1 :])
     return [large, small]

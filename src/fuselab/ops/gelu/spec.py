@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from fuselab.bench.shapes import draw_size, draw_width
 from fuselab.ops.registry import Op, Option, Shape, register_op
 
 FORMS = ("tanh", "none")
@@ -48,21 +50,22 @@ def bytes_moved(shape: Shape, dtype: torch.dtype, backward: bool = False, **opti
     return (5 if backward else 2) * math.prod(shape) * dtype.itemsize
 
 
+RANDOM_NUMEL = (2**18, 2**28)  # the random draw's range: below it a call costs more on the host than on the GPU
+
+
+def random_shape(rng: np.random.Generator) -> Shape:
+    """A shape for the random-shape bench: numel log-uniform over RANDOM_NUMEL (with odd, prime and model sizes);
+    half of them as (rows, width) with a width drawn from 1 .. 2^14 (for the non-contiguous layouts)."""
+    n = draw_size(rng, *RANDOM_NUMEL)
+    if rng.uniform() < 0.5:
+        return (n,)
+    width = draw_width(rng, 1, 2**14)
+    return (max(1, n // width), width)
+
+
 def flops(shape: Shape, **options: object) -> int:
     """9 per element, counted on the tanh form: x*x, *x, *0.044715, +x, *sqrt(2/pi), tanh (as 1), +1, *x, *0.5."""
     return 9 * math.prod(shape)
-
-
-def random_shape(rng: object) -> Shape:
-    """One element count drawn log-uniform over 2^10..2^28, as a 1-D or 2-D shape (rows x a model width)."""
-    import numpy as np
-
-    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    numel = round(2 ** rng.uniform(10, 28))
-    if rng.random() < 0.5:
-        return (numel,)
-    width = int(rng.choice([768, 1024, 2048, 3072, 4096, 5120, 8192, 11008, 14336]))
-    return (max(1, numel // width), width)
 
 
 TANH = {"approximate": "tanh"}

@@ -1,28 +1,29 @@
 """GELU forward and backward as fused Triton kernels (imported lazily: only this module needs Triton).
 
-One program handles BLOCK contiguous elements: 4 KiB of input (1024 fp32 or 2048 fp16/bf16), one 16-byte vector per
-thread at 8 warps in fp32, two at 4 warps in 16 bits; 2^28 fp32 elements make 2^18 programs. On the H200 (reading L2
-flush, benchmarks/results/h200/logs/gelu_blocks.log) these moved 4084-4292 GB/s in fp32 at 2^24-2^28 (0.975-0.998x
-F.gelu) against 3953-4115 for 16 KiB at 8 warps (1.007-1.030x); bf16 3666-4251 against 3399-4177. Offsets are
-64-bit (program_id cast first), so tensors may pass 2^31 elements. Math is in fp32. The tanh form is written with
-exp2 (works under the interpreter, one MUFU.EX2 on the GPU):
+One program handles BLOCK elements of one row (plans.py: block_bytes of input, warps by element size; the figures
+behind them are in docs/ops/gelu.md). A contiguous tensor is one flat row; a tensor with unit inner stride but other
+row strides (a slice x[:, :k]) is read in place row by row; other layouts are copied first (`as_rows`). Programs
+whose block lies inside the row run unmasked, so loads are 16-byte vectors whatever the element count (Triton
+specializes integers on divisibility by 16: a mask `offs < n` with an n that is not loses the vectors); only the last
+block of a row is masked. Offsets are 64-bit (program_id cast first), so tensors may pass 2^31 elements. Math is in
+fp32. The tanh form is written with exp2 (works under the interpreter, one MUFU.EX2 on the GPU):
     0.5 * x * (1 + tanh(u)) = x * sigmoid(2u) = x / (1 + exp(-2u)),   u = sqrt(2/pi) * (x + 0.044715 x^3)
 which gives F.gelu's special values by itself: x = +inf -> inf / 1 = inf, x = -inf -> -inf / inf = NaN.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
+from fuselab.ops import tuning
+from fuselab.ops.gelu import plans
 from fuselab.ops.gelu.spec import KAPPA, SQRT1_2, SQRT_2_OVER_PI
 from fuselab.ops.library import on_device, wrap_triton
-
-BLOCK_BYTES = 4096  # input bytes per program
-NUM_WARPS = {4: 8, 2: 4}  # by element size
 
 # exp(-2u) = exp2(x * (C0 + C1 * x^2))
 C0: tl.constexpr = tl.constexpr(-2.0 * math.log2(math.e) * SQRT_2_OVER_PI)
@@ -57,49 +58,133 @@ def _gelu_grad(x, TANH: tl.constexpr):
 
 
 @triton.jit
-def gelu_forward_kernel(x_ptr, y_ptr, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
-    """y[i] = gelu(x[i]) for i < n. x, y: contiguous, n elements, same dtype (fp32/fp16/bf16)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(y_ptr + offs, _gelu(x, TANH).to(y_ptr.dtype.element_ty), mask=mask)
+def _block(pid, n_cols, row_stride, blocks_per_row, BLOCK: tl.constexpr, STRIDED: tl.constexpr):
+    """(offset of this program's row in x, its offset in the contiguous output, first column) for program `pid`.
+
+    STRIDED: x is (rows, n_cols) with unit column stride and row stride `row_stride`, blocks_per_row programs per
+    row; else x is flat (one row of n_cols elements), and the row offsets are the constant 0, so the compiler still
+    sees every program's start as a multiple of BLOCK (16-byte vectors).
+    """
+    if STRIDED:
+        row = pid // blocks_per_row
+        return row * row_stride, row * n_cols, (pid - row * blocks_per_row) * BLOCK
+    else:
+        return 0, 0, pid * BLOCK
 
 
 @triton.jit
-def gelu_backward_kernel(dy_ptr, x_ptr, dx_ptr, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
-    """dx[i] = dy[i] * gelu'(x[i]) for i < n. dy, x, dx: contiguous, n elements, same dtype."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    dy = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(dx_ptr + offs, (dy * _gelu_grad(x, TANH)).to(dx_ptr.dtype.element_ty), mask=mask)
+def gelu_forward_kernel(
+    x_ptr, y_ptr, n_cols, x_row_stride, blocks_per_row, TANH: tl.constexpr, BLOCK: tl.constexpr, STRIDED: tl.constexpr
+):
+    """y = gelu(x). x: n_cols elements, or (STRIDED) rows of n_cols with row stride x_row_stride and unit column
+    stride; y: the same elements, contiguous. Programs whose BLOCK lies inside the row load and store without a mask
+    (16-byte vectors whatever n_cols is); only the last block of a row is masked."""
+    x_off, y_off, start = _block(tl.program_id(0).to(tl.int64), n_cols, x_row_stride, blocks_per_row, BLOCK, STRIDED)
+    cols = start + tl.arange(0, BLOCK)
+    x_ptr += x_off
+    y_ptr += y_off
+    if start + BLOCK <= n_cols:  # the bulk
+        x = tl.load(x_ptr + cols).to(tl.float32)
+        tl.store(y_ptr + cols, _gelu(x, TANH).to(y_ptr.dtype.element_ty))
+    else:  # the ragged tail
+        mask = cols < n_cols
+        x = tl.load(x_ptr + cols, mask=mask).to(tl.float32)
+        tl.store(y_ptr + cols, _gelu(x, TANH).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gelu_backward_kernel(
+    dy_ptr,
+    x_ptr,
+    dx_ptr,
+    n_cols,
+    dy_row_stride,
+    x_row_stride,
+    blocks_per_row,
+    TANH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STRIDED: tl.constexpr,
+):
+    """dx = dy * gelu'(x). dy, x: as x of gelu_forward_kernel, each with its own row stride; dx contiguous."""
+    pid = tl.program_id(0).to(tl.int64)
+    dy_off, dx_off, start = _block(pid, n_cols, dy_row_stride, blocks_per_row, BLOCK, STRIDED)
+    x_off, _, _ = _block(pid, n_cols, x_row_stride, blocks_per_row, BLOCK, STRIDED)
+    cols = start + tl.arange(0, BLOCK)
+    dy_ptr += dy_off
+    x_ptr += x_off
+    dx_ptr += dx_off
+    if start + BLOCK <= n_cols:
+        dy = tl.load(dy_ptr + cols).to(tl.float32)
+        x = tl.load(x_ptr + cols).to(tl.float32)
+        tl.store(dx_ptr + cols, (dy * _gelu_grad(x, TANH)).to(dx_ptr.dtype.element_ty))
+    else:
+        mask = cols < n_cols
+        dy = tl.load(dy_ptr + cols, mask=mask).to(tl.float32)
+        x = tl.load(x_ptr + cols, mask=mask).to(tl.float32)
+        tl.store(dx_ptr + cols, (dy * _gelu_grad(x, TANH)).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 TRITON_KERNELS = (gelu_forward_kernel, gelu_backward_kernel)
 
 
-def launch_config(dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK elements per program, num_warps) for `dtype`."""
-    return BLOCK_BYTES // dtype.itemsize, NUM_WARPS[dtype.itemsize]
+def launch_config(dtype: torch.dtype, device: int | None = None) -> tuple[int, int]:
+    """(BLOCK elements per program, num_warps) for `dtype` on CUDA device `device` (None: the current one, or the
+    defaults without a GPU): from that GPU's plan table (plans/), else the rule. Cached per (dtype, device): the table
+    is read once, not per call."""
+    if device is None and torch.cuda.is_available():
+        device = torch.cuda.current_device()
+    return _launch_config(dtype.itemsize, device)
 
 
-def _launch(kernel: triton.JITFunction, *tensors: torch.Tensor, tanh: bool) -> torch.Tensor:
-    """Run `kernel` over inputs `tensors` (contiguous, same shape) into a new tensor; return it."""
-    out = torch.empty_like(tensors[0])
+@functools.lru_cache(maxsize=64)
+def _launch_config(itemsize: int, device: int | None) -> tuple[int, int]:
+    return plans.gelu_config(itemsize, tuning.device_key(device) if device is not None else None)
+
+
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """t as a (rows, cols) view with unit column stride (any row stride), copying only when there is none: a
+    transposed or stepped last dimension, or leading dimensions that do not merge, cost one extra read and write."""
+    cols = t.shape[-1] if t.dim() else 1
+    if cols > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    try:
+        return t.view(-1, cols) if t.dim() else t.view(1, 1)
+    except RuntimeError:
+        return t.contiguous().view(-1, cols)
+
+
+def _launch(
+    kernel: triton.JITFunction, *tensors: torch.Tensor, tanh: bool, config: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """Run `kernel` over inputs `tensors` (same shape; any strides) into a new contiguous tensor; return it.
+
+    Contiguous inputs are one flat row; others are read as rows through their row strides (`as_rows`).
+    config: (BLOCK, num_warps) instead of `launch_config`'s (the tuner's candidates)."""
+    out = torch.empty(tensors[0].shape, dtype=tensors[0].dtype, device=tensors[0].device)
     n = out.numel()
     if n == 0:
         return out
-    block, num_warps = launch_config(out.dtype)
+    block, num_warps = config or launch_config(out.dtype, out.get_device() if out.is_cuda else None)
+    if all(t.is_contiguous() for t in tensors):
+        views, n_rows, n_cols, strided = [t.view(-1) for t in tensors], 1, n, False
+    else:
+        views = [as_rows(t) for t in tensors]
+        n_rows, n_cols = views[0].shape
+        strided = n_rows > 1
+    per_row = triton.cdiv(n_cols, block)
+    strides = [v.stride(0) if strided else n_cols for v in views]
     with on_device(out):
-        wrap_triton(kernel)[(triton.cdiv(n, block),)](*tensors, out, n, TANH=tanh, BLOCK=block, num_warps=num_warps)
+        wrap_triton(kernel)[(n_rows * per_row,)](
+            *views, out, n_cols, *strides, per_row, TANH=tanh, BLOCK=block, STRIDED=strided, num_warps=num_warps
+        )
     return out
 
 
-def gelu_forward(x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    """GELU of x (any shape; copied first unless contiguous), same shape and dtype, contiguous."""
-    return _launch(gelu_forward_kernel, x.contiguous(), tanh=tanh)
+def gelu_forward(x: torch.Tensor, tanh: bool, config: tuple[int, int] | None = None) -> torch.Tensor:
+    """GELU of x (any shape and strides): a new contiguous tensor, same shape and dtype. config: see `_launch`."""
+    return _launch(gelu_forward_kernel, x, tanh=tanh, config=config)
 
 
 def gelu_backward(dy: torch.Tensor, x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    """dy * GELU'(x); dy, x of the same shape and dtype (copied first unless contiguous); contiguous."""
-    return _launch(gelu_backward_kernel, dy.contiguous(), x.contiguous(), tanh=tanh)
+    """dy * GELU'(x); dy, x of the same shape and dtype, any strides; a new contiguous tensor."""
+    return _launch(gelu_backward_kernel, dy, x, tanh=tanh)

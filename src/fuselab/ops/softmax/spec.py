@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from fuselab.bench.shapes import draw_width, log_uniform
 from fuselab.ops.registry import Op, Shape, register_op
 from fuselab.ops.softmax import lecture
 
@@ -33,25 +35,20 @@ def flops(shape: Shape, **options: object) -> int:
     return 5 * math.prod(shape)
 
 
+RANDOM_NUMEL = (2**18, 2**26)  # elements per drawn tensor (rows = numel / width, at least 1)
+
+
+def random_shape(rng: np.random.Generator) -> Shape:
+    """(rows, width) for the random-shape bench: width log-uniform over 1 .. 2^20 (odd, prime and model sizes among
+    them), rows so that rows * width is log-uniform over RANDOM_NUMEL; one in ten rows of 4096 or more columns come
+    as a small batch of 1 to 8 rows (3 x 11008)."""
+    width = draw_width(rng)
+    if width >= 4096 and rng.uniform() < 0.1:
+        return (int(rng.integers(1, 9)), width)
+    return (max(1, log_uniform(rng, *RANDOM_NUMEL) // width), width)
+
+
 WIDTHS = [2**k for k in range(7, 19)]  # 128 ... 262144
-MODEL_WIDTHS = (1000, 3072, 4096, 11008, 32000, 50257, 128256, 151936)
-
-
-def random_shape(rng: object) -> Shape:
-    """(rows, width): width log-uniform over 1..2^20 (a fifth of the draws odd, a fifth common model widths),
-    rows making 2^16..2^26 elements in all."""
-    import numpy as np
-
-    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    pick = rng.random()
-    if pick < 0.2:
-        width = int(rng.choice(MODEL_WIDTHS))
-    else:
-        width = max(1, round(2 ** rng.uniform(0, 20)))
-        if pick < 0.4:
-            width |= 1
-    numel = 2 ** rng.uniform(16, 26)
-    return (max(1, int(numel // width)), width)
 
 
 def _widths(numel: int, widths: list[int]) -> list[Shape]:

@@ -1,0 +1,246 @@
+"""Launch the Triton softmax kernels: a plan (plans.py) -> the kernel's launcher, by name (`FORWARD`, `BACKWARD`).
+
+Each launcher takes (rows, width) tensors with unit column stride and any row strides. What the kernels are told
+about memory: `alignment` (width and row strides divided by the most elements up to a 16-byte vector they are all
+multiples of, multiplied back as a constexpr, so the compiler sees the divisibility), and `edges` (rows that are not
+a whole number of 16-byte vectors are read as an aligned bulk and a few edge elements apart, where the buffers are
+16-byte aligned and the row strides agree modulo a vector).
+
+Launch sites follow the op factory (fuselab.ops.library): every kernel is launched as ``wrap_triton(kernel)[grid]``
+(the kernel named plainly, so torch finds the kernels of the triton_op), on the tensor's GPU (`on_device`). Under
+torch.compile the launchers run on fake tensors with symbolic sizes: the width is forced to an int (it picks the
+plan), and alignment is read from the storage offset where there is no address (`aligned16`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Callable
+
+import torch
+import triton
+
+from fuselab.ops import tuning
+from fuselab.ops.backends import triton_unavailable
+from fuselab.ops.library import on_device, wrap_triton
+from fuselab.ops.softmax import plans
+from fuselab.ops.softmax.kernels_rows import _backward_rows_kernel, _forward_rows_ahead_kernel, _forward_rows_kernel
+from fuselab.ops.softmax.kernels_wide import (
+    _backward_looped_kernel,
+    _forward_looped_kernel,
+    _forward_split_kernel,
+    _forward_split_pairs_kernel,
+)
+from fuselab.ops.softmax.plans import Plan
+
+INTERPRETER_PROGRAMS = 3  # persistent grids under the interpreter: a few programs, each taking several tiles
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def interpreted() -> bool:
+    """Whether Triton runs kernels under its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def can_wait(device: torch.device) -> bool:
+    """Whether programs can wait for each other: on a GPU, not under the interpreter (programs one by one)."""
+    return device.type == "cuda" and not interpreted()
+
+
+@functools.lru_cache(maxsize=64)
+def params(device: torch.device) -> dict:
+    """The plan rules' parameters for `device` (its GPU's plan table, if tuned); read once per device."""
+    on_gpu = device.type == "cuda" and torch.cuda.is_available()
+    return plans.rule_params(tuning.device_key(device.index) if on_gpu else None)
+
+
+@functools.lru_cache(maxsize=4096)  # plans are looked up on every call: cached by (width, dtype, device)
+def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
+    """The forward plan for rows of `width` on `device` (plans.choose_forward)."""
+    sms = sm_count(device.index) if can_wait(device) else None
+    return plans.choose_forward(width, dtype.itemsize, dtype == torch.bfloat16, sms, params(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def backward_plan(width: int, dtype: torch.dtype, device: torch.device | None = None) -> Plan:
+    """The backward plan for rows of `width` (plans.choose_backward)."""
+    return plans.choose_backward(width, dtype.itemsize, params(device or torch.device("cpu")))
+
+
+def vector(t: torch.Tensor) -> int:
+    """Elements in a 16-byte vector of t's dtype."""
+    return 16 // t.element_size()
+
+
+def alignment(*tensors: torch.Tensor) -> int:
+    """The most elements, up to one 16-byte vector, that the width and every row stride of `tensors` are multiples of.
+
+    Triton proves a load 16-byte aligned only from integers it sees divisible by 16: a bf16 row of 17000 columns
+    (34000 bytes, aligned) would be read 2 bytes at a time. Kernels take the width and strides divided by this and
+    multiply back by it as a constexpr, which the compiler can see. 1 from 2^31 columns: kernels scale the width back
+    in int32.
+    """
+    width = tensors[0].shape[1]
+    if width >= 2**31:
+        return 1
+    return math.gcd(vector(tensors[0]), int(width), *(int(t.stride(0)) for t in tensors))
+
+
+def aligned16(t: torch.Tensor) -> bool:
+    """Whether t's first element is 16-byte aligned; while torch.compile traces (a fake tensor, no address to read),
+    whether its storage offset is a whole number of 16-byte vectors into an allocation taken to be aligned."""
+    if type(t) is torch.Tensor:
+        return t.data_ptr() % 16 == 0
+    return int(t.storage_offset()) * t.element_size() % 16 == 0
+
+
+def edges(*tensors: torch.Tensor, min_bytes: int = 0) -> bool:
+    """Whether rows are read as an aligned bulk of 16-byte vectors plus edges: rows are not whole vectors (else plain
+    loads are vectors already), at least `min_bytes` long, every buffer 16-byte aligned, and every row stride equal
+    to the first modulo a vector (so one shift aligns the row in all of them)."""
+    v = vector(tensors[0])
+    width = int(tensors[0].shape[1])
+    if alignment(*tensors) == v or width * tensors[0].element_size() < min_bytes or width >= 2**31:
+        return False
+    s = int(tensors[0].stride(0)) % v
+    return all(aligned16(t) and int(t.stride(0)) % v == s for t in tensors)
+
+
+def in_pairs(*tensors: torch.Tensor) -> bool:
+    """Whether (rows, width) bf16 tensors are read as int32 pairs of whole 16-byte vectors: width and row strides
+    multiples of 8, 16-byte aligned buffers (other bf16 rows go one by one, with edges)."""
+    return all(t.dtype == torch.bfloat16 and aligned16(t) for t in tensors) and alignment(*tensors) == 8
+
+
+def _ready(x: torch.Tensor) -> None:
+    if not x.is_cuda and (reason := triton_unavailable("cpu")):
+        raise RuntimeError(f"softmax triton: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------- forward
+
+
+def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> None:
+    n_rows, n_cols = x.shape[0], int(x.shape[1])
+    # Masks compiled out for fp32 tiles and held rows that divide the tensor (docs/ops/softmax.md: in 16 bits the
+    # masked kernel measured faster otherwise).
+    even = (x.element_size() == 4 or plan.hold) and n_cols == plan.block and n_rows % plan.rows == 0
+    a = alignment(x, y)
+    wrap_triton(_forward_rows_kernel)[(triton.cdiv(n_rows, plan.rows),)](
+        x, y, n_rows, n_cols // a, x.stride(0) // a, y.stride(0) // a, ROWS=plan.rows, BLOCK=plan.block,
+        EVEN=even, HOLD=plan.hold and x.element_size() == 2, PTX=not interpreted(), ALIGN=a,
+        EDGES=edges(x, y, min_bytes=p["edge_min_bytes"]), VEC=vector(x), num_warps=plan.num_warps,
+        maxnreg=plan.maxnreg,
+    )  # fmt: skip
+
+
+def _rows_ahead(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> None:
+    n_rows, n_cols = x.shape[0], int(x.shape[1])
+    programs = sm_count(x.device.index) if x.is_cuda else INTERPRETER_PROGRAMS
+    a = alignment(x, y)
+    wrap_triton(_forward_rows_ahead_kernel)[(min(triton.cdiv(n_rows, plan.rows), programs),)](
+        x, y, n_rows, n_cols // a, x.stride(0) // a, y.stride(0) // a, ROWS=plan.rows, BLOCK=plan.block,
+        PTX=not interpreted(), ALIGN=a, num_warps=plan.num_warps, maxnreg=plan.maxnreg,
+    )  # fmt: skip
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> None:
+    n_rows, n_cols = x.shape[0], int(x.shape[1])
+    pairs = plan.kernel == "split_pairs" and in_pairs(x, y)  # else one by one
+    # spans: multiples of 16 elements (16-byte vectors, and Triton sees the span argument divisible by 16)
+    split, span, chunk = plans.split_spans(n_cols // 2 if pairs else n_cols, plan.block // (2 if pairs else 1), 16)
+    if x.is_cuda and split > sm_count(x.device.index):  # all chunks of a row must fit on the GPU at once
+        raise ValueError(f"softmax triton: {split} chunks of {span} per row > {sm_count(x.device.index)} SMs")
+    stats = torch.empty(2, n_rows * split, dtype=torch.float32, device=x.device)
+    sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
+    meta = {"SPLIT": split, "SPLIT_P2": triton.next_power_of_2(split), "num_warps": plan.num_warps}
+    if pairs:
+        wrap_triton(_forward_split_pairs_kernel)[(n_rows * split,)](
+            x, y, stats[0], stats[1], sync, n_cols // 2, x.stride(0) // 2, y.stride(0) // 2, CHUNK=chunk,
+            PTX=not interpreted(), **meta,
+        )  # fmt: skip
+    else:
+        wrap_triton(_forward_split_kernel)[(n_rows * split,)](
+            x, y, stats[0], stats[1], sync, n_cols, x.stride(0), y.stride(0), span, CHUNK=chunk,
+            PTX=not interpreted(), EDGES=edges(x, y, min_bytes=p["edge_min_bytes"]), VEC=vector(x), **meta,
+        )  # fmt: skip
+
+
+def _looped(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> None:
+    n_rows, n_cols = x.shape[0], int(x.shape[1])
+    a = alignment(x, y)
+    wrap_triton(_forward_looped_kernel)[(n_rows,)](
+        x, y, n_cols // a, x.stride(0) // a, y.stride(0) // a, BLOCK=plan.block, PTX=not interpreted(), ALIGN=a,
+        EDGES=edges(x, y, min_bytes=p["edge_min_bytes"]), VEC=vector(x), num_warps=plan.num_warps,
+    )  # fmt: skip
+
+
+Launcher = Callable[..., None]
+FORWARD: dict[str, Launcher] = {
+    "rows": _rows,
+    "rows_ahead": _rows_ahead,
+    "split": _split,
+    "split_pairs": _split,
+    "looped": _looped,
+}
+
+
+def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -> None:
+    """y = softmax(x) row by row. x, y: (rows, width), unit column stride; plan: None chooses (`forward_plan`)."""
+    _ready(x)
+    plan = plan or forward_plan(int(x.shape[1]), x.dtype, x.device)  # a symbolic width (torch.compile) is fixed
+    if plan.kernel not in FORWARD:
+        raise ValueError(f"unknown softmax kernel {plan.kernel!r}; known: {', '.join(FORWARD)}")
+    with on_device(x):
+        FORWARD[plan.kernel](x, y, plan, params(x.device))
+
+
+# ---------------------------------------------------------------------------------------------- backward
+
+
+def _backward_rows(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan, p: dict) -> None:
+    n_rows, n_cols = y.shape[0], int(y.shape[1])
+    a = alignment(y, dy, dx)
+    wrap_triton(_backward_rows_kernel)[(triton.cdiv(n_rows, plan.rows),)](
+        y, dy, dx, n_rows, n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)), ROWS=plan.rows, BLOCK=plan.block,
+        ALIGN=a, EDGES=edges(y, dy, dx, min_bytes=p["edge_min_bytes"]), VEC=vector(y), num_warps=plan.num_warps,
+    )  # fmt: skip
+
+
+def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan, p: dict) -> None:
+    n_rows, n_cols = y.shape[0], int(y.shape[1])
+    a = alignment(y, dy, dx)
+    wrap_triton(_backward_looped_kernel)[(n_rows,)](
+        y, dy, dx, n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)), BLOCK=plan.block, ALIGN=a,
+        num_warps=plan.num_warps,
+    )  # fmt: skip
+
+
+BACKWARD: dict[str, Launcher] = {"rows": _backward_rows, "looped": _backward_looped}
+
+
+def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None = None) -> None:
+    """dx = y * (dy - sum(dy * y)) row by row. All (rows, width), unit column stride; plan: None chooses."""
+    _ready(y)
+    plan = plan or backward_plan(int(y.shape[1]), y.dtype, y.device)
+    if plan.kernel not in BACKWARD:
+        raise ValueError(f"unknown softmax backward kernel {plan.kernel!r}; known: {', '.join(BACKWARD)}")
+    with on_device(y):
+        BACKWARD[plan.kernel](y, dy, dx, plan, params(y.device))
+
+
+TRITON_KERNELS = (
+    _forward_rows_kernel,
+    _forward_rows_ahead_kernel,
+    _forward_split_kernel,
+    _forward_split_pairs_kernel,
+    _forward_looped_kernel,
+    _backward_rows_kernel,
+    _backward_looped_kernel,
+)

@@ -1,0 +1,128 @@
+"""The Triton softmax's launch plans: which kernel, tile and warps for rows of a width, chosen by rules.
+
+The rules read bytes per row, element size, alignment and the SM count, never a table of tuned widths; their
+parameters (`DEFAULTS`) are the data a GPU's plan table (plans/<device key>.json, written by `fuselab tune softmax`)
+may override; figures behind the defaults are in docs/ops/softmax.md. Pure functions: testable without a GPU.
+
+- padded width (next power of 2) <= row_max: `rows`, rows held whole in registers, several short rows to a program
+  (a tile of about tile_bytes). Parameters keyed by the padded width ("held_bf16", "maxnreg", "ahead") belong to the
+  compiled tile, not to a user's width: every width padding to that tile gets them.
+- wider, where programs can wait for each other (a GPU, not the interpreter): `split` (`split_pairs` for bf16 rows
+  of even width), a row cut into equal spans of at most `split[itemsize]` columns, one program each, as long as a
+  row's programs fit on the GPU at once (spans <= SMs).
+- otherwise: `looped`, an online softmax (reads the row twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fuselab.ops import tuning
+
+FOLDER = Path(__file__).parent
+
+DEFAULTS: dict[str, object] = {
+    "row_max": 32768,  # widest padded row held whole by one program (forward)
+    "backward_row_max": 8192,  # the backward holds y and dy
+    "tile_bytes": 4096,  # short rows: rows per program so that a tile moves about this many bytes
+    "short_warps": {"4": 1, "2": 4},  # warps for a tile of tile_bytes, by element size
+    "mid_bytes": 8192,  # tiles up to this: mid_warps
+    "mid_warps": 4,
+    "wide_warps": 16,  # tiles above mid_bytes
+    "widest_fp32": [16384, 32],  # fp32 rows of at least this many columns: these warps
+    "split": {"4": [16384, 16], "2": [8192, 8]},  # (columns, warps) per program of a split row, by element size
+    "split_pairs": [8192, 4],  # bf16 rows of even width held as int32 pairs
+    "loop": [4096, 8],  # looped kernel: (columns per step, warps)
+    "ahead": {"2": [32768, 32]},  # fp16 rows from this padded width: persistent, a row ahead, these warps
+    "maxnreg": {"2:16384": 40, "2:512": 32},  # register cap by "itemsize:padded width" (rows kernel, forward)
+    "held_bf16": {"32768": [32, None], "16384": [16, 40]},  # bf16 rows held in bf16: padded width -> (warps, cap)
+    "edge_min_bytes": 128,  # misaligned rows at least this long: an aligned bulk of 16-byte vectors + edges
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one launch covers the rows.
+
+    kernel: a name in launch.FORWARD or launch.BACKWARD ("rows", "rows_ahead", "split", "split_pairs", "looped").
+    block: columns per tile (rows: the padded row; split: the most columns of one program's span; looped: one step).
+    rows: rows per program (rows kernels). num_warps: warps per program. maxnreg: registers per thread at most (ptxas
+    spills the rest), so more programs fit on an SM; None: no cap. hold: rows kernel, 16-bit rows held in their
+    storage type between the passes (half the registers).
+    """
+
+    kernel: str
+    block: int
+    rows: int = 1
+    num_warps: int = 4
+    maxnreg: int | None = None
+    hold: bool = False
+
+
+def rule_params(key: str | None) -> dict:
+    """The rules' parameters for GPU `key` (its plan table over DEFAULTS; None: DEFAULTS)."""
+    return tuning.params(DEFAULTS, FOLDER, key)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def warps(elements: int, itemsize: int, p: dict) -> int:
+    """Warps for a program holding `elements` values of `itemsize` bytes."""
+    nbytes = elements * itemsize
+    if nbytes <= p["tile_bytes"]:
+        return p["short_warps"][str(itemsize)]
+    if nbytes <= p["mid_bytes"]:
+        return p["mid_warps"]
+    widest, widest_warps = p["widest_fp32"]
+    return widest_warps if itemsize == 4 and elements >= widest else p["wide_warps"]
+
+
+def rows_plan(block: int, itemsize: int, p: dict) -> Plan:
+    """Whole rows of padded width `block`, several to a program up to tile_bytes."""
+    rows = max(1, p["tile_bytes"] // (block * itemsize))
+    return Plan("rows", block, rows, warps(block * rows, itemsize, p))
+
+
+def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: dict) -> Plan:
+    """The forward plan for rows of `width` elements of `itemsize` bytes (bf16: bfloat16 storage). sms: the GPU's
+    SM count where programs can wait for each other (split rows), None where they cannot (the interpreter)."""
+    block = next_power_of_2(width)
+    if block <= p["row_max"]:
+        if bf16 and str(block) in p["held_bf16"]:
+            num_warps, cap = p["held_bf16"][str(block)]
+            return Plan("rows", block, 1, num_warps, cap, hold=True)
+        ahead = p["ahead"].get(str(itemsize)) if not bf16 else None
+        if ahead and block >= ahead[0]:
+            return Plan("rows_ahead", block, 1, ahead[1])
+        return replace(rows_plan(block, itemsize, p), maxnreg=p["maxnreg"].get(f"{itemsize}:{block}"))
+    if bf16 and width % 2 == 0:
+        kernel, (chunk, num_warps) = "split_pairs", p["split_pairs"]
+    else:
+        kernel, (chunk, num_warps) = "split", p["split"][str(itemsize)]
+    if sms is not None and ceil_div(width, chunk) <= sms:
+        return Plan(kernel, chunk, 1, num_warps)
+    return Plan("looped", *p["loop"][:1], 1, p["loop"][1])
+
+
+def choose_backward(width: int, itemsize: int, p: dict) -> Plan:
+    """The backward plan: whole rows up to backward_row_max, else looped."""
+    block = next_power_of_2(width)
+    if block <= p["backward_row_max"]:
+        return rows_plan(block, itemsize, p)
+    return Plan("looped", p["loop"][0], 1, p["loop"][1])
+
+
+def split_spans(width: int, chunk: int, vec: int) -> tuple[int, int, int]:
+    """(programs per row, columns per program, padded tile) for a row of `width` split into equal spans of at most
+    `chunk` columns, each a multiple of `vec` (so every span starts on a vector boundary of an aligned row)."""
+    parts = ceil_div(width, chunk)
+    span = min(chunk, ceil_div(ceil_div(width, parts), vec) * vec)
+    parts = ceil_div(width, span)
+    return parts, span, next_power_of_2(span)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
