@@ -5,7 +5,7 @@
 set -u
 OUT=${OUT:-/tmp/random_shapes}; N=${N:-24}; SEED=${SEED:-7}; IMPLS=${IMPLS:-torch,triton}
 mkdir -p "$OUT"
-COMMON=(--impl "$IMPLS" --dtype fp32,bf16 --rep-ms "${REP_MS:-25}" --warmup-ms 10 --rounds 2 --call-cost-ms 0)
+COMMON=(--impl "$IMPLS" --dtype fp32 --dtype bf16 --rep-ms "${REP_MS:-25}" --warmup-ms 10 --rounds 2 --call-cost-ms 0)
 timeout "${T_SOFTMAX:-80}" python -m fuselab bench softmax "${COMMON[@]}" --shapes "random:$N" --seed "$SEED" \
   --out "$OUT/softmax_random.json" --plot "$OUT/softmax_random.png" > "$OUT/softmax_random.log" 2>&1
 echo "softmax random rc=$?"
