@@ -175,8 +175,12 @@ def plot_metric(
     plt = pyplot()
     rows = [r for r in records if not r.get("error") and r.get(y) is not None and r.get(x) is not None]
     panels = sorted({str(r.get(panel)) for r in rows}) if panel else [""]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4.2), squeeze=False)
-    for ax, name in zip(axes[0], panels or [""], strict=False):
+    cols = min(4, max(1, len(panels)))  # panels wrap onto rows of at most four
+    nrows = -(-max(1, len(panels)) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 4.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels or [""]) :]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, panels or [""], strict=False):
         mine = [r for r in rows if not panel or str(r.get(panel)) == name]
         for label in sorted({str(r.get(series)) for r in mine}):
             points = sorted((r[x], r[y]) for r in mine if str(r.get(series)) == label)
