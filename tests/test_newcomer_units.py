@@ -11,6 +11,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from fuselab.bench import log as results_log
 from fuselab.bench import sweep
 from fuselab.bench.results import fmt_rate, make_table, print_table
 from fuselab.bench.sweep import append_record, grid, load_records, run_sweep
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_each_record_is_one_write_on_an_append_descriptor(tmp_path, monkeypatch):
     writes, flags = [], []
     real_open, real_write = os.open, os.write
-    monkeypatch.setattr(sweep.os, "open", lambda path, f, *a: flags.append(f) or real_open(path, f, *a))
-    monkeypatch.setattr(sweep.os, "write", lambda fd, data: writes.append(data) or real_write(fd, data))
+    monkeypatch.setattr(results_log.os, "open", lambda path, f, *a: flags.append(f) or real_open(path, f, *a))
+    monkeypatch.setattr(results_log.os, "write", lambda fd, data: writes.append(data) or real_write(fd, data))
     record = {"n": 7, "warnings": ["x" * 5000], "key": "k"}
     append_record(tmp_path / "r.jsonl", record)
     assert len(writes) == 1 and writes[0].endswith(b"\n") and json.loads(writes[0]) == record

@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from fuselab.bench.log import append_record, case_key, latest_by_key, load_records
+
 Case = dict[str, object]
 DEFAULT_TIMEOUT_S = 12 * 3600  # a rank that finished waits at the gather for the slowest; sweeps may take hours
 COMPILE_PRIOR_S = 20.0  # a compiled case's compile time, before any is measured (a prior; only its weight matters)
@@ -251,7 +253,6 @@ def part_files(log: Path) -> list[Path]:
 def merge_parts(log: Path) -> int:
     """Append the rows of every part file beside `log` that `log` lacks, then delete the parts; returns the count.
     Idempotent: a merge cut short and redone appends no row twice. Call it holding the lock."""
-    from fuselab.bench.sweep import append_record, load_records
 
     parts = part_files(log)
     if not parts:
@@ -329,7 +330,6 @@ def run_spread(
     run_cases(todo, part_file, extra) runs [(key, case)] in order, appends each row (with `extra`) to part_file, and
     returns {key: row}: run_sweep's loop. done_ok(row): a logged row that counts as done (no error).
     """
-    from fuselab.bench.sweep import case_key, latest_by_key, load_records
 
     lock = LogLock(out) if out is not None and is_main() else None
     setup: dict[str, object] = {"error": None}

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
-import os
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
@@ -28,6 +25,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fuselab.bench import distributed
+from fuselab.bench.log import (  # noqa: F401  (the log's functions, where sweeps' users have imported them)
+    SweepWarning,
+    append_record,
+    case_key,
+    latest_by_key,
+    load_records,
+    repair_log,
+)
 
 Case = dict[str, object]
 MAX_ERROR_CHARS = 2000
@@ -66,80 +71,10 @@ class NotRun(Exception):
     status = Status.SKIPPED
 
 
-class SweepWarning(UserWarning):
-    """Something about a results log the user should know (a torn last line was cut off)."""
-
-
 def grid(**axes: Iterable[object]) -> list[Case]:
     """The cartesian product of the axes as cases: grid(impl=["a", "b"], n=[1, 2]) -> 4 cases."""
     names = list(axes)
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*(list(v) for v in axes.values()))]
-
-
-def case_key(case: Mapping[str, object]) -> str:
-    return json.dumps(case, sort_keys=True, default=str)
-
-
-def load_records(path: str | Path) -> list[dict]:
-    """All rows of a JSON-lines results file; lines that are not JSON (a torn last line) are left out."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def repair_log(path: str | Path) -> int:
-    """Cut off a torn last line (a run killed mid-write) so the next append starts on a line of its own.
-
-    Returns the bytes removed (0 when the file is whole or missing) and warns (SweepWarning) when it removes any.
-    """
-    path = Path(path)
-    if not path.exists():
-        return 0
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return 0
-    keep = data.rfind(b"\n") + 1  # 0 when the only line is torn
-    torn = len(data) - keep
-    with path.open("r+b") as f:
-        f.truncate(keep)
-    warnings.warn(
-        f"{path}: its last line was cut short (a run killed mid-write?); removed it ({torn} bytes), "
-        "so that case runs again",
-        SweepWarning,
-        stacklevel=2,
-    )
-    return torn
-
-
-def latest_by_key(records: Iterable[dict]) -> dict[str, dict]:
-    """The last row of each case (a retried case keeps its newest row)."""
-    latest: dict[str, dict] = {}
-    for record in records:
-        if "key" in record:
-            latest[record["key"]] = record
-    return latest
-
-
-def append_record(path: Path, record: Mapping[str, object]) -> None:
-    """Append one row as one line, with a single write on an O_APPEND descriptor (whole lines, even when killed)."""
-    data = (json.dumps(record, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        written = os.write(fd, data)
-        while written < len(data):  # a regular file takes it all at once but for a full disk; finish the line
-            written += os.write(fd, data[written:])
-    finally:
-        os.close(fd)
 
 
 def run_sweep(

@@ -10,7 +10,6 @@ import torch
 
 from fuselab.bench.shapes import draw_width, log_uniform
 from fuselab.ops.registry import Op, Shape, register_op
-from fuselab.ops.softmax import lecture
 
 
 def reference(x: torch.Tensor, **options: object) -> torch.Tensor:
@@ -110,6 +109,5 @@ SOFTMAX = register_op(
         report=REPORT,
         random_shape=random_shape,
         prose=Path(__file__).with_name("report.md"),
-        questions=lecture.QUESTIONS,
     )
 )
