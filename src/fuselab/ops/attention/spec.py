@@ -17,6 +17,7 @@ A case's shape descriptor (what `fuselab check|bench attention --shapes` parse):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,6 +249,48 @@ ATTENTION = register_op(
         prose=Path(__file__).with_name("report.md"),
     )
 )
+
+
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float], tuple[torch.Tensor, torch.Tensor]]
+Backward = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def flash_function(
+    name: str, forward: Forward, backward: Backward, check: Callable[..., object] | None = None
+) -> type[torch.autograd.Function]:
+    """CS336's autograd interface on a forward (q, k, v, causal, scale) -> (O, L) and a backward
+    (dO, q, k, v, O, L, causal, scale) -> (dQ, dK, dV): `Cls.apply(q, k, v, is_causal=False, scale=None)`.
+
+    q (B, Nq, d) or (..., Hq, Nq, d); k, v (B, Nk, d) or (..., Hkv, Nk, d). Saves exactly q, k, v, O and L, the
+    logsumexp of shape (B, Nq) (or (..., Hq, Nq)), float32, natural log. check(q, k, v) runs first, if given.
+    """
+
+    class FlashAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(
+            ctx: torch.autograd.function.FunctionCtx,
+            q: torch.Tensor,
+            k: torch.Tensor,
+            v: torch.Tensor,
+            is_causal: bool = False,
+            scale: float | None = None,
+        ) -> torch.Tensor:
+            if check is not None:
+                check(q, k, v)
+            scale = default_scale(q.shape[-1], scale)
+            o, lse = forward(q, k, v, bool(is_causal), scale)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.is_causal, ctx.scale = bool(is_causal), scale
+            return o
+
+        @staticmethod
+        def backward(ctx: torch.autograd.function.FunctionCtx, do: torch.Tensor) -> tuple:
+            q, k, v, o, lse = ctx.saved_tensors
+            return (*backward(do, q, k, v, o, lse, ctx.is_causal, ctx.scale), None, None)
+
+    FlashAttention.__name__ = FlashAttention.__qualname__ = name
+    FlashAttention.__doc__ = f"{name}.apply(q, k, v, is_causal=False, scale=None): " + (flash_function.__doc__ or "")
+    return FlashAttention
 
 
 def attention(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from fuselab.ops.attention.spec import ATTENTION, check_qkv, default_scale
+from fuselab.ops.attention.spec import ATTENTION, check_qkv, flash_function
 
 TILE_Q = 64
 TILE_K = 64
@@ -120,33 +120,7 @@ def tiled_backward(
     return dq.reshape(q.shape).to(q.dtype), dk.reshape(k.shape).to(k.dtype), dv.reshape(v.shape).to(v.dtype)
 
 
-class FlashAttentionTiled(torch.autograd.Function):
-    """CS336's interface: `FlashAttentionTiled.apply(q, k, v, is_causal=False, scale=None)`.
-
-    q (B, Nq, d) or (..., Hq, Nq, d); k, v (B, Nk, d) or (..., Hkv, Nk, d). Saves exactly q, k, v, O and L, the
-    logsumexp of shape (B, Nq) (or (..., Hq, Nq)), float32, natural log.
-    """
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> torch.Tensor:
-        scale = default_scale(q.shape[-1], scale)
-        o, lse = tiled_forward(q, k, v, bool(is_causal), scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.scale = bool(is_causal), scale
-        return o
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, do: torch.Tensor) -> tuple:
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = tiled_backward(do, q, k, v, o, lse, ctx.is_causal, ctx.scale)
-        return dq, dk, dv, None, None
+FlashAttentionTiled = flash_function("FlashAttentionTiled", tiled_forward, tiled_backward)
 
 
 @ATTENTION.impl("tiled", devices=("cpu", "cuda"), backward=True)

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import torch
 
-from fuselab.ops.attention.spec import ATTENTION, check_qkv, default_scale
+from fuselab.ops.attention.spec import ATTENTION, check_qkv, default_scale, flash_function
 from fuselab.ops.backends import triton_unavailable
 
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
@@ -95,35 +95,17 @@ def attention_triton_op(
     return FWD_OP(q, k, v, bool(causal), default_scale(q.shape[-1], scale))
 
 
-class FlashAttentionTriton(torch.autograd.Function):
-    """CS336's interface: `FlashAttentionTriton.apply(q, k, v, is_causal=False, scale=None)` on the Triton kernels.
+def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    check_qkv(q, k, v, impl="FlashAttentionTriton", devices=DEVICES)
+    _ready(q)
 
-    q (B, Nq, d) or (..., Hq, Nq, d); k, v (B, Nk, d) or (..., Hkv, Nk, d). Saves exactly q, k, v, O and L, the
-    logsumexp of shape (B, Nq) (or (..., Hq, Nq)), float32, natural log.
-    """
 
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> torch.Tensor:
-        check_qkv(q, k, v, impl="FlashAttentionTriton", devices=DEVICES)
-        _ready(q)
-        scale = default_scale(q.shape[-1], scale)
-        o, lse = _kernels().forward(q, k, v, bool(is_causal), scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.scale = bool(is_causal), scale
-        return o
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, do: torch.Tensor) -> tuple:
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _kernels().backward(do, q, k, v, o, lse, ctx.is_causal, ctx.scale)
-        return dq, dk, dv, None, None
+FlashAttentionTriton = flash_function(
+    "FlashAttentionTriton",
+    lambda *args: _kernels().forward(*args),
+    lambda *args: _kernels().backward(*args),
+    check=_checked,
+)
 
 
 @ATTENTION.impl(
