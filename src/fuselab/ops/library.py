@@ -40,6 +40,7 @@ import importlib.util
 import inspect
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -291,6 +292,33 @@ def define_op(
         kind=kind,
         direct=direct,
     )
+
+
+@dataclass(frozen=True)
+class OpFamily:
+    """What an op's fused impls (its Triton and CUDA kernels, say) share: the fakes, and a maker of input checks
+    checks(impl name, devices) -> (check, backward_check). `define` registers one impl's op with them."""
+
+    fake: Callable[..., object]
+    backward_fake: Callable[..., object]
+    checks: Callable[[str, Sequence[str]], tuple[Callable[..., None], Callable[..., None]]]
+
+    def define(
+        self, name: str, forward: Callable[..., object], backward: Callable[..., object], devices: Sequence[str],
+        kind: Kind,
+    ) -> FusedOp:  # fmt: skip
+        """`define_op(name, ...)` with the family's fakes and checks (messages name it "gelu cuda" for "gelu_cuda")."""
+        check, backward_check = self.checks(name.replace("_", " "), tuple(devices))
+        return define_op(
+            name,
+            forward,
+            backward=backward,
+            fake=self.fake,
+            backward_fake=self.backward_fake,
+            check=check,
+            backward_check=backward_check,
+            kind=kind,
+        )
 
 
 # ---------------------------------------------------------------------------------------------- pieces

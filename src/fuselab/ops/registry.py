@@ -296,6 +296,12 @@ def discover(package: str = "fuselab.ops") -> list[str]:
 _POWER = re.compile(r"^(\d+)\^(\d+)$")
 
 
+def randn(shape: Shape, dtype: torch.dtype, device: str, seed: int, scale: float = 1.0) -> torch.Tensor:
+    """scale * N(0, 1) of `shape`, drawn in float32 from a generator seeded with `seed`, then cast to `dtype`."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
+
+
 def parse_shape(text: str) -> Shape:
     """'2^24' -> (16777216,), '4096x2^10' -> (4096, 1024), '' or 'scalar' -> ()."""
     text = text.strip().lower()

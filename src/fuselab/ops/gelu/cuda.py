@@ -19,7 +19,6 @@ import torch
 from fuselab.ops.backends import cuda_unavailable, load_cuda_extension
 from fuselab.ops.gelu import fused
 from fuselab.ops.gelu.spec import GELU
-from fuselab.ops.library import define_op
 
 CU_FILE: Path = Path(__file__).with_name("gelu.cu")
 BINDING_FILE: Path = Path(__file__).with_name("gelu_binding.cpp")
@@ -45,16 +44,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tenso
     return extension().backward(dy.contiguous(), x.contiguous(), approximate == "tanh")
 
 
-gelu_cuda_op = define_op(
-    "gelu_cuda",
-    forward,
-    backward=backward,
-    fake=fused.fake,
-    backward_fake=fused.backward_fake,
-    check=fused.make_check("gelu cuda", DEVICES),
-    backward_check=fused.make_backward_check("gelu cuda", DEVICES),
-    kind="cuda",
-)
+gelu_cuda_op = fused.FAMILY.define("gelu_cuda", forward, backward, DEVICES, kind="cuda")
 
 
 @GELU.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True, cuda_source=CU_FILE)

@@ -12,6 +12,7 @@ import torch
 
 from fuselab.ops.backends import check_matches, check_tensor
 from fuselab.ops.gelu.spec import FORMS, check_form
+from fuselab.ops.library import OpFamily
 
 
 def make_check(name: str, devices: Sequence[str]) -> Callable[[torch.Tensor, str], None]:
@@ -46,3 +47,10 @@ def make_backward_check(name: str, devices: Sequence[str]) -> Callable[[torch.Te
 def backward_fake(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
     """dx: x's shape and dtype, contiguous."""
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+FAMILY = OpFamily(
+    fake=fake,
+    backward_fake=backward_fake,
+    checks=lambda name, devices: (make_check(name, devices), make_backward_check(name, devices)),
+)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fuselab.bench.shapes import draw_size, draw_width
-from fuselab.ops.registry import Op, Option, Shape, register_op
+from fuselab.ops.registry import Op, Option, Shape, randn, register_op
 
 FORMS = ("tanh", "none")
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -40,9 +40,7 @@ def reference(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
 
 def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, **options: object) -> tuple[torch.Tensor]:
     """x ~ 3 * N(0, 1) of `shape`: covers both tails (GELU -> 0 and GELU -> x) and the curved middle."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 3.0
-    return (x.to(dtype),)
+    return (randn(shape, dtype, device, seed, scale=3.0),)
 
 
 def bytes_moved(shape: Shape, dtype: torch.dtype, backward: bool = False, **options: object) -> int:

@@ -13,7 +13,6 @@ import torch
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.gelu import fused
 from fuselab.ops.gelu.spec import GELU
-from fuselab.ops.library import define_op
 
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
 _KERNELS: list[ModuleType] = []
@@ -46,16 +45,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tenso
     return _kernels().gelu_backward(dy, x, approximate == "tanh")
 
 
-gelu_triton_op = define_op(
-    "gelu_triton",
-    forward,
-    backward=backward,
-    fake=fused.fake,
-    backward_fake=fused.backward_fake,
-    check=fused.make_check("gelu triton", DEVICES),
-    backward_check=fused.make_backward_check("gelu triton", DEVICES),
-    kind="triton",
-)
+gelu_triton_op = fused.FAMILY.define("gelu_triton", forward, backward, DEVICES, kind="triton")
 
 
 @GELU.impl(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fuselab.ops.backends import check_matches, check_tensor
+from fuselab.ops.library import OpFamily
 
 # launch(x, y): y = softmax of each row of x; both (rows, width) with unit column stride, rows >= 1, width >= 1.
 ForwardLaunch = Callable[[torch.Tensor, torch.Tensor], None]
@@ -94,3 +95,6 @@ def fake(x: torch.Tensor) -> torch.Tensor:
 def backward_fake(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """dx: y's shape and dtype, contiguous."""
     return _empty(y)
+
+
+FAMILY = OpFamily(fake=fake, backward_fake=backward_fake, checks=make_checks)

@@ -17,7 +17,6 @@ from types import ModuleType
 import torch
 
 from fuselab.ops.backends import cuda_unavailable, load_cuda_extension
-from fuselab.ops.library import define_op
 from fuselab.ops.softmax import _shared
 from fuselab.ops.softmax.spec import SOFTMAX
 
@@ -56,17 +55,7 @@ def _backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return extension().softmax_backward(y, dy)
 
 
-_check, _backward_check = _shared.make_checks("softmax cuda", DEVICES)
-softmax_cuda_op = define_op(
-    "softmax_cuda",
-    _forward,
-    backward=_backward,
-    fake=_shared.fake,
-    backward_fake=_shared.backward_fake,
-    check=_check,
-    backward_check=_backward_check,
-    kind="cuda",
-)
+softmax_cuda_op = _shared.FAMILY.define("softmax_cuda", _forward, _backward, DEVICES, kind="cuda")
 
 
 @SOFTMAX.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True, cuda_source=CU_FILE)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from fuselab.bench.shapes import draw_width, log_uniform
-from fuselab.ops.registry import Op, Shape, register_op
+from fuselab.ops.registry import Op, Shape, randn, register_op
 
 
 def reference(x: torch.Tensor, **options: object) -> torch.Tensor:
@@ -19,9 +19,7 @@ def reference(x: torch.Tensor, **options: object) -> torch.Tensor:
 
 def make_inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, **options: object) -> tuple[torch.Tensor]:
     """One tensor of `shape`, 4·N(0, 1): spread wide enough that the max subtraction matters, never all zeros."""
-    generator = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * 4
-    return (x.to(dtype),)
+    return (randn(shape, dtype, device, seed, scale=4.0),)
 
 
 def bytes_moved(shape: Shape, dtype: torch.dtype, backward: bool = False, **options: object) -> int:

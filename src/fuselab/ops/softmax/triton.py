@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from fuselab.ops.backends import triton_unavailable
-from fuselab.ops.library import define_op
 from fuselab.ops.softmax import _shared
 from fuselab.ops.softmax.launch import (  # noqa: F401  (the module's public face; tests and the tuner use these)
     BACKWARD,
@@ -43,17 +42,7 @@ LOOP_BLOCK = DEFAULTS["loop"][0]
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
 
 _forward, _backward = _shared.row_functions(launch_forward, launch_backward)
-_check, _backward_check = _shared.make_checks("softmax triton", DEVICES)
-softmax_triton_op = define_op(
-    "softmax_triton",
-    _forward,
-    backward=_backward,
-    fake=_shared.fake,
-    backward_fake=_shared.backward_fake,
-    check=_check,
-    backward_check=_backward_check,
-    kind="triton",
-)
+softmax_triton_op = _shared.FAMILY.define("softmax_triton", _forward, _backward, DEVICES, kind="triton")
 
 
 @SOFTMAX.impl(
