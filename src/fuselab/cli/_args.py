@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -225,9 +226,10 @@ def check_writable(path: Path | None, *, folder: bool = False) -> None:
     if not os.access(probe, os.W_OK):
         raise OSError(f"cannot write {path}: permission denied")
     if not folder and not path.exists():
-        try:  # some file systems (/proc) refuse a new file whatever the permission bits say
-            path.touch()
-            path.unlink()
+        try:  # some file systems (/proc) refuse a new file whatever the permission bits say; a probe of
+            # its own name, so that ranks checking the same path at once do not delete each other's probe
+            with tempfile.NamedTemporaryFile(dir=target, prefix=f".{path.name}.", suffix=".probe"):
+                pass
         except OSError as exc:
             raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
 
