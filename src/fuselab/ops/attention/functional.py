@@ -20,7 +20,7 @@ def scaled_dot_product_attention(
     """softmax(q k^T * scale, top-left causal mask if is_causal) v, computed by the registered impl `impl`.
 
     q (..., Hq, Nq, d) or (B, Nq, d); k, v (..., Hkv, Nk, d) or (B, Nk, d), Hq a multiple of Hkv; scale defaults to
-    1/sqrt(d). No attn_mask or dropout. With impl="triton" it is the custom op fuselab::attention_triton_fwd (with
+    1/sqrt(d). No attn_mask or dropout. With impl="triton" it is the custom op fuselab::attention_triton (with
     autograd), which torch.compile(fullgraph=True) traces without a graph break.
     """
     return attention(q, k, v, causal=is_causal, scale=scale, impl=impl)

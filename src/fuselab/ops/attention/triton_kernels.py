@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fuselab.ops.library import wrap_triton
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 PLAN_DIR = Path(__file__).with_name("plans")
@@ -930,9 +932,7 @@ def save_plans(slug: str, plans: dict[str, Plan], meta: dict) -> Path:
 
 
 def _launch(kernel: triton.JITFunction, grid: tuple[int], *args: object, plan: Plan, **constexprs: object) -> None:
-    """Launch through torch.library.wrap_triton, so torch.compile sees the kernel (a plain call in eager)."""
-    from torch.library import wrap_triton
-
+    """Launch through fuselab.ops.library.wrap_triton, so torch.compile sees the kernel (a plain call in eager)."""
     wrap_triton(kernel)[grid](*args, **constexprs, num_warps=plan.warps, num_stages=plan.stages)
 
 
