@@ -54,7 +54,8 @@ def _dtypes(op: Op, impl: Impl) -> list[torch.dtype]:
 
 
 def _shapes(op: Op, impl: Impl) -> list[tuple[int, ...]]:
-    shapes = [tuple(s) for s in op.report_plan("quick")["check_shapes"]]
+    """On a GPU the op's check shapes (empty, odd, wide), on the CPU those of its quick report."""
+    shapes = [tuple(s) for s in (op.check_shapes if DEVICE == "cuda" else op.report_plan("quick")["check_shapes"])]
     return shapes[:1] if impl.compiled else shapes
 
 
@@ -241,6 +242,18 @@ def test_unknown_impl_and_option_are_named_with_what_is_accepted(op: Op) -> None
         if option.choices and option.kind is str:
             with pytest.raises(ValueError, match="accepted"):
                 op.resolve_options({key: "no-such-value"})
+
+
+@pytest.mark.parametrize("op", all_ops(), ids=lambda op: op.name)
+def test_inputs_are_seeded_random_and_nonzero(op: Op) -> None:
+    """make_inputs: the same seed the same inputs, another seed others; in the dtype asked, almost no zeros."""
+    options = op.default_options()
+    shape = max(_shapes(op, next(iter(op.impls.values()))), key=lambda s: torch.Size(s).numel())
+    a, b, c = (op.make_inputs(shape, torch.bfloat16, "cpu", seed, **options) for seed in (7, 7, 8))
+    for x, y, z in zip(a, b, c, strict=True):
+        assert x.dtype == torch.bfloat16 and x.numel() > 100
+        assert torch.equal(x, y) and not torch.equal(x, z)
+        assert (x != 0).float().mean() > 0.99
 
 
 @pytest.mark.parametrize("op", all_ops(), ids=lambda op: op.name)
