@@ -162,6 +162,10 @@ def check_case(
         dy = torch.randn(ref.shape, generator=gen, dtype=torch.float64).to(device)
         xs = [x.detach().requires_grad_(True) for x in inputs]
         fn(*xs, **options).backward(dy.to(dtype))
+        if any(x.grad.dtype != dtype for x in xs):
+            raise TypeError(
+                f"{impl.name} returned gradients in {[dtype_name(x.grad.dtype) for x in xs]} for {dtype_name(dtype)}"
+            )
         xs64 = [x.detach().to(torch.float64).requires_grad_(True) for x in inputs]
         op.reference(*xs64, **options).backward(dy)
         row["grad_rel_err"] = max(relative_error(a.grad, b.grad) for a, b in zip(xs, xs64, strict=True))

@@ -148,8 +148,9 @@ class Op:
     random_shape(rng): one shape drawn for `bench --shapes random:N` (numpy Generator), or None.
     axis: (label, shape -> value) the plots of its speed run along (default: the element count, or the last
         dimension where the count is fixed); panel(shape): what else splits the plots into panels (e.g. "d=64").
-    module: the op's drop-in nn.Module (exposed as fuselab.nn.<its class name>); functional: {name: function}
-        exposed in fuselab.nn.functional.
+    module: the op's drop-in nn.Module (exposed as fuselab.nn.<its class name>), constructed with keyword `impl`;
+        its classmethod drop_in_pair(impl, **options) gives it and its PyTorch counterpart configured alike (the
+        contract test compares them in a model); functional: {name: function} exposed in fuselab.nn.functional.
     prose: a Markdown file of the op's own words for its report section.
     claims: the op's own claims, (text, criterion, fn(results) -> (figure, value, held)); questions: the lecture's
         questions the op answers, (order, question, criterion, fn(results) -> (answer, value, held)); both read

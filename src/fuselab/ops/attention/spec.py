@@ -63,7 +63,7 @@ def check_qkv(
         if not t.is_floating_point():
             raise TypeError(f"{impl}: {name} has dtype {t.dtype}; accepted: floating (float32, float16, bfloat16)")
         if t.device.type not in devices:
-            raise ValueError(f"{impl}: {name} is on {t.device}; this implementation runs on {'/'.join(devices)}")
+            raise ValueError(f"{impl}: {name} is on {t.device}; this implementation runs on {'/'.join(devices)} only")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{impl}: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

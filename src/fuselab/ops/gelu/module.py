@@ -34,3 +34,9 @@ class GELU(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}, impl={self.impl!r}"
+
+    @classmethod
+    def drop_in_pair(cls, impl: str, approximate: str = "tanh") -> tuple[torch.nn.Module, torch.nn.Module]:
+        """(this module running `impl`, torch.nn.GELU), both for the op's option `approximate`: what the contract
+        test (tests/ops/test_contract.py) puts in the same model and compares."""
+        return cls(approximate, impl=impl), torch.nn.GELU(approximate=approximate)

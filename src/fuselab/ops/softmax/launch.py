@@ -120,7 +120,7 @@ def in_pairs(*tensors: torch.Tensor) -> bool:
 
 def _ready(x: torch.Tensor) -> None:
     if not x.is_cuda and (reason := triton_unavailable("cpu")):
-        raise RuntimeError(f"softmax triton: {reason}")
+        raise ValueError(f"softmax triton: input is on cpu; move it with .to('cuda'). {reason}")
 
 
 # ---------------------------------------------------------------------------------------------- forward

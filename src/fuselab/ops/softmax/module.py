@@ -50,6 +50,12 @@ class Softmax(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, impl={self.impl!r}"
 
+    @classmethod
+    def drop_in_pair(cls, impl: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """(this module running `impl`, torch.nn.Softmax), both over the last dimension: what the contract test
+        (tests/ops/test_contract.py) puts in the same model and compares."""
+        return cls(dim=-1, impl=impl), torch.nn.Softmax(dim=-1)
+
 
 def _bad_dim(dim: int, x: torch.Tensor) -> int:
     raise IndexError(f"Softmax: dim {dim} is out of range for a tensor of {x.dim()} dimension(s)")

@@ -91,7 +91,7 @@ def bytes_issued(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 def launch(x: torch.Tensor, y: torch.Tensor) -> None:
     """y = softmax of each row of x. x, y: (rows, width), unit column stride, rows >= 1, width >= 1."""
     if x.device.type == "cpu" and (reason := triton_unavailable("cpu")):
-        raise RuntimeError(f"softmax triton-elementwise: {reason}")
+        raise ValueError(f"softmax triton-elementwise: input is on cpu; move it with .to('cuda'). {reason}")
     n_rows, n_cols = x.shape
     n_elements = n_rows * n_cols
     row_max = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=x.device)
