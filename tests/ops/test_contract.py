@@ -45,12 +45,17 @@ def _usable(impl: Impl) -> None:
         pytest.skip(reason)
 
 
+def _dtype(impl: Impl) -> torch.dtype:
+    """float32, or the first dtype of an impl that does not compute in it (FlashAttention: fp16/bf16 only)."""
+    return torch.float32 if impl.dtypes is None or torch.float32 in impl.dtypes else impl.dtypes[0]
+
+
 def _dtypes(op: Op, impl: Impl) -> list[torch.dtype]:
     if impl.compiled:
         return [torch.float32]  # one compile per case: the other dtypes are the naive impl's
     if DEVICE == "cpu" and impl.triton_kernels is not None:
         return [torch.float32]  # the Triton interpreter is exact in fp32 only
-    return list(op.dtypes)
+    return [d for d in op.dtypes if impl.dtypes is None or d in impl.dtypes]
 
 
 def _shapes(op: Op, impl: Impl) -> list[tuple[int, ...]]:
@@ -93,13 +98,13 @@ def test_non_contiguous_inputs_give_the_contiguous_result(op: Op, impl: Impl) ->
     _usable(impl)
     shape = max(_shapes(op, impl), key=lambda s: len(s))
     options = op.default_options()
-    inputs = op.make_inputs(shape, torch.float32, DEVICE, fresh_seed(), **options)
+    inputs = op.make_inputs(shape, _dtype(impl), DEVICE, fresh_seed(), **options)
     strided = [_strided(x) for x in inputs]
     if all(s.is_contiguous() for s in strided):
         pytest.skip(f"{op.name} shape {shape} has no dimension to stride")
     ref = op.reference(*(x.double() for x in inputs), **options)
     out = impl.fn(*strided, **options)
-    assert relative_error(out, ref) <= op.tolerance[torch.float32]
+    assert relative_error(out, ref) <= op.tolerance[_dtype(impl)]
 
 
 @pytest.mark.parametrize(("op", "impl"), [c for c in CASES if not c.values[1].compiled])
@@ -107,7 +112,7 @@ def test_nan_and_inf_inputs_follow_the_reference(op: Op, impl: Impl) -> None:
     _usable(impl)
     shape = max(_shapes(op, impl), key=lambda s: torch.Size(s).numel())
     options = op.default_options()
-    inputs = list(op.make_inputs(shape, torch.float32, DEVICE, fresh_seed(), **options))
+    inputs = list(op.make_inputs(shape, _dtype(impl), DEVICE, fresh_seed(), **options))
     first = inputs[0].clone()
     if first.numel() < 3:
         pytest.skip("too few elements to place NaN and infinities")
@@ -117,7 +122,7 @@ def test_nan_and_inf_inputs_follow_the_reference(op: Op, impl: Impl) -> None:
     ref = op.reference(*(x.double() for x in inputs), **options)
     out = impl.fn(*inputs, **options)
     # relative_error is inf unless every non-finite reference entry is matched exactly (same NaN, same signed inf)
-    assert relative_error(out, ref) <= op.tolerance[torch.float32]
+    assert relative_error(out, ref) <= op.tolerance[_dtype(impl)]
 
 
 def _accepted(op: Op) -> str:
@@ -326,7 +331,7 @@ def _calls_fuselab_ops(op: Op, impl: Impl) -> None:
     _usable(impl)
     if impl.compiled:
         pytest.skip(f"{impl.name} is compiled by the harness; it calls no fuselab custom op of its own")
-    if not _fuselab_calls(op, impl, torch.float32, op.default_options()).calls:
+    if not _fuselab_calls(op, impl, _dtype(impl), op.default_options()).calls:
         pytest.skip(f"{op.name} {impl.name} calls no fuselab custom op")
 
 
@@ -480,7 +485,7 @@ def test_module_is_a_drop_in_for_its_torch_counterpart(op: Op, impl: Impl) -> No
     set): the same outputs and parameter gradients within 4x the op's tolerance (every dtype on a GPU); an impl
     without a backward, the same outputs."""
     _usable(impl)
-    for dtype in op.dtypes if DEVICE == "cuda" else (torch.float32,):
+    for dtype in _dtypes(op, impl) if DEVICE == "cuda" else (_dtype(impl),):
         for options in _option_sets(op):
             x = randn((17, 33), dtype, DEVICE, fresh_seed())
             seed = fresh_seed()

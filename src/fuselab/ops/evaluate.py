@@ -130,9 +130,9 @@ def option_grid(op: Op, options: dict[str, object] | None) -> list[dict[str, obj
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*sweeps)]
 
 
-def prepare(impl: Impl, device: str) -> Callable[..., torch.Tensor]:
+def prepare(impl: Impl, device: str, dtype: torch.dtype | None = None) -> Callable[..., torch.Tensor]:
     """The callable to run: the impl's fn, or a fresh watched torch.compile of it for compiled impls."""
-    reason = impl.unavailable(device)
+    reason = impl.unavailable(device, dtype)
     if reason:
         raise Unavailable(reason)
     return WatchedCompile(impl.fn) if impl.compiled else impl.fn
@@ -149,7 +149,7 @@ def check_case(
     op: Op, impl: Impl, shape: Shape, dtype: torch.dtype, device: str, options: dict, seed: int, grad: bool = True
 ) -> dict[str, object]:
     """One impl on one fresh random input against the float64 reference (and its gradient, if it has one)."""
-    fn = prepare(impl, device)
+    fn = prepare(impl, device, dtype)
     inputs = op.make_inputs(shape, dtype, device, seed, **options)
     ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
     poison_allocator(ref.numel() * inputs[0].element_size(), device)
@@ -200,7 +200,7 @@ def check_op(
     def run(case: dict) -> dict:
         impl = op.get_impl(case["impl"])
         dtype = DTYPES[case["dtype"]]
-        reason = impl.unavailable(device)
+        reason = impl.unavailable(device, dtype)
         if not reason and device == "cpu" and "triton" in impl.name and dtype != torch.float32:
             reason = "the Triton interpreter is checked in float32 only"
         tolerance = op.tolerance[dtype]
@@ -276,7 +276,7 @@ def bench_case(
     """
     results: dict[str, dict | Exception] = {}
     for impl in impls:  # impls that cannot or need not run here are left out before any input is made
-        reason = impl.unavailable(device)
+        reason = impl.unavailable(device, dtype)
         if not reason and backward and not impl.backward:
             reason = f"{impl.name} has no backward"
         if reason or interpreted(impl, device):

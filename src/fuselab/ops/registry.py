@@ -97,6 +97,7 @@ class Impl:
     backward: fn supports autograd (gradients are checked against the reference).
     triton_kernels: returns the @triton.jit functions the impl launches (what `inspect` compiles and shows).
     cuda_source: the .cu file of its CUDA C++ kernels (what `inspect` compiles and shows).
+    dtypes: the dtypes it computes in, when fewer than its op's (None: every dtype of the op).
     """
 
     name: str
@@ -108,16 +109,20 @@ class Impl:
     doc: str = ""
     triton_kernels: Callable[[], Sequence[object]] | None = None
     cuda_source: Path | None = None
+    dtypes: tuple[torch.dtype, ...] | None = None
 
     @property
     def inspectable(self) -> bool:
         return self.triton_kernels is not None or self.cuda_source is not None
 
-    def unavailable(self, device: str | torch.device) -> str | None:
-        """Why this impl cannot run on `device` here, or None when it can."""
+    def unavailable(self, device: str | torch.device, dtype: torch.dtype | None = None) -> str | None:
+        """Why this impl cannot run on `device` (in `dtype`, when given) here, or None when it can."""
         kind = torch.device(device).type
         if kind not in self.devices:
             return f"{self.name} runs on {'/'.join(self.devices)} only, not on {kind}"
+        if dtype is not None and self.dtypes is not None and dtype not in self.dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
+            return f"{self.name} computes in {names} only, not {str(dtype).removeprefix('torch.')}"
         if kind == "cuda" and not torch.cuda.is_available():
             return "no CUDA GPU in this process"
         return self.requires(kind) if self.requires else None

@@ -85,4 +85,10 @@ def _forced(name: str, backend: str, about: str) -> Callable[..., torch.Tensor]:
 
 
 for _name, (_backend, _about) in BACKENDS.items():
-    ATTENTION.impl(_name, devices=("cuda",), requires=_cuda_only, backward=True)(_forced(_name, _backend, _about))
+    ATTENTION.impl(
+        _name,
+        devices=("cuda",),
+        requires=_cuda_only,
+        backward=True,
+        dtypes=(torch.float16, torch.bfloat16) if _name == "sdpa-flash" else None,
+    )(_forced(_name, _backend, _about))
