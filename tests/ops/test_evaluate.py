@@ -32,6 +32,7 @@ def make_toy() -> Op:
     op.impl("gpu_only", devices=("cuda",))(lambda x: x * x)
     op.impl("missing_lib", requires=lambda device: "libfoo is not installed")(lambda x: x * x)
     op.impl("compiled", compiled=True)(lambda x: x * x)
+    op.impl("half_only", dtypes=(torch.float16, torch.bfloat16))(lambda x: (x * x).to(torch.float16))
     return op
 
 
@@ -58,6 +59,20 @@ def test_check_passes_right_impls_fails_wrong_and_unwritten_ones_and_explains_un
     reasons = {r["impl"]: r.get("reason") for r in rows}
     assert "cuda only" in reasons["gpu_only"] and "libfoo" in reasons["missing_lib"]
     assert all(r["rel_err"] < 1e-6 for r in rows if r["impl"] == "torch")
+
+
+def test_an_impl_is_unavailable_in_the_dtypes_it_does_not_compute_in(tmp_path):
+    op = make_toy()
+    rows = check_op(op, impls=["half_only"], dtypes=[torch.float32, torch.float16], device="cpu", show_progress=False)
+    by_dtype = {r["dtype"]: r for r in rows}
+    assert by_dtype["float32"]["status"] == "unavailable"
+    assert "float16, bfloat16 only, not float32" in by_dtype["float32"]["reason"]
+    assert by_dtype["float16"]["status"] == "pass"  # not refused: the impl is run, and right, in what it declares
+    timing = {"warmup_ms": 1, "rep_ms": 2, "min_reps": 3}
+    rows = bench_op(op, impls=["torch", "half_only"], dtypes=[torch.float32], device="cpu", timing=timing,
+                    out=tmp_path / "r.jsonl", show_progress=False)  # fmt: skip
+    by_impl = {r["impl"]: r for r in rows}
+    assert by_impl["torch"]["median_ms"] > 0 and "not float32" in by_impl["half_only"]["error"]
 
 
 def test_check_uses_fresh_inputs_unless_seeded():
