@@ -29,10 +29,10 @@ import importlib.util
 import json
 import re
 import time
-import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -107,7 +107,7 @@ def tuner_ops() -> list[str]:
     return [op.name for op in all_ops() if op.tuner]
 
 
-def load_tuner(spec: str) -> types.ModuleType:
+def load_tuner(spec: str) -> Any:
     """The tuner of a registered op (its Op's `tuner` module), or one given as FILE.py (the module is the tuner) or
     MODULE:NAME / FILE.py:NAME (an object in it). Errors name the ops that have tuners."""
     from fuselab.ops.registry import get_op
