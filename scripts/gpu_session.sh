@@ -17,8 +17,8 @@ fl() { echo "+ fuselab $*"; python3 -m fuselab "$@"; }
 fresh() { [ "${RESUME:-0}" = 1 ] || rm -rf "$@"; }
 stage() { echo; echo "=== $1 ($(date +%T))"; }
 OPS=${OPS:-$(python3 -c "from fuselab.ops import all_ops; print(' '.join(o.name for o in all_ops()))")}
-tune_ops() {  # the ops whose tune module has run(): the ones `fuselab tune` drives
-  python3 -c "import importlib as i, importlib.util as u; print(' '.join(o for o in '$OPS'.split() if u.find_spec(f'fuselab.ops.{o}.tune') and hasattr(i.import_module(f'fuselab.ops.{o}.tune'), 'run')))"
+tune_ops() {  # the ops that name a tuner (Op.tuner): the ones `fuselab tune` drives
+  python3 -c "from fuselab.ops import get_op; print(' '.join(o for o in '$OPS'.split() if get_op(o).tuner))"
 }
 random_ops() { python3 -c "from fuselab.ops import get_op; print(' '.join(o for o in '$OPS'.split() if get_op(o).random_shape))"; }
 

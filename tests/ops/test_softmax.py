@@ -597,13 +597,17 @@ def test_gpu_past_2_pow_31_elements(name: str, width: int) -> None:
 
 @interpreter_quiet
 def test_tuner_scores_candidates_and_writes_parameters(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tuner at tiny sizes on the CPU: each candidate's plan is checked and timed beside torch.softmax, every
-    candidate gets a score (>= 1: time over the best), and the table it would write holds rule parameters (the keys
-    of plans.DEFAULTS), which launchers read back through tuning.params."""
+    """The tuner at tiny sizes on the CPU, its cases measured and chosen from as `fuselab tune` does: each
+    candidate's plan is checked and timed beside torch.softmax, every candidate gets a score (>= 1: time over the
+    best), and the table it would write holds rule parameters (the keys of plans.DEFAULTS), which launchers read
+    back through tuning.params."""
     from fuselab.ops import tuning
     from fuselab.ops.softmax import plans, tune
 
-    params, evidence = tune.run([(3, 129), (2, 5000)], [torch.float32], torch.device("cpu"), True, False)
+    cases = tune.cases([(3, 129), (2, 5000)], [torch.float32])
+    tuned = tuning.tune(tune, cases, torch.device("cpu"), True, False, log=lambda line: None)
+    params, evidence = tuned.params, tuned.evidence
+    assert tuned.failed == [] and tuned.ranks == [0, 0]
     assert set(params) == set(plans.DEFAULTS)
     assert set(evidence["scores"]) == set(tune.CANDIDATES) and all(v >= 1.0 for v in evidence["scores"].values())
     assert evidence["winner"] in tune.CANDIDATES

@@ -185,6 +185,34 @@ def barrier() -> None:
         dist.barrier()
 
 
+def gather(value: object) -> list[object] | None:
+    """Every rank's `value`, in rank order, on rank 0; None on the other ranks ([value] without a group)."""
+    if not active():
+        return [value]
+    box: list[object] | None = [None] * world_size() if is_main() else None
+    dist.gather_object(value, box, dst=0)
+    return box
+
+
+def spread(
+    items: Sequence[object], work: Callable[[int, object], object], *, cost: Callable[[object], float] | None = None
+) -> list[object] | None:
+    """work(i, item) for every item, the items split over the ranks by estimated `cost(item)` (LPT, `split_by_cost`;
+    default one each), each rank working through its share in order. Rank 0 returns every result in the items'
+    order; the other ranks return None. Every rank calls it with the same items (broadcast them from rank 0 if in
+    doubt). Without a group: every item here, in order. `work` should catch what must not stop the others."""
+    costs = [float(cost(item)) if cost else 1.0 for item in items]
+    mine = split_by_cost(costs, world_size())[rank()]
+    done = {i: work(i, items[i]) for i in mine}
+    parts = gather(done)
+    if parts is None:
+        return None
+    results: dict[int, object] = {}
+    for part in parts:
+        results.update(part)  # type: ignore[arg-type]
+    return [results[i] for i in range(len(items))]
+
+
 # ---------------------------------------------------------------------------------------------- the split
 
 

@@ -1,28 +1,32 @@
 """`fuselab tune OP`: time an op's candidate plan parameters on this GPU and write its plan table (the op's folder,
-plans/<device key>.json), which its launchers load. The op supplies a `tune` module in its folder with
-run(shapes, dtypes, device, quick, compile_peer) -> (parameters, evidence)."""
+plans/<device key>.json), which its launchers load. The op names a tuner (its Op's `tuner` module: cases, measure,
+choose; see fuselab.ops.tuning); a tuner may also be given as FILE.py or MODULE:NAME.
+
+Under torchrun (`torchrun --nproc-per-node N -m fuselab tune OP`, or `fuselab --gpus N tune OP`) the cases are split
+over the ranks by estimated cost, each rank times its share on its own GPU, and rank 0 gathers every measurement,
+chooses as one GPU would and writes the one table; the other ranks print only their progress."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-from pathlib import Path
+import sys
 
-import torch
-
+from fuselab.bench import distributed
 from fuselab.bench.shapes import draw_shapes, parse_random
 from fuselab.cli._args import split
 from fuselab.ops import tuning
 from fuselab.ops.evaluate import parse_dtype
-from fuselab.ops.registry import get_op, parse_shape
+from fuselab.ops.registry import Shape, get_op, parse_shape
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tune", help="tune an op's launch rules on this GPU; writes its plan table")
-    p.add_argument("op", help="a registered op with a tune module (gelu, softmax)")
-    p.add_argument("--dtype", action="append", help="dtypes to tune on (default fp32 and bf16)")
-    p.add_argument("--shape", action="append", help="shapes to tune on (repeatable)")
-    p.add_argument("--shapes", default="random:12", metavar="random:N", help="else N random shapes (default 12)")
+    p = sub.add_parser("tune", help="tune an op's launch rules on this GPU (or torchrun's); writes its plan table")
+    p.add_argument("op", help="an op with a tuner (gelu, softmax, attention), or a tuner as FILE.py or MODULE:NAME")
+    p.add_argument("--dtype", action="append", help="dtypes to tune on (default: the tuner's, else fp32 and bf16)")
+    p.add_argument("--shape", action="append", help="shapes to tune on (repeatable; attention: the last dim is d)")
+    p.add_argument(
+        "--shapes", metavar="random:N", help="else N random shapes (default: the tuner's shapes, else random:12)"
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the random draw (check on another seed)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-compile", action="store_true", help="do not time torch.compile beside (faster)")
@@ -31,34 +35,53 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    op = get_op(args.op)
-    try:
-        tuner = importlib.import_module(f"fuselab.ops.{op.name}.tune")
-    except ModuleNotFoundError:
-        raise ValueError(f"op {op.name!r} has no tuner (a tune module in its folder)") from None
-    if not callable(getattr(tuner, "run", None)):
-        raise ValueError(
-            f"op {op.name!r}: its tuner has no run(shapes, dtypes, device, quick, compile_peer) for fuselab tune; "
-            f"run it as python -m {tuner.__name__}"
-        )
-    if not torch.cuda.is_available():
-        raise ValueError("fuselab tune times plans on a CUDA GPU; none is visible here")
-    device = torch.device("cuda", torch.cuda.current_device())
-    dtypes = [parse_dtype(d) for d in split(args.dtype) or ["fp32", "bf16"]]
-    if args.shape:
-        shapes = [parse_shape(s) for s in args.shape]
+    tuner = tuning.load_tuner(args.op)
+    device = tuning.tuner_device(tuner)
+    dtypes = [parse_dtype(d) for d in split(args.dtype) or getattr(tuner, "default_dtypes", ("fp32", "bf16"))]
+    cases = distributed.broadcast(tuner.cases(_shapes(args, tuner), dtypes))  # rank 0's cases, on every rank
+    if not cases:
+        raise ValueError(f"the tuner of {args.op} made no cases of these shapes and dtypes")
+    spread = f", spread over {distributed.world_size()} ranks" if distributed.active() else ""
+    if distributed.is_main():
+        print(f"tuning {args.op}: {len(cases)} case(s) on {device}{spread}", flush=True)
+    tuned = tuning.tune(tuner, cases, device, args.quick, not args.no_compile, log=lambda line: print(line, flush=True))
+    if tuned is None:  # not rank 0: it measured its share; rank 0 chooses and writes
+        return 0
+    if tuned.failed:  # each was logged where it failed; the count (and, from other ranks, which) here
+        print(f"{len(tuned.failed)} of {len(cases)} case(s) failed to measure", file=sys.stderr)
+        for failure in tuned.failed if distributed.active() else ():
+            label = tuning.describe(tuner, failure["case"])
+            print(f"  {label} (rank {failure['rank']}): {failure['error']}", file=sys.stderr)
+    if len(tuned.failed) == len(cases):
+        print(f"fuselab tune: every case failed ({len(cases)}); no table written", file=sys.stderr)
+        return 1
+    evidence = tuned.evidence
+    if "winner" in evidence:
+        scores = sorted(evidence.get("scores", {}).items(), key=lambda kv: kv[1])
+        print(f"winner: {evidence['winner']}; scores (geomean time / best): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in scores))  # fmt: skip
     else:
-        n = parse_random(args.shapes)
-        if n is None or op.random_shape is None:
-            raise ValueError("give --shape, or --shapes random:N for an op with a random_shape")
-        shapes = draw_shapes(op.random_shape, n, args.seed)
-    params, evidence = tuner.run(shapes, dtypes, device, args.quick, not args.no_compile)
-    key = tuning.device_key(device.index)
-    folder = Path(tuner.__file__).parent
-    print(f"winner: {evidence['winner']}; scores (geomean time / best): "
-          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(evidence["scores"].items(), key=lambda kv: kv[1])))  # fmt: skip
+        for key, value in tuned.params.items():
+            print(f"{key}: {value}")
+    key = tuning.table_key(tuner, device)
     if args.dry_run:
-        print({"device": key, "params": params})
+        print({"device": key, "params": tuned.params})
     else:
-        print(f"wrote {tuning.write_table(folder, key, params, evidence)}")
-    return 0
+        print(f"wrote {tuning.write(tuner, tuned.params, evidence, device)}")
+    return 1 if tuned.failed else 0
+
+
+def _shapes(args: argparse.Namespace, tuner: object) -> list[Shape]:
+    """--shape as given; else the tuner's default shapes unless --shapes asks for a draw; else random:N of the op's
+    (or the tuner's) random_shape."""
+    if args.shape:
+        return [parse_shape(s) for s in args.shape]
+    if args.shapes is None and getattr(tuner, "default_shapes", None):
+        return [tuple(s) for s in tuner.default_shapes]
+    n = parse_random(args.shapes or "random:12")
+    random_shape = getattr(tuner, "random_shape", None)
+    if random_shape is None and not (args.op.endswith(".py") or ":" in args.op):
+        random_shape = get_op(args.op).random_shape
+    if n is None or random_shape is None:
+        raise ValueError("give --shape, or --shapes random:N for an op with a random_shape")
+    return draw_shapes(random_shape, n, args.seed)

@@ -161,6 +161,7 @@ class Op:
         questions the op answers, (order, question, criterion, fn(results) -> (answer, value, held)); both read
         by fuselab.studies.claims beside the claims it makes for every op.
     baseline: the impl speed-ups are quoted against; peers: the impls the every-shape ratio is taken against.
+    tuner: the module of its tuner for `fuselab tune OP` (cases, measure, choose: see fuselab.ops.tuning), or None.
     """
 
     name: str
@@ -190,6 +191,7 @@ class Op:
     claims: Sequence[tuple[str, str, Callable]] = ()
     questions: Sequence[tuple[int, str, str, Callable]] = ()
     impls: dict[str, Impl] = field(default_factory=dict)
+    tuner: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.options, dict):

@@ -5,15 +5,34 @@ looked up by a tuned shape, so it applies to every shape. Files are `<op folder>
 naming the GPU and its compute capability (`nvidia-h200-sm90`). A launcher reads its op's defaults (the rule's
 parameters for a GPU never tuned) overridden by the table of the GPU it runs on, if any; `fuselab tune OP` writes
 the tables.
+
+A tuner (an op's `tune` module, named by its Op's `tuner`) splits the work into cases, so `fuselab tune` can spread
+them over the ranks of a torchrun group (bench.distributed) and still choose exactly as one process would:
+
+    cases(shapes, dtypes) -> [case]             JSON-able cases, in the order one process measures them
+    measure(case, device, quick, compile_peer)  -> a JSON-able dict: every candidate's time at the case, and what
+                                                   choose needs (one case, on one GPU)
+    choose(measurements) -> (params, evidence)  the table's parameters from every case's measurement, in the cases'
+                                                   order; evidence holds 'winner' and 'scores' where there is one
+
+and optionally: devices (the device types it can time on; default ("cuda",)), default_dtypes, default_shapes (used
+when no --shape/--shapes is given), cost(case) (estimated seconds, for the split), describe(case) and
+summary(measurement) (one line each, for progress), table_key(device) and write(params, evidence, device) -> path
+(a table of its own format; default: write_table into the tuner's folder under device_key).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import json
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,3 +93,138 @@ def write_table(folder: Path, key: str, values: Mapping[str, object], evidence: 
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     load_table.cache_clear()
     return path
+
+
+# ---------------------------------------------------------------------------------------------- tuners
+
+REQUIRED = ("cases", "measure", "choose")
+
+
+def tuner_ops() -> list[str]:
+    """The registered ops that name a tuner."""
+    from fuselab.ops.registry import all_ops
+
+    return [op.name for op in all_ops() if op.tuner]
+
+
+def load_tuner(spec: str) -> Any:
+    """The tuner of a registered op (its Op's `tuner` module), or one given as FILE.py (the module is the tuner) or
+    MODULE:NAME / FILE.py:NAME (an object in it). Errors name the ops that have tuners."""
+    from fuselab.ops.registry import get_op
+    from fuselab.ops.user import _import_module
+
+    if spec.endswith(".py") or ":" in spec:
+        where, _, name = (spec, "", "") if spec.endswith(".py") else spec.rpartition(":")
+        if where.endswith(".py"):
+            path = Path(where)
+            if not path.exists():
+                raise FileNotFoundError(f"no such file: {where}")
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            tuner = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(tuner)
+        else:
+            tuner = _import_module(where)
+        if name:
+            if not hasattr(tuner, name):
+                raise LookupError(f"{where} has no {name!r}")
+            tuner = getattr(tuner, name)
+    else:
+        op = get_op(spec)
+        if not op.tuner:
+            raise LookupError(
+                f"op {op.name!r} has no tuner; ops with one: {', '.join(tuner_ops()) or 'none'} "
+                "(or give a tuner as FILE.py or MODULE:NAME)"
+            )
+        tuner = importlib.import_module(op.tuner)
+    missing = [name for name in REQUIRED if not callable(getattr(tuner, name, None))]
+    if missing:
+        raise TypeError(f"tuner {spec!r} lacks {', '.join(missing)} (a tuner defines {', '.join(REQUIRED)})")
+    return tuner
+
+
+def tuner_device(tuner: object) -> torch.device:
+    """Where the tuner times: the current GPU when it times on CUDA and one is visible, else the CPU if it can."""
+    devices = tuple(getattr(tuner, "devices", ("cuda",)))
+    if "cuda" in devices and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if "cpu" in devices:
+        return torch.device("cpu")
+    raise ValueError("fuselab tune times plans on a CUDA GPU; none is visible here")
+
+
+def table_key(tuner: object, device: torch.device) -> str:
+    """The key of the table the tuner writes for `device`."""
+    if callable(getattr(tuner, "table_key", None)):
+        return tuner.table_key(device)
+    return device_key(device.index) if device.type == "cuda" else device.type
+
+
+def write(tuner: object, params: Mapping[str, object], evidence: Mapping[str, object], device: torch.device) -> Path:
+    """Write the tuner's table for `device`: its own `write`, else write_table into its folder."""
+    if callable(getattr(tuner, "write", None)):
+        return tuner.write(params, evidence, device)
+    folder = getattr(tuner, "folder", None) or Path(tuner.__file__).parent
+    return write_table(Path(folder), table_key(tuner, device), params, evidence)
+
+
+def describe(tuner: object, case: object) -> str:
+    if callable(getattr(tuner, "describe", None)):
+        return tuner.describe(case)
+    return json.dumps(case, separators=(",", ":"), default=str)
+
+
+@dataclass
+class Tuned:
+    """What `tune` returns on rank 0: the table (params, evidence; both empty when every case failed), the cases that
+    failed, and who measured what."""
+
+    params: dict
+    evidence: dict
+    failed: list[dict] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # per case, the rank that measured it
+
+
+def tune(
+    tuner: object,
+    cases: Sequence[object],
+    device: torch.device,
+    quick: bool,
+    compile_peer: bool,
+    log: Callable[[str], None] = print,
+) -> Tuned | None:
+    """Measure every case and choose. Under torchrun (bench.distributed active) the cases are split over the ranks
+    by the tuner's cost, each rank measures its share on its own GPU, and rank 0 gathers every measurement and
+    chooses from them in the cases' order, as one process would; the other ranks return None. A case whose measure
+    raises is logged and listed in `failed` (and the evidence), not fatal to the rest. Without a group: every case
+    here, in order."""
+    from fuselab.bench import distributed
+
+    tag = f"[rank {distributed.rank()}] " if distributed.active() else ""
+    cost = getattr(tuner, "cost", None)
+
+    def work(i: int, case: object) -> dict:
+        label = describe(tuner, case)
+        start = time.perf_counter()
+        try:
+            measured = tuner.measure(case, device, quick, compile_peer)
+        except Exception as exc:  # a case that cannot run here (a compile error): reported, not fatal
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            log(f"{tag}{label}: failed: {error}")
+            return {"case": case, "rank": distributed.rank(), "error": error}
+        line = tuner.summary(measured) if callable(getattr(tuner, "summary", None)) else "done"
+        log(f"{tag}{label}: {line} ({time.perf_counter() - start:.1f} s)")
+        return {"case": case, "rank": distributed.rank(), "measurement": measured}
+
+    results = distributed.spread(list(cases), work, cost=cost)
+    if results is None:
+        return None
+    failed = [{k: r[k] for k in ("case", "rank", "error")} for r in results if "error" in r]
+    measurements = [r["measurement"] for r in results if "error" not in r]
+    ranks = [r["rank"] for r in results]
+    if not measurements:
+        return Tuned({}, {}, failed, ranks)
+    params, evidence = tuner.choose(measurements)
+    evidence = dict(evidence)
+    if failed:
+        evidence["failed"] = failed
+    return Tuned(dict(params), evidence, failed, ranks)

@@ -247,6 +247,7 @@ ATTENTION = register_op(
         axis=("N", lambda shape: dims(shape)[3]),
         panel=lambda shape: f"d={shape[-1]}" if shape else "",
         prose=Path(__file__).with_name("report.md"),
+        tuner="fuselab.ops.attention.tune",
     )
 )
 

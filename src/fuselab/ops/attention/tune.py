@@ -1,5 +1,8 @@
 """Time the attention Triton kernels' plan candidates on this GPU and store the fastest as data.
 
+    fuselab tune attention                                        # bf16 and fp16, d 64 and 128, causal and not
+    fuselab tune attention --dtype bf16 --shape 64 --shape 96     # the last dim of each shape is a head dim
+    torchrun --nproc-per-node 8 -m fuselab tune attention         # the cases spread over 8 GPUs
     python -m fuselab.ops.attention.tune                          # bf16 and fp16, d 64 and 128, causal and not
     python -m fuselab.ops.attention.tune --dtype bf16 --d 64 --d 96 --out plans.json
 
@@ -15,18 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import triton
 
 from fuselab.ops.attention import triton_kernels as tk
 from fuselab.ops.attention.spec import reference
-from fuselab.ops.evaluate import parse_dtype, relative_error
+from fuselab.ops.evaluate import dtype_name, parse_dtype, relative_error
 
 Plan = tk.Plan
 KERNELS = tk.KERNELS
+N = 3000  # the tuning shape's sequence length
 
 
 def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
@@ -65,7 +70,7 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 def tune_case(
-    d: int, dtype: torch.dtype, causal: bool, n: int = 3000, log: Callable[[str], None] = print, warm: bool = False
+    d: int, dtype: torch.dtype, causal: bool, n: int = N, log: Callable[[str], None] = print, warm: bool = False
 ) -> dict:
     """Best plans for one (d, dtype, causal) with their times; every candidate's time or error in 'trials'.
     warm: only compile and check every candidate (to fill Triton's cache from parallel processes), time nothing."""
@@ -116,40 +121,120 @@ def tune_case(
     return {"best": best, "trials": trials, "shape": [batch, heads, n, d]}
 
 
+# ---------------------------------------------------------------------------------------------- the tuner protocol
+
+devices = ("cuda",)
+default_dtypes = ("bf16", "fp16")
+default_shapes = [(64,), (128,)]  # the head dims; of any other shape, its last dimension
+CAUSALS = (False, True)
+
+
+def cases(
+    shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype], causals: Sequence[bool] = CAUSALS, n: int = N
+) -> list[dict]:
+    """One case per (dtype, head dim, causal), in that order of nesting; the head dim is each shape's last dimension
+    (repeats dropped): {"dtype": "bfloat16", "d": 64, "causal": False, "n": 3000}."""
+    if any(len(shape) == 0 for shape in shapes):
+        raise ValueError("attention tune: each shape's last dimension is a head dim; got a scalar shape")
+    heads = list(dict.fromkeys(int(shape[-1]) for shape in shapes))
+    return [
+        {"dtype": dtype_name(dtype), "d": d, "causal": causal, "n": n}
+        for dtype in dtypes
+        for d in heads
+        for causal in causals
+    ]
+
+
+def describe(case: dict) -> str:
+    return f"{case['dtype']} d={case['d']} causal={case['causal']}"
+
+
+def cost(case: dict) -> float:
+    """Estimated seconds: a compile, a check and a do_bench per candidate of the three kernels."""
+    from fuselab.bench.distributed import case_cost
+
+    dtype = parse_dtype(case["dtype"])
+    count = sum(len(candidates(kernel, case["d"], dtype)) for kernel in KERNELS)
+    return case_cost(impls=count, timing_s=0.1, compiled=count, compile_s=2.0)
+
+
+def measure(
+    case: dict, device: torch.device, quick: bool, compile_peer: bool, log: Callable[[str], None] | None = None
+) -> dict:
+    """`tune_case` at one case (the stepwise search: forward, then dK/dV, then dQ at the best), on the current GPU;
+    `quick` and `compile_peer` do not apply (do_bench's settings are fixed). JSON-able: {"case", "best": {kernel:
+    plan as a dict}, "trials", "shape"}."""
+    dtype = parse_dtype(case["dtype"])
+    result = tune_case(case["d"], dtype, case["causal"], case.get("n", N), log=log or (lambda line: None))
+    best = {kernel: asdict(plan) for kernel, plan in result["best"].items()}
+    return {"case": case, "best": best, "trials": result["trials"], "shape": result["shape"]}
+
+
+def summary(measured: dict) -> str:
+    parts = []
+    for kernel, plan in measured["best"].items():
+        ms = min(t["ms"] for t in measured["trials"][kernel] if "ms" in t)  # the best is the fastest
+        parts.append(f"{kernel} {Plan(**plan)} {ms:.3f} ms")
+    return "; ".join(parts) or "no candidate ran"
+
+
+def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
+    """The fastest plan of each kernel at each case, by plan key (a later case of the same key wins, as the loop over
+    the cases always did): ({plan key: plan as a dict}, evidence: each case's best and trials)."""
+    params: dict[str, dict] = {}
+    for measured in measurements:
+        case = measured["case"]
+        for kernel, plan in measured["best"].items():
+            params[tk.plan_key(kernel, case["d"], parse_dtype(case["dtype"]), case["causal"])] = plan
+    return params, {"cases": [dict(m) for m in measurements]}
+
+
+def table_key(device: torch.device) -> str:
+    return tk.gpu_slug(device)
+
+
+def write(params: dict, evidence: dict, device: torch.device) -> Path:
+    """Lay `params` over this GPU's table (plans/<gpu slug>.json, what the launchers read) and save it."""
+    slug = tk.gpu_slug(device)
+    plans = dict(tk.plan_table(slug))
+    plans.update({key: Plan(**plan) for key, plan in params.items()})
+    meta = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
+    return tk.save_plans(slug, plans, meta)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", action="append", help="bf16, fp16, fp32 (repeatable; default bf16 and fp16)")
     parser.add_argument("--d", action="append", type=int, help="head dims (repeatable; default 64 and 128)")
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
-    parser.add_argument("--n", type=int, default=3000, help="sequence length of the tuning shape")
+    parser.add_argument("--n", type=int, default=N, help="sequence length of the tuning shape")
     parser.add_argument("--out", help="also write the trials here (JSON)")
     parser.add_argument("--warm", action="store_true", help="compile and check the candidates only; write nothing")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("tune needs a CUDA GPU")
-    dtypes = [parse_dtype(x) for x in args.dtype or ["bf16", "fp16"]]
+    dtypes = [parse_dtype(x) for x in args.dtype or default_dtypes]
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     device = torch.device("cuda", torch.cuda.current_device())
     slug = tk.gpu_slug(device)
-    plans = dict(tk.plan_table(slug))
     report = []
     meta = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
-    for dtype in dtypes:
-        for d in args.d or [64, 128]:
-            for causal in causals:
-                print(f"{slug} {dtype} d={d} causal={causal}", flush=True)
-                result = tune_case(d, dtype, causal, args.n, warm=args.warm)
-                if args.warm:
-                    continue
-                for kernel, plan in result["best"].items():
-                    plans[tk.plan_key(kernel, d, dtype, causal)] = plan
-                report.append({"dtype": str(dtype), "d": d, "causal": causal, **result})
-                path = tk.save_plans(slug, plans, meta)  # after every case: an interrupted run keeps what it found
-                print(f"wrote {path}", flush=True)
-                if args.out:
-                    body = [{**r, "best": {k: asdict(p) for k, p in r["best"].items()}} for r in report]
-                    with open(args.out, "w") as f:
-                        json.dump({"meta": meta, "cases": body}, f, indent=1)
+    for case in cases([(d,) for d in args.d or [64, 128]], dtypes, causals, args.n):
+        print(f"{slug} {describe(case)}", flush=True)
+        if args.warm:
+            tune_case(case["d"], parse_dtype(case["dtype"]), case["causal"], args.n, warm=True)
+            continue
+        report.append(measure(case, device, False, False, log=print))
+        path = write(*choose(report), device)  # after every case: an interrupted run keeps what it found
+        print(f"wrote {path}", flush=True)
+        if args.out:
+            body = [
+                {"dtype": str(parse_dtype(m["case"]["dtype"])), "d": m["case"]["d"], "causal": m["case"]["causal"]}
+                | {k: m[k] for k in ("best", "trials", "shape")}
+                for m in report
+            ]
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "cases": body}, f, indent=1)
 
 
 if __name__ == "__main__":

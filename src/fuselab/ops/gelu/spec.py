@@ -121,5 +121,6 @@ GELU = register_op(
         report=REPORT,
         random_shape=random_shape,
         prose=Path(__file__).with_name("report.md"),
+        tuner="fuselab.ops.gelu.tune",
     )
 )

@@ -107,5 +107,6 @@ SOFTMAX = register_op(
         report=REPORT,
         random_shape=random_shape,
         prose=Path(__file__).with_name("report.md"),
+        tuner="fuselab.ops.softmax.tune",
     )
 )

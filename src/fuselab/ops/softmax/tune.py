@@ -1,13 +1,13 @@
 """`fuselab tune softmax`: time candidate rule parameters of the Triton softmax and write this GPU's plan table.
 
 Each candidate is a set of overrides of plans.DEFAULTS (the rules' parameters: tile bytes, warps per element size,
-register caps and held rows by compiled tile, split spans, the looped step). For every tuning shape, the plans the
-candidates produce (deduplicated) are checked against the float64 reference, then timed side by side with
-torch.softmax (and torch.compile unless --no-compile; `benchmark_side_by_side`). A candidate's score is the geometric
-mean over the shapes of its plan's time over the best time there; the best-scoring candidate, if it beats the
-defaults, is written to plans/<device key>.json. The table holds parameters, never a plan per tuned width, so the
-rules still decide for shapes never tuned. Tune on one random draw (--seed), check on another (`fuselab bench
-softmax --shapes random:N --seed S`).
+register caps and held rows by compiled tile, split spans, the looped step). For every tuning shape and dtype (one
+case, `measure`), the plans the candidates produce (deduplicated) are checked against the float64 reference, then
+timed side by side with torch.softmax (and torch.compile unless --no-compile; `benchmark_side_by_side`). A
+candidate's score (`choose`) is the geometric mean over the cases of its plan's time over the best time there; the
+best-scoring candidate, if it beats the defaults, is written to plans/<device key>.json. The table holds parameters,
+never a plan per tuned width, so the rules still decide for shapes never tuned. Tune on one random draw (--seed),
+check on another (`fuselab bench softmax --shapes random:N --seed S`).
 
 The candidates keep what the exploration of 2026-11 (docs/ops/softmax.md) found worth trying again on another GPU.
 """
@@ -15,11 +15,12 @@ The candidates keep what the exploration of 2026-11 (docs/ops/softmax.md) found 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 
-from fuselab.ops.evaluate import relative_error
+from fuselab.ops.evaluate import dtype_name, parse_dtype, relative_error
 from fuselab.ops.softmax import launch, plans
 from fuselab.ops.softmax.spec import SOFTMAX
 
@@ -56,7 +57,7 @@ def tune_shape(
     shape: Shape, dtype: torch.dtype, device: torch.device, compile_peer: bool, timing: dict
 ) -> dict[str, object]:
     """Time the distinct plans of every candidate at `shape` beside the peers; returns {"plans": {plan: ms or
-    error}, "by_candidate": {name: plan}, "peers": {name: ms}}."""
+    error}, "by_candidate": {name: plan}, "peers": {name: ms}}, each plan named by its repr."""
     from fuselab.bench.compiled import WatchedCompile
     from fuselab.bench.timer import benchmark_side_by_side
 
@@ -91,14 +92,16 @@ def tune_shape(
     timed = benchmark_side_by_side(calls, device=device, **timing)
     results.update({k: m.median_ms for k, m in timed.items()})
     peers = {k: results.pop(k) for k in ("torch", "compile") if k in results}
-    return {"plans": results, "by_candidate": by_candidate, "peers": peers}
+    return {  # plans by their repr (JSON keys): one string per distinct plan
+        "plans": {repr(plan): v for plan, v in results.items()},
+        "by_candidate": {name: repr(plan) for name, plan in by_candidate.items()},
+        "peers": peers,
+    }
 
 
 def score(per_shape: Sequence[dict]) -> dict[str, float]:
     """Per candidate: geometric mean over the shapes of (its plan's ms / the best ms there); a failed plan scores
     as 10x."""
-    import math
-
     scores: dict[str, float] = {}
     for name in CANDIDATES:
         logs = []
@@ -111,26 +114,49 @@ def score(per_shape: Sequence[dict]) -> dict[str, float]:
     return scores
 
 
-def run(
-    shapes: Sequence[Shape], dtypes: Sequence[torch.dtype], device: torch.device, quick: bool, compile_peer: bool
-) -> tuple[dict, dict]:
-    """Tune over `shapes` x `dtypes`: (the winning overrides, evidence: scores and per-shape timings)."""
+def cases(shapes: Sequence[Shape], dtypes: Sequence[torch.dtype]) -> list[dict]:
+    """One case per (dtype, shape), dtypes outermost: {"shape": [rows, width], "dtype": "float32"}."""
+    return [{"shape": list(shape), "dtype": dtype_name(dtype)} for dtype in dtypes for shape in shapes]
+
+
+def describe(case: dict) -> str:
+    return f"{case['dtype']} {tuple(case['shape'])}"
+
+
+def cost(case: dict) -> float:
+    """Estimated seconds: the candidates' distinct plans (at most one each) and torch timed side by side, and the
+    bytes they move."""
+    from fuselab.bench.distributed import case_cost
+
+    calls = len(CANDIDATES) + 1
+    nbytes = 2 * math.prod(case["shape"]) * parse_dtype(case["dtype"]).itemsize
+    return case_cost(impls=calls, nbytes=calls * nbytes)
+
+
+def measure(case: dict, device: torch.device, quick: bool, compile_peer: bool) -> dict:
+    """`tune_shape` at one case: {"case": case, "plans", "by_candidate", "peers"} (JSON-able)."""
     timing = {"warmup_ms": 10, "rep_ms": 20, "min_reps": 3} if quick else {"warmup_ms": 30, "rep_ms": 100}
-    cases = []
-    for dtype in dtypes:
-        for shape in shapes:
-            out = tune_shape(tuple(shape), dtype, device, compile_peer, timing)
-            cases.append(out)
-            best = min((v for v in out["plans"].values() if isinstance(v, float)), default=float("nan"))
-            print(f"{str(dtype).removeprefix('torch.')} {shape}: best plan {best:.4f} ms, peers {out['peers']}")
-    scores = score(cases)
+    shape, dtype = tuple(case["shape"]), parse_dtype(case["dtype"])
+    return {"case": case, **tune_shape(shape, dtype, device, compile_peer, timing)}
+
+
+def summary(measured: dict) -> str:
+    best = min((v for v in measured["plans"].values() if isinstance(v, float)), default=float("nan"))
+    return f"best plan {best:.4f} ms, peers {measured['peers']}"
+
+
+def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
+    """The best-scoring candidate (`score`), if it beats the defaults: (its overrides over the defaults, evidence:
+    scores, winner, the shapes and dtypes)."""
+    scores = score(measurements)
     winner = min(scores, key=scores.get)
     if scores[winner] >= scores["defaults"]:
         winner = "defaults"
+    shapes = dict.fromkeys(tuple(m["case"]["shape"]) for m in measurements)
     evidence = {
         "scores": scores,
         "winner": winner,
         "shapes": [list(s) for s in shapes],
-        "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+        "dtypes": list(dict.fromkeys(m["case"]["dtype"] for m in measurements)),
     }
     return {**plans.DEFAULTS, **CANDIDATES[winner]}, evidence

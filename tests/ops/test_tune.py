@@ -1,0 +1,231 @@
+"""`fuselab tune`: the tuner protocol (cases, measure, choose) of gelu, softmax and attention on synthetic
+measurements, the CLI's lookup and device checks, and the spread over two torchrun CPU ranks (gloo) with the toy
+tuner of tests/ops/toy_tuner.py, which must choose exactly as one process does."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+import toy_op  # tests/ops/toy_op.py (pytest puts this folder on sys.path)
+import toy_tuner
+
+from fuselab.bench import distributed
+from fuselab.cli import main
+from fuselab.ops import tuning
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+TOY = str(Path(toy_tuner.__file__).resolve())
+SHAPES = ["--shape", "10", "--shape", "100x20", "--shape", "3000", "--shape", "40x50", "--shape", "7x13"]
+SHAPES += ["--shape", "600", "--dtype", "fp32,bf16"]
+
+
+def lines(text: str, start: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(start)]
+
+
+# ---------------------------------------------------------------------------------------------- the spread
+
+
+@pytest.mark.timeout(180)
+def test_torchrun_tune_spreads_cases_over_two_ranks_and_chooses_as_one_process(tmp_path, monkeypatch, capsys):
+    """Two gloo CPU ranks: each case is measured once, on one rank, both ranks get work, the failing case (a dim of
+    13) is reported without stopping the others, and rank 0 prints the winner, scores and table of a one-process
+    run; rank 1 prints only its progress."""
+    log = tmp_path / "measured.jsonl"
+    monkeypatch.setenv("TOY_TUNER_LOG", str(tmp_path / "single.jsonl"))
+    assert main(["tune", TOY, *SHAPES, "--dry-run"]) == 1  # the 7x13 cases failed
+    one = capsys.readouterr()
+
+    env = {**os.environ, "PYTHONPATH": str(SRC), "FUSELAB_CACHE": str(tmp_path / "cache"), "TOY_TUNER_LOG": str(log)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "fuselab"]
+    done = subprocess.run(
+        [*cmd, "tune", TOY, *SHAPES, "--dry-run"], capture_output=True, text=True, env=env, timeout=150
+    )
+    assert done.returncode != 0 and "2 of 12 case(s) failed" in done.stderr, done.stderr[-3000:]
+    assert "toy compile error" in done.stderr
+
+    measured = [json.loads(line) for line in log.read_text().splitlines()]
+    keys = [json.dumps(m["case"], sort_keys=True) for m in measured]
+    assert len(keys) == len(set(keys)) == 10  # every case that runs (7x13 fails in both dtypes), exactly once
+    assert {m["rank"] for m in measured} == {0, 1}
+    single = [json.loads(line) for line in (tmp_path / "single.jsonl").read_text().splitlines()]
+    assert set(keys) == {json.dumps(m["case"], sort_keys=True) for m in single}
+    for start in ("winner: ", "{'device'"):
+        assert lines(done.stdout, start) == lines(one.out, start) and len(lines(one.out, start)) == 1
+    assert lines(done.stdout, "[rank 0]") and lines(done.stdout, "[rank 1]")
+    assert len(lines(done.stdout, "tuning ")) == 1 and "spread over 2 ranks" in done.stdout
+
+
+def test_spread_without_a_group_runs_every_item_here_in_order() -> None:
+    seen = []
+    out = distributed.spread(["a", "b", "c"], lambda i, x: seen.append(i) or x * 2, cost=len)
+    assert out == ["aa", "bb", "cc"] and seen == [0, 1, 2]
+    assert distributed.gather({"x": 1}) == [{"x": 1}]
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+
+
+def test_tune_reports_a_failed_case_and_chooses_from_the_rest(capsys) -> None:
+    assert main(["tune", TOY, "--shape", "10", "--shape", "13", "--shape", "3000", "--dry-run"]) == 1
+    out, err = capsys.readouterr()
+    assert "toy float32 (13,): failed: RuntimeError: toy compile error" in out
+    assert "1 of 3 case(s) failed" in err and out.count("winner: ") == 1
+    assert main(["tune", TOY, "--shape", "13", "--dry-run"]) == 1
+    assert "every case failed" in capsys.readouterr().err
+
+
+def test_tune_finds_tuners_by_op_and_names_those_that_have_one(capsys) -> None:
+    assert set(tuning.tuner_ops()) >= {"gelu", "softmax", "attention"}
+    toy_op.register()
+    try:
+        assert main(["tune", toy_op.NAME, "--shape", "10"]) == 2
+        err = capsys.readouterr().err
+        assert f"op {toy_op.NAME!r} has no tuner; ops with one: attention, gelu, softmax" in err
+    finally:
+        toy_op.unregister()
+    assert main(["tune", f"{TOY}:nothing"]) == 2
+    assert main(["tune", "toy_tuner:choose"]) == 2  # an object without cases/measure/choose
+    assert "lacks cases, measure" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+@pytest.mark.parametrize("op", ["gelu", "softmax", "attention"])
+def test_tune_refuses_without_a_gpu(op, capsys) -> None:
+    assert main(["tune", op, "--shape", "64", "--dry-run"]) == 2
+    assert "times plans on a CUDA GPU; none is visible here" in capsys.readouterr().err
+
+
+def test_a_cpu_tuner_writes_its_table_into_its_folder(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(toy_tuner, "folder", tmp_path, raising=False)
+    monkeypatch.setattr(tuning, "load_tuner", lambda spec: toy_tuner)
+    assert main(["tune", "toy", "--shape", "10", "--shape", "600"]) == 0
+    data = json.loads((tmp_path / "plans" / "cpu.json").read_text())
+    assert data["params"] == {"candidate": "narrow"} and data["evidence"]["winner"] == "narrow"
+
+
+# ---------------------------------------------------------------------------------------------- gelu
+
+
+def test_gelu_cases_and_choose_on_synthetic_timings() -> None:
+    """The winner has the best geometric mean of time / best time over the cases; a candidate absent from a case
+    (failed its check) counts as 10x the best there; the defaults win ties."""
+    from fuselab.ops.gelu import plans, tune
+
+    cases = tune.cases([(1024,), (3, 129)], [torch.float32, torch.bfloat16])
+    assert cases == [
+        {"shape": [1024], "dtype": "float32"},
+        {"shape": [3, 129], "dtype": "float32"},
+        {"shape": [1024], "dtype": "bfloat16"},
+        {"shape": [3, 129], "dtype": "bfloat16"},
+    ]
+    json.dumps(cases)
+    fast, absent = "4 KiB, 8 warps", "2 KiB, 4 warps"
+    measurements = []
+    for i, case in enumerate(cases):
+        timed = {name: 2.0 for name in tune.CANDIDATES}
+        timed |= {"torch": 1.5, fast: 1.0 + 0.1 * i, absent: 0.5}
+        if i == 0:
+            del timed[absent]
+        measurements.append({"case": case, "timed": timed})
+    params, evidence = tune.choose(measurements)
+    assert evidence["winner"] == absent  # 10x at one case, 1x at three: 10 ** 1/4 = 1.78, below fast's 1.92
+    assert evidence["scores"][absent] == pytest.approx(10**0.25)
+    assert evidence["scores"][fast] == pytest.approx(math.prod(2 * (1 + 0.1 * i) for i in range(1, 4)) ** 0.25)
+    assert params == {**plans.DEFAULTS, **tune.CANDIDATES[absent]}
+    assert evidence["shapes"] == [[1024], [3, 129]]
+    for m in measurements:
+        m["timed"][absent] = 1.0
+        m["timed"]["defaults"] = 1.0
+    assert tune.choose(measurements)[1]["winner"] == "defaults"  # no better than the defaults: the defaults
+
+
+# ---------------------------------------------------------------------------------------------- softmax
+
+
+def test_softmax_cases_and_choose_on_synthetic_timings() -> None:
+    """Candidates are scored by their plan's time; a plan that failed (an error string) scores 10x; the peers count
+    in the best time."""
+    from fuselab.ops.softmax import plans, tune
+
+    cases = tune.cases([(3, 129), (2, 5000)], [torch.bfloat16])
+    assert cases == [{"shape": [3, 129], "dtype": "bfloat16"}, {"shape": [2, 5000], "dtype": "bfloat16"}]
+    by_candidate = {name: "P0" for name in tune.CANDIDATES} | {"tile 2 KiB": "P1", "loop 8192": "P2"}
+    measurements = [
+        {"case": cases[0], "plans": {"P0": 2.0, "P1": 1.0, "P2": "rel err 1e-1"}, "peers": {"torch": 1.0}},
+        {"case": cases[1], "plans": {"P0": 2.0, "P1": 1.5, "P2": 4.0}, "peers": {"torch": 3.0}},
+    ]
+    for m in measurements:
+        m["by_candidate"] = by_candidate
+    params, evidence = tune.choose(json.loads(json.dumps(measurements)))
+    assert evidence["winner"] == "tile 2 KiB" and params == {**plans.DEFAULTS, "tile_bytes": 2048}
+    assert evidence["scores"]["tile 2 KiB"] == pytest.approx(1.0)
+    assert evidence["scores"]["defaults"] == pytest.approx((2.0 * 2.0 / 1.5) ** 0.5)
+    assert evidence["scores"]["loop 8192"] == pytest.approx((10 * 4.0 / 1.5) ** 0.5)
+    assert evidence["shapes"] == [[3, 129], [2, 5000]] and evidence["dtypes"] == ["bfloat16"]
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+
+def test_attention_cases_and_choose() -> None:
+    """Cases are (dtype, head dim, causal), the head dim the last dimension of each shape; choose keeps each case's
+    fastest plan per kernel under the launchers' plan key."""
+    from fuselab.ops.attention import triton_kernels as tk
+    from fuselab.ops.attention import tune
+
+    cases = tune.cases([(64,), (1, 2, 300, 128), (2, 4, 64)], [torch.bfloat16])
+    assert [(c["d"], c["causal"]) for c in cases] == [(64, False), (64, True), (128, False), (128, True)]
+    assert all(c["dtype"] == "bfloat16" and c["n"] == 3000 for c in cases)
+    assert tune.cases(tune.default_shapes, [torch.float16])[0] == {
+        "dtype": "float16",
+        "d": 64,
+        "causal": False,
+        "n": 3000,
+    }
+    plan = {"block_m": 64, "block_n": 32, "warps": 4, "stages": 2}
+    trials = {"fwd": [{**plan, "ms": 1.25}, {**plan, "block_m": 128, "ms": 2.0}], "dkdv": [], "dq": []}
+    measured = {"case": cases[1], "best": {"fwd": plan}, "trials": trials, "shape": [5, 32, 3000, 64]}
+    params, evidence = tune.choose([json.loads(json.dumps(measured))])
+    assert params == {tk.plan_key("fwd", 64, torch.bfloat16, True): plan} == {"fwd|d64|16bit|causal": plan}
+    assert evidence["cases"][0]["case"] == cases[1]
+    assert tune.summary(measured) == f"fwd {tk.Plan(**plan)} 1.250 ms"
+    assert tune.cost(cases[2]) > 0
+
+
+def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypatch) -> None:
+    """measure wraps tune_case (JSON-able: plans as dicts); write lays the chosen plans over the GPU's existing
+    table (plans/<gpu slug>.json), which the launchers read back as Plans."""
+    from fuselab.ops.attention import triton_kernels as tk
+    from fuselab.ops.attention import tune
+
+    fwd, dq = tk.Plan(64, 32, 4, 2), tk.Plan(128, 64, 8, 3)
+    calls = []
+
+    def fake_tune_case(d, dtype, causal, n, log):
+        calls.append((d, dtype, causal, n))
+        trials = {"fwd": [{**asdict(fwd), "ms": 1.5}], "dkdv": [{**asdict(fwd), "error": "OutOfResources"}], "dq": []}
+        return {"best": {"fwd": fwd}, "trials": trials, "shape": [5, 32, n, d]}
+
+    monkeypatch.setattr(tune, "tune_case", fake_tune_case)
+    monkeypatch.setattr(tk, "PLAN_DIR", tmp_path)
+    monkeypatch.setattr(tk, "gpu_slug", lambda device: "test_gpu")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    tk.plan_table.cache_clear()
+    kept = tk.plan_key("dq", 128, torch.bfloat16, False)
+    tk.save_plans("test_gpu", {kept: dq}, {})
+    case = tune.cases([(64,)], [torch.bfloat16], causals=(True,), n=1000)[0]
+    measured = tune.measure(case, torch.device("cpu"), False, True)
+    assert calls == [(64, torch.bfloat16, True, 1000)] and json.loads(json.dumps(measured)) == measured
+    path = tune.write(*tune.choose([measured]), torch.device("cpu"))
+    assert path == tmp_path / "test_gpu.json"
+    assert tk.plan_table("test_gpu") == {kept: dq, tk.plan_key("fwd", 64, torch.bfloat16, True): fwd}
+    tk.plan_table.cache_clear()
