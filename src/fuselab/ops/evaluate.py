@@ -658,10 +658,11 @@ def compiled_call_cost(
         try:
             inputs = op.make_inputs(shape, dtype, device, fresh_seed(), **opts)
             call = functools.partial(fn, *inputs)
-            call()  # compiles (once; reduce-overhead records a graph per shape)
-            measured = benchmark(call, device=device, timing=timing)
-            row.update(numel=inputs[0].numel(), device_us=measured.median_ms * 1e3)
-            row.update(call_cost(call, device=device, budget_ms=budget_ms).summary())
+            with torch.no_grad():  # forward only, as the eager rows (no input asks for a gradient)
+                call()  # compiles (once; reduce-overhead records a graph per shape)
+                measured = benchmark(call, device=device, timing=timing)
+                cost = call_cost(call, device=device, budget_ms=budget_ms)
+            row.update(numel=inputs[0].numel(), device_us=measured.median_ms * 1e3, **cost.summary())
         except Exception as exc:  # this mode fails at this size alone; the rest go on
             row.update(error=f"{type(exc).__name__}: {exc}"[:500], status=Status.ERROR.value)
             if isinstance(exc, torch.OutOfMemoryError):

@@ -129,11 +129,11 @@ GPU = {
         "min_bytes": 2**12,
         "max_bytes": 2**30,
         "factor": 4,
-        "max_flops": None,
+        "max_flops": 2e11,  # attention's naive impl at 1 GiB moved would take seconds a call
         "call_cost_ms": 50.0,
-        "compiled": True,
+        "compiled": False,  # the op's compiled impl: a compile per size; the compile modes below cover torch.compile
         "compile_modes": ("max-autotune-no-cudagraphs", "reduce-overhead"),
-        "compile_deadline_s": 90.0,
+        "compile_deadline_s": 60.0,
         "timing": Timing(warmup_ms=20.0, rep_ms=50.0, min_reps=10, max_reps=500),
     },
 }
