@@ -129,3 +129,28 @@ def test_cli_random_shapes_end_to_end_on_the_cpu(tmp_path, monkeypatch: pytest.M
     with pytest.raises(SystemExit):
         main([*args, "--layout", "bogus"])
     assert main(["bench", "softmax", "--shapes", "random:2", "--shape", "4x4", "--device", "cpu"]) == 2
+
+
+def test_a_capped_draw_cuts_the_first_dimension_and_keeps_the_rest() -> None:
+    rows_of = lambda rng: (int(rng.integers(1, 10**6)), int(rng.choice([7, 1000, 50257])))  # noqa: E731
+    load = lambda shape: math.prod(shape) / 2**20  # noqa: E731  (at most 2^20 elements)
+    capped = sh.draw_shapes(rows_of, 20, 3, load=load)
+    assert capped == sh.draw_shapes(rows_of, 20, 3, load=load)  # reproducible
+    assert len(capped) == 20 and all(load(s) <= 1.0 for s in capped)
+    assert {s[1] for s in capped} <= {7, 1000, 50257}  # the width is the op's draw, kept
+    assert min(load(s) for s in capped) >= 1 / 64 / 2  # cut to land within [1/64, 1] of the cap (rounded down)
+    too_wide = sh.draw_shapes(lambda rng: (4, 2**21), 3, 0, load=load)  # even one row is over the cap: dropped
+    assert too_wide == []
+
+
+def test_scale_shape_halves_the_largest_leading_dimension_then_doubles_the_first() -> None:
+    nbytes = lambda shape: 4 * math.prod(shape)  # noqa: E731
+    assert sh.scale_shape((4096, 4096), 2**16, nbytes) == (4, 4096)  # rows shrink, the row width stays
+    assert sh.scale_shape((4096, 4096), 2**10, nbytes) == (1, 256)  # one row left: the width shrinks
+    assert sh.scale_shape((1, 16, 4096, 64), 2**20, nbytes) == (1, 16, 256, 64)  # the sequence (largest) first
+    assert sh.scale_shape((2**24,), 2**30, nbytes) == (2**28,)  # grown by the first dimension
+    assert sh.scale_shape((3, 5), 1, nbytes) == (1, 1)  # nothing fits: all ones
+    ladder = sh.size_ladder((4096, 4096), nbytes, 2**12, 2**24, factor=16)
+    assert ladder == [(1, 1024), (4, 4096), (64, 4096), (1024, 4096)]
+    with pytest.raises(ValueError):
+        sh.size_ladder((4,), nbytes, 10, 1)

@@ -99,15 +99,78 @@ def parse_random(spec: str) -> int | None:
     return n
 
 
-def draw_shapes(random_shape: Callable[[np.random.Generator], Shape], n: int, seed: int) -> list[Shape]:
-    """n distinct shapes from `random_shape`, reproducibly from `seed`."""
+def draw_shapes(
+    random_shape: Callable[[np.random.Generator], Shape],
+    n: int,
+    seed: int,
+    *,
+    load: Callable[[Shape], float] | None = None,
+    spread: float = 64.0,
+) -> list[Shape]:
+    """n distinct shapes from `random_shape`, reproducibly from `seed` (fewer when 100 n draws do not give n).
+
+    load: the share of a cap a shape takes (1.0: at the cap), growing with its first dimension; a draw above the cap
+    has its first dimension cut so its load lands log-uniform in [1 / spread, 1] (the rest of the draw, a row width
+    or a head dimension, is kept); a draw still above the cap at a first dimension of 1 is dropped. Without `load`,
+    the draws are taken as they come.
+    """
     rng = np.random.default_rng(seed)
     shapes: dict[Shape, None] = {}
     for _ in range(100 * n):
         if len(shapes) == n:
             break
-        shapes[tuple(int(d) for d in random_shape(rng))] = None
+        shape = tuple(int(d) for d in random_shape(rng))
+        if load is not None and shape and load(shape) > 1.0:
+            shape = _cut_first(shape, load, math.exp(-rng.uniform(0.0, math.log(spread))))
+            if shape is None:
+                continue
+        shapes[shape] = None
     return list(shapes)
+
+
+def _cut_first(shape: Shape, load: Callable[[Shape], float], target: float) -> Shape | None:
+    """`shape` with the largest first dimension whose load is at most `target`; None when even 1 is over 1.0."""
+    if load((1, *shape[1:])) > 1.0:
+        return None
+    lo, hi = 1, shape[0]  # load((lo, ...)) <= target or lo == 1; find the largest such lo
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if load((mid, *shape[1:])) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return (lo, *shape[1:])
+
+
+def scale_shape(shape: Shape, target: float, size: Callable[[Shape], float]) -> Shape:
+    """`shape` resized so that size(shape) is as large as it can be without passing `target`: halving its largest
+    leading dimension (a batch, rows, heads, a sequence) while too big, the last one (a row, a head dimension) only
+    once every other is 1; then doubling the first while it fits. Gives the all-ones shape when nothing fits."""
+    dims = [int(d) for d in shape]
+    while dims and size(tuple(dims)) > target:
+        lead = [i for i in range(len(dims) - 1) if dims[i] > 1]
+        i = max(lead, key=lambda j: dims[j]) if lead else len(dims) - 1
+        if dims[i] <= 1:
+            break
+        dims[i] //= 2
+    while dims and size((2 * dims[0], *dims[1:])) <= target:
+        dims[0] *= 2
+    return tuple(dims)
+
+
+def size_ladder(base: Shape, size: Callable[[Shape], float], lo: float, hi: float, factor: float = 4.0) -> list[Shape]:
+    """Shapes grown or shrunk from `base` (`scale_shape`) to sizes lo, lo * factor, ... up to hi: distinct, ordered
+    by size, each within [lo / factor, hi]."""
+    if not 0 < lo <= hi or factor <= 1:
+        raise ValueError(f"size_ladder needs 0 < lo <= hi and factor > 1, got lo={lo}, hi={hi}, factor={factor}")
+    shapes: dict[Shape, None] = {}
+    target = lo
+    while target <= hi * (1 + 1e-9):
+        shape = scale_shape(base, target, size)
+        if lo / factor <= size(shape) <= hi:
+            shapes[shape] = None
+        target *= factor
+    return sorted(shapes, key=size)
 
 
 def apply_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -201,13 +264,22 @@ def x_axis(rows: Sequence[dict]) -> tuple[str, str]:
     return "numel", "elements"
 
 
-def plot_ratios(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
+def _x(row: dict, field: str, axis: tuple[str, Callable[[Shape], float]] | None) -> float:
+    shape = tuple(row.get("shape") or ())
+    if axis is not None:
+        return axis[1](shape)
+    return (shape or (1,))[-1] if field == "width" else math.prod(shape)
+
+
+def plot_ratios(
+    rows: Sequence[dict], path: str | Path, title: str = "", axis: tuple[str, Callable[[Shape], float]] | None = None
+) -> Path:
     """Ratio to the best peer against width or size, one point per shape, one panel per dtype, one colour per impl;
-    a line at 1 (as fast as the best peer)."""
+    a line at 1 (as fast as the best peer). axis: (label, shape -> x) to plot against instead (an op's own axis)."""
     from fuselab.bench.results import pyplot, save_figure
 
     plt = pyplot()
-    field, label = x_axis(rows)
+    field, label = ("axis", axis[0]) if axis else x_axis(rows)
     rows = [r for r in rows if r.get("ratio") is not None]
     dtypes = sorted({str(r.get("dtype")) for r in rows}) or [""]
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.2), squeeze=False)
@@ -215,7 +287,7 @@ def plot_ratios(rows: Sequence[dict], path: str | Path, title: str = "") -> Path
         mine = [r for r in rows if str(r.get("dtype")) == dtype]
         for impl in sorted({str(r["impl"]) for r in mine}):
             pts = [r for r in mine if str(r["impl"]) == impl]
-            xs = [(r.get("shape") or [1])[-1] if field == "width" else math.prod(r.get("shape") or []) for r in pts]
+            xs = [_x(r, field, axis) for r in pts]
             ax.scatter(xs, [r["ratio"] for r in pts], s=12, label=impl)
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)

@@ -31,11 +31,11 @@ from fuselab.bench.results import (
     write_csv,
     write_json,
 )
-from fuselab.bench.shapes import LAYOUTS, add_ratios, draw_shapes, parse_random, plot_ratios, summarize
+from fuselab.bench.shapes import LAYOUTS, parse_random, plot_ratios
 from fuselab.bench.sweep import Status
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
-from fuselab.ops.evaluate import bench_op, peer_fields
+from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
 from fuselab.ops.registry import Op, Shape, format_shape
 
 CPU_DEFAULT_NUMEL = 2**20  # without --shape on the CPU: the op's (GPU-sized) bench shapes, scaled down to this
@@ -63,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--shapes",
         metavar="random:N",
         help="draw N shapes from the op's random_shape (instead of --shape) and report each impl's time ratio to the "
-        "best of torch and compile: worst, p95, geometric mean, the five worst shapes (--plot: ratio against size)",
+        "best of the op's peers (torch and compile; attention: the SDPA backends): worst, p95, geometric mean, the "
+        "five worst shapes (--plot: ratio against size)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the --shapes draw (default 0)")
     p.add_argument("--layout", choices=LAYOUTS, default="contiguous", help="inputs' memory layout (default contiguous)")
@@ -129,22 +130,21 @@ def run(args: argparse.Namespace) -> int:
     ceilings = get_ceilings(kwargs["device"], measure=False)
     summary = None
     if drawn:
-        add_ratios(rows, PEERS, peer_fields(op))
         by = (*op.options, *(["pass"] if args.backward else []))
-        summary = summarize(rows, ("impl", "dtype", *by))
+        summary = shape_ratios(op, rows, by)
         shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in by], *SUMMARY_COLUMNS[2:]]
-        print_table(make_table(summary, shown, title=f"{op.name}: time / best of {', '.join(PEERS)}"), console)
+        print_table(make_table(summary, shown, title=f"{op.name}: time / best of {', '.join(op.peers)}"), console)
     if args.out and args.out.suffix == ".json":
         meta = {"env": environment(kwargs["device"]), "ceilings": ceilings}
         if drawn:
-            meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": list(PEERS)}
+            meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": list(op.peers)}
             meta["ratios"] = summary
         write_json(rows, args.out, meta=meta)
         console.print(f"wrote {args.out} (log: {log})")
     if args.csv:
         write_csv(rows, args.csv)
     if args.plot and drawn:
-        plot_ratios(rows, args.plot, title=op.name)
+        plot_ratios(rows, args.plot, title=op.name, axis=op.axis)
     elif args.plot:
         points, x, xlabel = plot_axis(rows, op)
         y, ylabel = ("tflops", "TFLOP/s") if op.bound == "compute" else ("gbps", "GB/s")
@@ -170,7 +170,6 @@ def fmt_worst(worst: list[dict]) -> str:
     return ", ".join(f"{fmt_shape(w['shape'])} {w['ratio']:.2f}" for w in worst)
 
 
-PEERS = ("torch", "compile")  # the ratio's denominator: the fastest of these that ran the case
 SUMMARY_COLUMNS = [
     ("impl", "impl", fmt_plain),
     ("dtype", "dtype", fmt_plain),
@@ -191,9 +190,7 @@ def random_shapes(op: Op, args: argparse.Namespace, kwargs: dict) -> list[tuple[
         raise ValueError(f"--shapes takes random:N, got {args.shapes!r} (for given shapes use --shape)")
     if args.shape:
         raise ValueError("give either --shapes random:N or --shape, not both")
-    if op.random_shape is None:
-        raise ValueError(f"op {op.name!r} has no random_shape in its spec, so --shapes random:N cannot draw for it")
-    kwargs["shapes"] = draw_shapes(op.random_shape, n, args.seed)
+    kwargs["shapes"] = draw_op_shapes(op, n, args.seed)
     return kwargs["shapes"]
 
 

@@ -21,9 +21,9 @@ from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.memory import format_bytes, free_bytes
-from fuselab.bench.shapes import apply_layout
+from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, size_ladder, summarize
 from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
-from fuselab.bench.timer import Timing, benchmark_side_by_side, call_cost
+from fuselab.bench.timer import Timing, benchmark, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape
 
@@ -537,3 +537,164 @@ def add_derived(
         reference_ms = base.get(peer(row))
         row[f"speedup_vs_{baseline}"] = reference_ms / row["median_ms"] if reference_ms else None
     return rows
+
+
+# ---------------------------------------------------------------------------------------------- every shape
+
+
+def load_of(
+    op: Op,
+    dtype: torch.dtype = torch.float32,
+    options: dict | None = None,
+    *,
+    max_bytes: float | None = None,
+    max_flops: float | None = None,
+) -> Callable[[Shape], float] | None:
+    """The share of a cap a shape takes, by the op's cost model at `dtype` and `options`: the larger of bytes moved /
+    max_bytes and FLOPs / max_flops (1.0: at the cap). None without a cap."""
+    if max_bytes is None and max_flops is None:
+        return None
+    opts = op.resolve_options(options)
+
+    def load(shape: Shape) -> float:
+        nbytes, flops = op.case_cost(shape, dtype, opts)
+        return max(nbytes / max_bytes if max_bytes else 0.0, flops / max_flops if max_flops else 0.0)
+
+    return load
+
+
+def draw_op_shapes(
+    op: Op,
+    n: int,
+    seed: int,
+    *,
+    max_bytes: float | None = None,
+    max_flops: float | None = None,
+    dtype: torch.dtype = torch.float32,
+    options: dict | None = None,
+) -> list[Shape]:
+    """n shapes from the op's `random_shape`, reproducibly from `seed`; with a cap (bytes moved, FLOPs per call, by
+    the op's cost model), a draw above it has its first dimension cut to fit (`draw_shapes`)."""
+    if op.random_shape is None:
+        raise ValueError(f"op {op.name!r} has no random_shape in its spec, so no shapes can be drawn for it")
+    load = load_of(op, dtype, options, max_bytes=max_bytes, max_flops=max_flops)
+    return draw_shapes(op.random_shape, n, seed, load=load)
+
+
+def shape_ratios(op: Op, rows: list[dict], by: Sequence[str] = ()) -> list[dict]:
+    """Give each bench row its ratio to the fastest of the op's peers on the same case (`add_ratios`: `ratio`,
+    `best_peer`), and return per impl, dtype and the fields `by` the worst ratio, the 95th percentile, the geometric
+    mean and the five worst shapes (`summarize`)."""
+    add_ratios(rows, op.peers, peer_fields(op))
+    return summarize(rows, ("impl", "dtype", *by))
+
+
+# ---------------------------------------------------------------------------------------------- the cost of a call
+
+COMPILE_MODES = ("max-autotune-no-cudagraphs", "reduce-overhead")
+GPU_BOUND_FACTOR = 1.2  # end to end per call within this factor of the device time: the GPU, not the host, sets it
+GROWTH_FACTOR = 2.0  # on the CPU: time per call at least this many times the smallest size's: the work, not the call
+
+
+def ladder_shapes(
+    op: Op,
+    *,
+    min_bytes: float,
+    max_bytes: float,
+    factor: float = 4.0,
+    max_flops: float | None = None,
+    dtype: torch.dtype = torch.float32,
+    options: dict | None = None,
+) -> list[Shape]:
+    """Shapes from tiny to large for the cost of a call: the op's profile shape grown or shrunk (`size_ladder`) so it
+    moves min_bytes, min_bytes * factor, ... up to max_bytes (the op's cost model), those above max_flops left out."""
+    opts = op.resolve_options(options)
+
+    def nbytes(shape: Shape) -> float:
+        return op.case_cost(shape, dtype, opts)[0]
+
+    shapes = size_ladder(op.default_profile_shape(), nbytes, min_bytes, max_bytes, factor)
+    return [s for s in shapes if max_flops is None or op.case_cost(s, dtype, opts)[1] <= max_flops]
+
+
+def call_cost_row(row: dict) -> dict:
+    """A bench row (bench_op with call_cost_ms > 0) as a cost-of-a-call row: device time per call in us beside the
+    host's and the end-to-end time of back-to-back calls."""
+    keep = ("op", "impl", "dtype", "shape", "numel", "bytes", "flops", "host_us", "e2e_us", "host_bound", "error")
+    out = {k: row.get(k) for k in keep}
+    out["mode"] = "eager"
+    out["device_us"] = row["median_ms"] * 1e3 if row.get("median_ms") is not None else None
+    if row.get("error"):
+        out["status"] = row.get("status")
+    return out
+
+
+def compiled_call_cost(
+    op: Op,
+    impl_name: str,
+    mode: str,
+    shapes: Sequence[Shape],
+    *,
+    dtype: torch.dtype,
+    device: str,
+    options: dict | None = None,
+    timing: Timing | None = None,
+    budget_ms: float = 50.0,
+) -> list[dict]:
+    """The cost of a call of `impl_name` under torch.compile(mode=mode, dynamic=True) (one compile for every shape;
+    "reduce-overhead" captures a CUDA graph per shape), one row per shape as `call_cost_row`: device time
+    (`benchmark`), host and end-to-end us per call (`call_cost`), or the error that stopped it."""
+    impl = op.get_impl(impl_name)
+    opts = op.resolve_options(options)
+    reason = impl.unavailable(device) or (
+        "compiled already: torch.compile of it is its own impl" if impl.compiled else ""
+    )
+    torch._dynamo.reset()
+    fn = torch.compile(lambda *xs: impl.fn(*xs, **opts), mode=mode, dynamic=True)
+    rows = []
+    for shape in shapes:
+        nbytes, flops = op.case_cost(shape, dtype, opts)
+        row = {"op": op.name, "impl": impl_name, "mode": mode, "dtype": dtype_name(dtype), "shape": list(shape)}
+        row.update(bytes=nbytes, flops=flops, numel=None, device_us=None, host_us=None, e2e_us=None, error=None)
+        if reason:
+            rows.append({**row, "error": reason, "status": Status.UNAVAILABLE.value})
+            continue
+        try:
+            inputs = op.make_inputs(shape, dtype, device, fresh_seed(), **opts)
+            call = functools.partial(fn, *inputs)
+            with torch.no_grad():  # forward only, as the eager rows (no input asks for a gradient)
+                call()  # compiles (once; reduce-overhead records a graph per shape)
+                measured = benchmark(call, device=device, timing=timing)
+                cost = call_cost(call, device=device, budget_ms=budget_ms)
+            row.update(numel=inputs[0].numel(), device_us=measured.median_ms * 1e3, **cost.summary())
+        except Exception as exc:  # this mode fails at this size alone; the rest go on
+            row.update(error=f"{type(exc).__name__}: {exc}"[:500], status=Status.ERROR.value)
+            if isinstance(exc, torch.OutOfMemoryError):
+                torch.cuda.empty_cache()
+        rows.append(row)
+    torch._dynamo.reset()
+    return rows
+
+
+def bound_from(rows: Sequence[dict], on_gpu: bool) -> dict | None:
+    """Of one impl's rows (one mode, sizes ascending by bytes): the first from which every larger one is
+    - on a GPU, GPU-bound: end to end per call within GPU_BOUND_FACTOR of the device time;
+    - on the CPU, growing: end to end per call at least GROWTH_FACTOR times the smallest size's (the fixed cost of a
+      call no longer most of it).
+    {"shape", "bytes", "numel"} of that row, or None when the largest size is not so (or nothing was timed)."""
+    timed = sorted((r for r in rows if not r.get("error") and r.get("e2e_us")), key=lambda r: r["bytes"])
+    if not timed:
+        return None
+    floor = min(r["e2e_us"] for r in timed)
+
+    def holds(r: dict) -> bool:
+        if on_gpu:
+            return r.get("device_us") is not None and r["e2e_us"] <= GPU_BOUND_FACTOR * r["device_us"]
+        return r["e2e_us"] >= GROWTH_FACTOR * floor
+
+    first = None
+    for r in reversed(timed):
+        if not holds(r):
+            break
+        first = r
+    return None if first is None else {"shape": first["shape"], "bytes": first["bytes"], "numel": first.get("numel")}

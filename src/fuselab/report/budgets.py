@@ -4,6 +4,13 @@ quick: tiny sizes, seconds per section (the CPU test). cpu: the default without 
 (Triton is checked under its interpreter, never timed). gpu: the full report, within 10 minutes on an H200.
 What an op's own section measures in each mode is the op's (`Op.report`, in its folder). The pitfalls and profile
 entries of kind "op" time a memory-bound op's impl (the first registered that has it).
+
+every_shape (every op, its own `random_shape`): n shapes drawn with a fixed seed; on the CPU capped at max_bytes moved
+and max_flops per call (a draw above has its first dimension cut); dtypes: how many of the op's report dtypes (None:
+all); compiled: whether compiled impls (one torch.compile per shape) are timed. call_cost (every op): its profile
+shape grown or shrunk to move min_bytes, min_bytes * factor, ... max_bytes (those above max_flops left out);
+call_cost_ms per impl and size; compile_modes: the torch.compile modes the baseline and fused impls are also timed
+under (GPU only), until compile_deadline_s has passed in the op.
 """
 
 from __future__ import annotations
@@ -24,6 +31,26 @@ QUICK = {
     "profile": {"warmup": 1, "iters": 2, "cases": None, "op_impl": "naive", "op_numel": 2**12},
     "runahead": {"steps": 3, "layers": 2},
     "inspect": "first",  # one Triton impl (the first op's), compiled offline: the section's path, in seconds
+    "every_shape": {
+        "n": 3,
+        "seed": 16,
+        "max_bytes": 2**18,
+        "max_flops": 2e6,
+        "dtypes": 1,
+        "compiled": False,
+        "timing": Timing(warmup_ms=1.0, min_warmup=1, rep_ms=4.0, min_reps=3, max_reps=10),
+    },
+    "call_cost": {
+        "min_bytes": 2**12,
+        "max_bytes": 2**18,
+        "factor": 16,
+        "max_flops": 1e7,
+        "call_cost_ms": 4.0,
+        "compiled": False,
+        "compile_modes": (),
+        "compile_deadline_s": 0.0,
+        "timing": Timing(warmup_ms=1.0, min_warmup=1, rep_ms=4.0, min_reps=3, max_reps=10),
+    },
 }
 
 CPU = {
@@ -47,6 +74,26 @@ CPU = {
     "profile": {"warmup": 2, "iters": 3, "cases": None, "op_impl": "naive", "op_numel": 2**20},
     "runahead": {"steps": 10, "layers": 4},
     "inspect": "all",  # every impl that declares kernels
+    "every_shape": {
+        "n": 12,
+        "seed": 16,
+        "max_bytes": 2**23,  # 8 MB moved: 1M fp32 elements in and out
+        "max_flops": 2e8,
+        "dtypes": 1,
+        "compiled": False,  # a CPU compile per shape (seconds each) would double the report
+        "timing": Timing(warmup_ms=5.0, min_warmup=2, rep_ms=25.0, min_reps=5, max_reps=30),
+    },
+    "call_cost": {
+        "min_bytes": 2**12,
+        "max_bytes": 2**24,
+        "factor": 4,
+        "max_flops": 2e8,
+        "call_cost_ms": 25.0,
+        "compiled": False,
+        "compile_modes": (),
+        "compile_deadline_s": 0.0,
+        "timing": Timing(warmup_ms=5.0, min_warmup=2, rep_ms=20.0, min_reps=5, max_reps=30),
+    },
 }
 
 GPU = {
@@ -69,6 +116,26 @@ GPU = {
     "profile": {"warmup": 3, "iters": 5, "cases": None, "op_impl": "naive", "op_numel": None},
     "runahead": {"steps": 20, "layers": 4},
     "inspect": "all",  # every impl that declares kernels
+    "every_shape": {
+        "n": 64,
+        "seed": 16,
+        "max_bytes": None,  # the op's own draw, as `fuselab bench OP --shapes random:64 --seed 16`
+        "max_flops": None,
+        "dtypes": None,
+        "compiled": True,
+        "timing": Timing(warmup_ms=20.0, rep_ms=50.0, min_reps=10, max_reps=500),
+    },
+    "call_cost": {
+        "min_bytes": 2**12,
+        "max_bytes": 2**30,
+        "factor": 4,
+        "max_flops": 2e11,  # attention's naive impl at 1 GiB moved would take seconds a call
+        "call_cost_ms": 50.0,
+        "compiled": False,  # the op's compiled impl: a compile per size; the compile modes below cover torch.compile
+        "compile_modes": ("max-autotune-no-cudagraphs", "reduce-overhead"),
+        "compile_deadline_s": 60.0,
+        "timing": Timing(warmup_ms=20.0, rep_ms=50.0, min_reps=10, max_reps=500),
+    },
 }
 
 BUDGETS = {"quick": QUICK, "cpu": CPU, "gpu": GPU}

@@ -25,7 +25,7 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
             doc.text(op.prose.read_text())
         check = _check(ctx, op, plan)
         summary = _check_doc(doc, op, check)
-        impls = _bench_impls(ctx, op)
+        impls = bench_impls(ctx, op)
         dtypes = [DTYPES[d] for d in plan["bench_dtypes"]]
         sweeps = []
         for i, sweep in enumerate(plan["bench_sweeps"]):
@@ -67,7 +67,7 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
     return section
 
 
-def _bench_impls(ctx: Context, op: Op) -> list[str]:
+def bench_impls(ctx: Context, op: Op) -> list[str]:
     """Every impl on a GPU; on the CPU all but Triton (its interpreter is for correctness, not speed)."""
     return [name for name in op.impls if ctx.on_gpu or "triton" not in name]
 
