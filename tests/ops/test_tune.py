@@ -229,3 +229,14 @@ def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypa
     assert path == tmp_path / "test_gpu.json"
     assert tk.plan_table("test_gpu") == {kept: dq, tk.plan_key("fwd", 64, torch.bfloat16, True): fwd}
     tk.plan_table.cache_clear()
+
+
+def test_geomean_scores_and_winner_by_hand():
+    cases = [({"a": 1.0, "b": 2.0}, 1.0), ({"a": 4.0, "b": 1.0, "defaults": 1.0}, 0.5)]  # best 0.5: a peer's
+    scores = tuning.geomean_scores(["a", "b", "defaults"], cases)
+    assert scores["a"] == pytest.approx((1.0 * 8.0) ** 0.5)
+    assert scores["b"] == pytest.approx((2.0 * 2.0) ** 0.5)
+    assert scores["defaults"] == pytest.approx((tuning.FAILED_RATIO * 2.0) ** 0.5)  # absent at the first case
+    assert tuning.winner(scores) == "b"
+    assert tuning.winner({"a": 1.0, "defaults": 1.0}) == "defaults"  # a tie keeps the defaults
+    assert tuning.winner({"a": 2.0, "b": 1.5}, default="") == "b"

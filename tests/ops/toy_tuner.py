@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from fuselab.bench import distributed
+from fuselab.ops import tuning
 from fuselab.ops.evaluate import dtype_name
 
 devices = ("cpu",)
@@ -58,12 +59,6 @@ def summary(measured: dict) -> str:
 
 
 def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
-    logs: dict[str, list[float]] = {name: [] for name in CANDIDATES}
-    for measured in measurements:
-        timed = measured["timed"]
-        best = min(timed.values())
-        for name in CANDIDATES:
-            logs[name].append(math.log(timed.get(name, 10 * best) / best))
-    scores = {name: math.exp(sum(v) / len(v)) for name, v in logs.items()}
-    winner = min(scores, key=scores.get)
+    scores = tuning.geomean_scores(CANDIDATES, [(m["timed"], min(m["timed"].values())) for m in measurements])
+    winner = tuning.winner(scores, default="")
     return {"candidate": winner}, {"winner": winner, "scores": scores}

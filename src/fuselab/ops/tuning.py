@@ -27,9 +27,10 @@ import functools
 import importlib
 import importlib.util
 import json
+import math
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,32 @@ def write_table(folder: Path, key: str, values: Mapping[str, object], evidence: 
 # ---------------------------------------------------------------------------------------------- tuners
 
 REQUIRED = ("cases", "measure", "choose")
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+
+FAILED_RATIO = 10.0  # a candidate that failed (or was not timed) at a case scores this many times the best there
+
+
+def geomean_scores(candidates: Iterable[str], cases: Sequence[tuple[Mapping[str, object], float]]) -> dict[str, float]:
+    """Per candidate: the geometric mean over `cases` of its time / the best time there (1.0: the best everywhere).
+
+    cases: (time in ms by candidate, the best time at that case, peers included); a candidate absent from a case's
+    times, or not a number there, counts as FAILED_RATIO x the best."""
+    scores = {}
+    for name in candidates:
+        logs = []
+        for timed, best in cases:
+            ms = timed.get(name)
+            logs.append(math.log(ms / best if isinstance(ms, float) else FAILED_RATIO))
+        scores[name] = math.exp(sum(logs) / len(logs))
+    return scores
+
+
+def winner(scores: Mapping[str, float], default: str = "defaults") -> str:
+    """The best-scoring candidate, or `default` unless another beats it."""
+    best = min(scores, key=scores.get)
+    return best if default not in scores or scores[best] < scores[default] else default
 
 
 def tuner_ops() -> list[str]:

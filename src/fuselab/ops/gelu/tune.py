@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from fuselab.ops import tuning
 from fuselab.ops.evaluate import dtype_name, parse_dtype, relative_error
 from fuselab.ops.gelu import plans
 from fuselab.ops.gelu.spec import GELU
@@ -82,16 +83,8 @@ def summary(measured: dict) -> str:
 def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
     """The candidate with the best geometric mean over the cases of time / best time there (a candidate that failed
     the check at a case counts as 10x the best), if it beats the defaults: (its parameters, evidence)."""
-    logs: dict[str, list[float]] = {name: [] for name in CANDIDATES}
-    for measured in measurements:
-        timed = measured["timed"]
-        best = min(timed.values())
-        for name in CANDIDATES:
-            logs[name].append(math.log(timed.get(name, 10 * best) / best))
-    scores = {name: math.exp(sum(v) / len(v)) for name, v in logs.items()}
-    winner = min(scores, key=scores.get)
-    if scores[winner] >= scores["defaults"]:
-        winner = "defaults"
+    scores = tuning.geomean_scores(CANDIDATES, [(m["timed"], min(m["timed"].values())) for m in measurements])
+    winner = tuning.winner(scores)
     params = {**plans.DEFAULTS, **CANDIDATES[winner]}
     shapes = dict.fromkeys(tuple(m["case"]["shape"]) for m in measurements)
     return params, {"scores": scores, "winner": winner, "shapes": [list(s) for s in shapes]}

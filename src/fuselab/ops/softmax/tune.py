@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from fuselab.ops import tuning
 from fuselab.ops.evaluate import dtype_name, parse_dtype, relative_error
 from fuselab.ops.softmax import launch, plans
 from fuselab.ops.softmax.spec import SOFTMAX
@@ -102,16 +103,12 @@ def tune_shape(
 def score(per_shape: Sequence[dict]) -> dict[str, float]:
     """Per candidate: geometric mean over the shapes of (its plan's ms / the best ms there); a failed plan scores
     as 10x."""
-    scores: dict[str, float] = {}
-    for name in CANDIDATES:
-        logs = []
-        for case in per_shape:
-            timed = [v for v in case["plans"].values() if isinstance(v, float)]
-            best = min(timed + list(case["peers"].values()))
-            ms = case["plans"].get(case["by_candidate"][name])
-            logs.append(math.log(ms / best) if isinstance(ms, float) else math.log(10.0))
-        scores[name] = math.exp(sum(logs) / len(logs))
-    return scores
+    cases = []
+    for case in per_shape:
+        timed = [v for v in case["plans"].values() if isinstance(v, float)]
+        by_candidate = {name: case["plans"].get(plan) for name, plan in case["by_candidate"].items()}
+        cases.append((by_candidate, min(timed + list(case["peers"].values()))))
+    return tuning.geomean_scores(CANDIDATES, cases)
 
 
 def cases(shapes: Sequence[Shape], dtypes: Sequence[torch.dtype]) -> list[dict]:
@@ -149,9 +146,7 @@ def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
     """The best-scoring candidate (`score`), if it beats the defaults: (its overrides over the defaults, evidence:
     scores, winner, the shapes and dtypes)."""
     scores = score(measurements)
-    winner = min(scores, key=scores.get)
-    if scores[winner] >= scores["defaults"]:
-        winner = "defaults"
+    winner = tuning.winner(scores)
     shapes = dict.fromkeys(tuple(m["case"]["shape"]) for m in measurements)
     evidence = {
         "scores": scores,
