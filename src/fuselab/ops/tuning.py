@@ -138,19 +138,11 @@ def load_tuner(spec: str) -> Any:
     """The tuner of a registered op (its Op's `tuner` module), or one given as FILE.py (the module is the tuner) or
     MODULE:NAME / FILE.py:NAME (an object in it). Errors name the ops that have tuners."""
     from fuselab.ops.registry import get_op
-    from fuselab.ops.user import _import_module
+    from fuselab.ops.user import load_module
 
     if spec.endswith(".py") or ":" in spec:
         where, _, name = (spec, "", "") if spec.endswith(".py") else spec.rpartition(":")
-        if where.endswith(".py"):
-            path = Path(where)
-            if not path.exists():
-                raise FileNotFoundError(f"no such file: {where}")
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            tuner = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(tuner)
-        else:
-            tuner = _import_module(where)
+        tuner = load_module(where)
         if name:
             if not hasattr(tuner, name):
                 raise LookupError(f"{where} has no {name!r}")

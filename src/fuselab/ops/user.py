@@ -25,19 +25,24 @@ def load_function(spec: str) -> Callable:
     if ":" not in spec:
         raise ValueError(f"expected MODULE:FUNCTION or FILE.py:FUNCTION, got {spec!r}")
     where, name = spec.rsplit(":", 1)
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.exists():
-            raise FileNotFoundError(f"no such file: {where}")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    else:
-        module = _import_module(where)
+    module = load_module(where)
     fn = getattr(module, name, None)
     if not callable(fn):
         raise LookupError(f"{where} has no function {name!r}")
     return fn
+
+
+def load_module(where: str) -> object:
+    """The module `where` names: a file (path/to/file.py, run as a fresh module) or an importable module name."""
+    if not where.endswith(".py"):
+        return _import_module(where)
+    path = Path(where)
+    if not path.exists():
+        raise FileNotFoundError(f"no such file: {where}")
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
 
 
 def _import_module(name: str) -> object:
