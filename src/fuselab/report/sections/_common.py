@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+from fuselab.ops.registry import Op, all_ops
+from fuselab.report.doc import Doc
+
 
 def g3(value: float | None, unit: str = "") -> str:
     """Three significant digits (thousands plain), with a unit; empty for None."""
@@ -59,3 +64,12 @@ def slim(row: dict) -> dict:
     if row.get("study") != "matmul" and "n" in out:
         out["reps"] = out.pop("n")  # in bench rows `n` counts the repetitions
     return out
+
+
+def each_op(ops: Sequence[Op] | None, one_op: Callable[[Op], dict], doc: Doc) -> dict[str, dict]:
+    """{op name: one_op(op)} for `ops` (None: every registered op), each under a heading of its own in `doc`."""
+    results = {}
+    for op in list(ops) if ops is not None else all_ops():
+        doc.text(f"### {op.title} (`{op.name}`)")
+        results[op.name] = one_op(op)
+    return results

@@ -20,10 +20,10 @@ from fuselab.ops.evaluate import (
     compiled_call_cost,
     ladder_shapes,
 )
-from fuselab.ops.registry import Op, all_ops, format_shape
+from fuselab.ops.registry import Op, format_shape
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
-from fuselab.report.sections._common import first_line
+from fuselab.report.sections._common import each_op, first_line
 from fuselab.report.sections.every_shape import left_out
 from fuselab.report.sections.ops import bench_impls, unavailable_notes
 
@@ -35,13 +35,8 @@ def call_cost_section(ops: Sequence[Op] | None = None) -> Callable[[Context, Doc
 
     def section(ctx: Context, doc: Doc) -> dict:
         budget = ctx.budget[NAME]
-        chosen = list(ops) if ops is not None else all_ops()
         doc.text(_intro(ctx, budget))
-        results: dict = {"criterion": _criterion(ctx), "ops": {}}
-        for op in chosen:
-            doc.text(f"### {op.title} (`{op.name}`)")
-            results["ops"][op.name] = _one_op(ctx, doc, op, budget)
-        return results
+        return {"criterion": _criterion(ctx), "ops": each_op(ops, lambda op: _one_op(ctx, doc, op, budget), doc)}
 
     section.__name__ = f"{NAME}_section"
     return section

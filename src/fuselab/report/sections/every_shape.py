@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from fuselab.bench.memory import format_bytes
 from fuselab.bench.shapes import plot_ratios
 from fuselab.ops.evaluate import DTYPES, bench_op, draw_op_shapes, shape_ratios
-from fuselab.ops.registry import Op, all_ops, format_shape
+from fuselab.ops.registry import Op, format_shape
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
-from fuselab.report.sections._common import first_line
+from fuselab.report.sections._common import each_op, first_line
 from fuselab.report.sections.ops import bench_impls, unavailable_notes
 
 NAME = "every_shape"
@@ -24,13 +24,9 @@ def every_shape_section(ops: Sequence[Op] | None = None) -> Callable[[Context, D
 
     def section(ctx: Context, doc: Doc) -> dict:
         budget = ctx.budget[NAME]
-        chosen = list(ops) if ops is not None else all_ops()
         doc.text(_intro(budget))
-        results: dict = {"n": budget["n"], "seed": budget["seed"], "ops": {}}
-        for op in chosen:
-            doc.text(f"### {op.title} (`{op.name}`)")
-            results["ops"][op.name] = _one_op(ctx, doc, op, budget)
-        return results
+        ops_results = each_op(ops, lambda op: _one_op(ctx, doc, op, budget), doc)
+        return {"n": budget["n"], "seed": budget["seed"], "ops": ops_results}
 
     section.__name__ = f"{NAME}_section"
     return section
