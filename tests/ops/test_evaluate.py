@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fuselab.ops.evaluate import add_derived, bench_op, check_op, parse_dtype, relative_error
+from fuselab.ops.evaluate import Unavailable, add_derived, bench_op, check_op, parse_dtype, relative_error
 from fuselab.ops.registry import Op, UnknownName, parse_shape
 
 
@@ -33,7 +33,15 @@ def make_toy() -> Op:
     op.impl("missing_lib", requires=lambda device: "libfoo is not installed")(lambda x: x * x)
     op.impl("compiled", compiled=True)(lambda x: x * x)
     op.impl("half_only", dtypes=(torch.float16, torch.bfloat16))(lambda x: (x * x).to(torch.float16))
+    op.impl("no_kernel_past_1000")(_no_kernel_past_1000)
     return op
+
+
+def _no_kernel_past_1000(x: torch.Tensor) -> torch.Tensor:
+    """As a forced SDPA backend: some cases have no kernel, and the impl says so instead of failing."""
+    if x.numel() > 1000:
+        raise Unavailable(f"no kernel for {x.numel()} elements")
+    return x * x
 
 
 def test_relative_error_matches_hand_computation_and_nonfinite_rules():
@@ -73,6 +81,14 @@ def test_an_impl_is_unavailable_in_the_dtypes_it_does_not_compute_in(tmp_path):
                     out=tmp_path / "r.jsonl", show_progress=False)  # fmt: skip
     by_impl = {r["impl"]: r for r in rows}
     assert by_impl["torch"]["median_ms"] > 0 and "not float32" in by_impl["half_only"]["error"]
+
+
+def test_a_case_the_impl_has_no_kernel_for_is_unavailable_not_failed():
+    rows = check_op(make_toy(), impls=["no_kernel_past_1000"], dtypes=[torch.float32], device="cpu",
+                    show_progress=False)  # fmt: skip
+    by_shape = {tuple(r["shape"]): r for r in rows}
+    assert by_shape[(1,)]["status"] == "pass" and by_shape[(3, 17)]["status"] == "pass"
+    assert by_shape[(1023,)]["status"] == "unavailable" and "no kernel for 1023" in by_shape[(1023,)]["reason"]
 
 
 def test_check_uses_fresh_inputs_unless_seeded():

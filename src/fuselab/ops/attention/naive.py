@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fuselab.ops.attention.spec import ATTENTION, check_qkv, default_scale, repeat_kv
+from fuselab.ops.evaluate import Unavailable
 
 ANY_DEVICE = ("cpu", "cuda")
 
@@ -77,7 +78,13 @@ def _forced(name: str, backend: str, about: str) -> Callable[..., torch.Tensor]:
         if name == "sdpa-flash" and q.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"attention {name}: FlashAttention runs in float16/bfloat16 only, not {q.dtype}")
         with sdpa_kernel(getattr(SDPBackend, backend)):
-            return _sdpa(q, k, v, causal, scale, f"attention {name}", gqa=False)
+            try:
+                return _sdpa(q, k, v, causal, scale, f"attention {name}", gqa=False)
+            except RuntimeError as exc:  # the forced backend has no kernel for this case (head dim, layout, GPU)
+                if "No available kernel" not in str(exc):
+                    raise
+                about = f"q {tuple(q.shape)}, k {tuple(k.shape)}, {str(q.dtype).removeprefix('torch.')}"
+                raise Unavailable(f"attention {name}: PyTorch has no {backend} kernel for {about}") from None
 
     fn.__name__ = "attention_" + name.replace("-", "_")
     fn.__doc__ = f"F.scaled_dot_product_attention forced to {backend}: {about}; GQA by repeating k/v heads."
