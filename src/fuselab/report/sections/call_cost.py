@@ -1,4 +1,4 @@
-"""The cost of one call (issue 18): per op, a ladder of sizes from tiny to large (its profile shape grown or shrunk,
+"""The cost of one call: per op, a ladder of sizes from tiny to large (its profile shape grown or shrunk,
 `ladder_shapes`), each impl called back to back (`call_cost`: host us and end-to-end us per call) beside its device
 time; on a GPU also the baseline and the fused impls under torch.compile, with and without CUDA graphs. Per impl the
 size from which the GPU (on the CPU: the work) sets the time. Generic over the ops; nothing here names one."""

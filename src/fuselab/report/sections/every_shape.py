@@ -1,4 +1,4 @@
-"""Every shape (issue 16): per op, shapes drawn by its own `random_shape` with a fixed seed, every impl timed on each
+"""Every shape: per op, shapes drawn by its own `random_shape` with a fixed seed, every impl timed on each
 against the fastest of the op's PyTorch peers (`Op.peers`): worst, 95th percentile and geometric mean of the time
 ratio, the five worst shapes, and the ratio against size. Generic over the ops; nothing here names one."""
 
