@@ -131,6 +131,27 @@ def test_cli_random_shapes_end_to_end_on_the_cpu(tmp_path, monkeypatch: pytest.M
     assert main(["bench", "softmax", "--shapes", "random:2", "--shape", "4x4", "--device", "cpu"]) == 2
 
 
+def test_cli_random_draws_on_the_cpu_are_capped_and_leave_compile_out(tmp_path, monkeypatch, capsys) -> None:
+    """On the CPU, --shapes random:N cuts each draw to CPU_RANDOM_CAP (4 MiB a call) and, unless named with --impl,
+    leaves out the compiled impls (one compile per shape), saying both."""
+    from fuselab.cli import bench as bench_cli
+    from fuselab.cli import main
+
+    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path))
+    args = ["bench", "softmax", "--shapes", "random:4", "--seed", "11", "--dtype", "fp32", "--device", "cpu"]
+    args += ["--rep-ms", "1", "--warmup-ms", "1", "--rounds", "1", "--out", str(tmp_path / "r.json")]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "capped at 4 MiB" in err and "compile (one torch.compile per shape) left out" in err
+    rows = json.loads((tmp_path / "r.json").read_text())["records"]
+    op = get_op("softmax")
+    assert {r["impl"] for r in rows} == {n for n, impl in op.impls.items() if not impl.compiled}
+    cap = bench_cli.CPU_RANDOM_CAP["max_bytes"]
+    assert all(op.bytes_moved(tuple(r["shape"]), torch.float32) <= cap for r in rows)
+    uncapped = sh.draw_shapes(op.random_shape, 4, 11)
+    assert any(op.bytes_moved(s, torch.float32) > cap for s in uncapped)  # the cap did cut something
+
+
 def test_a_capped_draw_cuts_the_first_dimension_and_keeps_the_rest() -> None:
     rows_of = lambda rng: (int(rng.integers(1, 10**6)), int(rng.choice([7, 1000, 50257])))  # noqa: E731
     load = lambda shape: math.prod(shape) / 2**20  # noqa: E731  (at most 2^20 elements)

@@ -39,6 +39,7 @@ from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
 from fuselab.ops.registry import Op, Shape, format_shape
 
 CPU_DEFAULT_NUMEL = 2**20  # without --shape on the CPU: the op's (GPU-sized) bench shapes, scaled down to this
+CPU_RANDOM_CAP = {"max_bytes": 4 * 2**20, "max_flops": 1e8}  # random draws on the CPU: per call, by the cost model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -190,7 +191,18 @@ def random_shapes(op: Op, args: argparse.Namespace, kwargs: dict) -> list[tuple[
         raise ValueError(f"--shapes takes random:N, got {args.shapes!r} (for given shapes use --shape)")
     if args.shape:
         raise ValueError("give either --shapes random:N or --shape, not both")
-    kwargs["shapes"] = draw_op_shapes(op, n, args.seed)
+    cpu = kwargs["device"] == "cpu"
+    kwargs["shapes"] = draw_op_shapes(op, n, args.seed, **(CPU_RANDOM_CAP if cpu else {}))
+    if cpu:
+        note = (
+            f"on the CPU, each drawn shape is capped at {CPU_RANDOM_CAP['max_bytes'] // 2**20} MiB moved and "
+            f"{CPU_RANDOM_CAP['max_flops']:.0e} FLOPs a call (its first dimension cut)"
+        )
+        compiled = [name for name, impl in op.impls.items() if impl.compiled]
+        if kwargs["impls"] is None and compiled:
+            kwargs["impls"] = [name for name in op.impls if name not in compiled]
+            note += f"; {', '.join(compiled)} (one torch.compile per shape) left out: name it with --impl to time it"
+        print(note, file=sys.stderr)
     return kwargs["shapes"]
 
 
