@@ -93,7 +93,7 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
     if not shapes:
         doc.text("No size of the op's profile shape fits this device's ladder: nothing timed.")
         return {"skipped": "no shape on the ladder", "rows": []}
-    impls = [n for n in bench_impls(ctx, op) if budget.get("compiled") or not op.impls[n].compiled]
+    impls = bench_impls(ctx, op, compiled=bool(budget.get("compiled")))
     left = [n for n in op.impls if n not in impls]
     bench = bench_op(
         op,

@@ -72,7 +72,7 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
         max_flops=budget.get("max_flops"),
         options=options,
     )
-    impls = [n for n in bench_impls(ctx, op) if budget.get("compiled") or not op.impls[n].compiled]
+    impls = bench_impls(ctx, op, compiled=bool(budget.get("compiled")))
     left = [n for n in op.impls if n not in impls]
     rows = bench_op(
         op,

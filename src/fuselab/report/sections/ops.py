@@ -67,9 +67,14 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
     return section
 
 
-def bench_impls(ctx: Context, op: Op) -> list[str]:
-    """Every impl on a GPU; on the CPU all but Triton (its interpreter is for correctness, not speed)."""
-    return [name for name in op.impls if ctx.on_gpu or "triton" not in name]
+def bench_impls(ctx: Context, op: Op, compiled: bool = True) -> list[str]:
+    """Every impl on a GPU; on the CPU all but Triton (its interpreter is for correctness, not speed); without
+    `compiled`, none of the impls the harness compiles per case either."""
+    return [
+        name
+        for name, impl in op.impls.items()
+        if (ctx.on_gpu or "triton" not in name) and (compiled or not impl.compiled)
+    ]
 
 
 def _check(ctx: Context, op: Op, plan: dict) -> list[dict]:
