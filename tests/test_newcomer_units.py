@@ -5,6 +5,7 @@ import io
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,20 @@ def test_softmax_dim_none_and_keyword_only_impl():
         Softmax("torch")
     with pytest.raises(TypeError):
         Softmax(-1, "torch")
+
+
+def test_softmax_dim_none_compiles_fullgraph_and_warns_once():
+    from fuselab.nn import Softmax
+
+    with pytest.warns(UserWarning, match="dim=None") as caught:
+        module = Softmax(impl="torch")
+    assert len(caught) == 1
+    x = torch.randn(4, 6)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")  # a warning in forward was a graph break
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none per call
+        torch.testing.assert_close(compiled(x), torch.softmax(x, dim=1))
+        torch.testing.assert_close(module(x), torch.softmax(x, dim=1))
 
 
 # ---------------------------------------------------------------------------------------------- noisy claims

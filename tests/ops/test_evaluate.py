@@ -2,11 +2,20 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
 
-from fuselab.ops.evaluate import Unavailable, add_derived, bench_op, check_op, parse_dtype, relative_error
+from fuselab.ops.evaluate import (
+    Unavailable,
+    add_derived,
+    bench_op,
+    check_op,
+    gradient_error,
+    parse_dtype,
+    relative_error,
+)
 from fuselab.ops.registry import Op, UnknownName, parse_shape
 
 
@@ -53,6 +62,24 @@ def test_relative_error_matches_hand_computation_and_nonfinite_rules():
     assert relative_error(torch.tensor([1.0, float("nan"), float("inf")]), with_nan) == math.inf
     assert relative_error(torch.tensor([1.0, 2.0, float("-inf")]), with_nan) == math.inf
     assert relative_error(torch.tensor([float("nan"), 4.0]), ref) == math.inf
+
+
+def test_gradient_error_measures_a_zero_gradient_against_its_share_of_the_whole():
+    big = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    zero = torch.zeros(64, dtype=torch.float64)
+    noise = torch.full((64,), 1e-7, dtype=torch.float64)
+    share = (big.norm() ** 2 / 2) ** 0.5  # both inputs hold half the elements
+    assert gradient_error([noise, big], [zero, big]) == pytest.approx((noise.norm() / share).item())
+    assert gradient_error([noise, big], [zero + 1e-17, big]) < 1e-6  # relative_error would read ~1e10
+    assert gradient_error([big, big * 1.1], [big, big]) == pytest.approx(0.1)  # a wrong gradient stays wrong
+    assert gradient_error([big * 0, big], [big, big]) == pytest.approx(1.0)  # and so does a missing one
+    assert gradient_error([torch.full((64,), math.nan), big], [zero, big]) == math.inf
+
+
+def test_a_check_over_its_tolerance_says_by_how_much():
+    rows = check_op(make_toy(), impls=["wrong"], dtypes=[torch.float32], device="cpu", show_progress=False)
+    assert rows and all(r["status"] == "FAIL" for r in rows)
+    assert all(re.search(r"output relative error \S+ over the float32 tolerance 1e-06", r["reason"]) for r in rows)
 
 
 def test_check_passes_right_impls_fails_wrong_and_unwritten_ones_and_explains_unavailable():

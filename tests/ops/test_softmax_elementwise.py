@@ -85,7 +85,7 @@ def test_bad_input_is_rejected_clearly() -> None:
 def test_bytes_issued_is_three_reads_one_write_and_two_atomics() -> None:
     for shape, dtype in [((37, 1000), torch.float32), ((5, 129), torch.bfloat16)]:
         n, size = math.prod(shape), dtype.itemsize
-        assert te.bytes_issued(shape, dtype) == 4 * n * size + 2 * n * 4
+        assert te.bytes_issued(shape, dtype) == 4 * n * size + n * (4 + 8)  # an fp32 max and an fp64 sum
         assert te.bytes_issued(shape, dtype) > 2 * bytes_moved(shape, dtype)  # at least twice the op's minimum
 
 
@@ -129,9 +129,16 @@ def test_question_5_is_not_measured_without_triton_timings() -> None:
         lecture.q_row_per_program({})
 
 
+def test_cpu_fp32_wide_rows_within_tolerance() -> None:
+    # rows past 32 768: an fp32 row sum built of atomic adds missed 1e-5 here (4.7e-5 to 7.6e-5; 2.1e-4 on the
+    # H200 at width 100 003); the fp64 sum keeps it near the fp32 result's own rounding
+    (x,) = SOFTMAX.make_inputs((3, 40000), torch.float32, "cpu", 11)
+    assert rel_err(run(x), reference(x)) <= SOFTMAX.tolerance[torch.float32]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_gpu_matches_reference(dtype: torch.dtype) -> None:
-    for shape in [(1, 1), (3, 129), (37, 1000), (70000, 3), (2, 100003)]:
+    for shape in [(1, 1), (3, 129), (37, 1000), (70000, 3), (2, 100003), (5, 40001), (1, 1048577)]:
         (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 7)
         assert rel_err(run(x), reference(x)) <= SOFTMAX.tolerance[dtype], (shape, dtype)

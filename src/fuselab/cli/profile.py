@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich.console import Console
@@ -38,6 +39,9 @@ from fuselab.ops.evaluate import Unavailable
 from fuselab.profile import build_table, impl_callable, profile_callable, render_timeline, script_callable
 from fuselab.profile.cases import CASES, get_case
 from fuselab.profile.table import SORT_KEYS
+
+if TYPE_CHECKING:
+    from fuselab.ops.registry import Op
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -147,15 +151,21 @@ def _profile_one(
     console.print(f"open {result.trace_path} in https://ui.perfetto.dev for the full trace", soft_wrap=True)
 
 
+def _impls(args: argparse.Namespace, op: Op) -> list[str]:
+    """--impl as names (comma-separated or repeated; 'all': every impl; none: the op's baseline), each checked."""
+    impls = split(args.impl) or [op.baseline]
+    impls = list(op.impls) if impls == ["all"] else impls
+    for impl in impls:
+        op.get_impl(impl)  # unknown names fail here, with the known ones listed
+    return impls
+
+
 def _op_jobs(args: argparse.Namespace, device: str) -> list[Job]:
     """One job per requested impl (comma-separated, or 'all') of the op or user function."""
     from fuselab.ops.registry import format_shape
 
     op = load_op(args.target, args.nargs)
-    impls = split(args.impl) or [op.baseline]
-    impls = list(op.impls) if impls == ["all"] else impls
-    for impl in impls:
-        op.get_impl(impl)  # unknown names fail here, with the known ones listed
+    impls = _impls(args, op)
     shape = args.shape or op.default_profile_shape()
     dtype = args.dtype
     options = parse_options(op, args.opt) or {}
@@ -181,7 +191,7 @@ def _counters(args: argparse.Namespace, console: Console) -> int:
         console.print(f"fuselab profile --counters: {reason}", highlight=False, soft_wrap=True)
         return 1
     op = get_op(args.target)
-    impls = list(op.impls) if args.impl == "all" else [i.strip() for i in (args.impl or op.baseline).split(",")]
+    impls = _impls(args, op)
     shape = args.shape or op.default_profile_shape()
     options = parse_options(op, args.opt) or {}
     dtype = dtype_name(args.dtype)

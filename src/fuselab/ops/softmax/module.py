@@ -11,7 +11,8 @@ from fuselab.ops.softmax.spec import SOFTMAX
 
 
 class Softmax(torch.nn.Module):
-    """Softmax along `dim`, torch.nn.Softmax's signature (dim=None picks the axis as torch does, with its warning),
+    """Softmax along `dim`, torch.nn.Softmax's signature (dim=None picks the axis as torch does: 0 for inputs of 0, 1
+    or 3 dimensions, else 1; warned once, when the module is built, so that forward compiles without a graph break),
     computed by implementation `impl` (keyword only; a name registered on SOFTMAX).
 
     impl: "triton" (default), "cuda", "torch", "naive" or "compile" (naive under torch.compile). The impls reduce
@@ -23,6 +24,12 @@ class Softmax(torch.nn.Module):
         super().__init__()
         if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)):
             raise TypeError(f"Softmax: dim must be an int or None, got {dim!r} (the impl is a keyword: impl=...)")
+        if dim is None:  # torch.nn.Softmax's legacy choice; torch warns on every call, this module once
+            warnings.warn(
+                "Softmax with dim=None picks the dimension as torch.nn.Softmax does (deprecated there); pass dim",
+                UserWarning,
+                stacklevel=2,
+            )
         self.dim = dim
         self.impl = impl
         try:
@@ -33,12 +40,7 @@ class Softmax(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dim = self.dim
-        if dim is None:  # torch.nn.Softmax's legacy choice, with its warning
-            warnings.warn(
-                "Softmax with dim=None picks the dimension as torch.nn.Softmax does (deprecated there); pass dim",
-                UserWarning,
-                stacklevel=2,
-            )
+        if dim is None:
             dim = 0 if x.dim() in (0, 1, 3) else 1
         if x.dim() == 0:
             return self._fn(x)

@@ -7,11 +7,15 @@ they fall in, and every element works out its row as index // width), so a row's
 memory. Three launches:
 
 1. ``row_max[row] = max(row_max[row], x)``: one fp32 atomic max per element into a per-row buffer (set to -inf);
-2. ``row_sum[row] += exp(x - row_max[row])``: one fp32 atomic add per element into a per-row buffer (set to 0);
+2. ``row_sum[row] += exp(x - row_max[row])``: one fp64 atomic add per element into a per-row buffer (set to 0);
 3. ``y = exp(x - row_max[row]) / row_sum[row]``.
 
+The row sum is kept in fp64: atomic adds land in no fixed order, one term at a time, so an fp32 sum's rounding error
+grows with the row's width (past 1e-5 relative from a few ten thousand elements); in fp64 it stays far under the
+fp32 result's own rounding at any width.
+
 It reads x three times and writes y once (4 · numel · itemsize bytes against the 2 of a fused kernel), gathers the
-row statistics per element (3 fp32 loads that the caches mostly serve), and issues 2 atomics per element, every
+row statistics per element (3 fp32 loads that the caches mostly serve), and issues 2 atomics per element (4 B and 8 B), every
 element of a row contending for the same address. Forward only (no backward). fp32 math; 64-bit indices. Under
 TRITON_INTERPRET=1 it runs on the CPU (in fp32, for tests). A row that is all -inf, or holds +inf or NaN, gives
 NaN as torch.softmax does (a NaN reaches the row's sum in step 2 even where the atomic max passes it by).
@@ -34,6 +38,7 @@ BLOCK = 1024  # elements per program: 4 per thread at 8 warps; the rows they fal
 NUM_WARPS = 8
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
 ATOMICS_PER_ELEMENT = 2
+ATOMIC_BYTES = 4 + 8  # the fp32 max and the fp64 sum
 READS_OF_X = 3
 
 
@@ -57,11 +62,11 @@ def _elementwise_max_kernel(x_ptr, max_ptr, n_elements, n_cols, x_row_stride, BL
 
 @triton.jit
 def _elementwise_sum_kernel(x_ptr, max_ptr, sum_ptr, n_elements, n_cols, x_row_stride, BLOCK: tl.constexpr):
-    """row_sum[row] += exp(x - row_max[row]), one atomic add per element. sum_ptr: (rows,) fp32, set to 0."""
+    """row_sum[row] += exp(x - row_max[row]), one atomic add per element. sum_ptr: (rows,) fp64, set to 0."""
     row, col, mask = _element_rows(n_elements, n_cols, BLOCK)
     x = tl.load(x_ptr + row * x_row_stride + col, mask=mask).to(tl.float32)
     row_max = tl.load(max_ptr + row, mask=mask)
-    tl.atomic_add(sum_ptr + row, tl.exp(x - row_max), mask=mask, sem="relaxed")
+    tl.atomic_add(sum_ptr + row, tl.exp(x - row_max).to(tl.float64), mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -72,7 +77,7 @@ def _elementwise_write_kernel(
     row, col, mask = _element_rows(n_elements, n_cols, BLOCK)
     x = tl.load(x_ptr + row * x_row_stride + col, mask=mask).to(tl.float32)
     row_max = tl.load(max_ptr + row, mask=mask)
-    row_sum = tl.load(sum_ptr + row, mask=mask, other=1.0)
+    row_sum = tl.load(sum_ptr + row, mask=mask, other=1.0).to(tl.float32)
     y = tl.exp(x - row_max) / row_sum
     tl.store(y_ptr + row * y_row_stride + col, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -82,10 +87,10 @@ TRITON_KERNELS = (_elementwise_max_kernel, _elementwise_sum_kernel, _elementwise
 
 def bytes_issued(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     """The bytes this impl asks of memory for one call: x read READS_OF_X times and y written once (numel ·
-    itemsize each), plus ATOMICS_PER_ELEMENT fp32 atomics per element (4 B each, executed in L2). The per-row
-    statistics it gathers per element (3 fp32 loads) are left out: the caches serve them."""
+    itemsize each), plus ATOMICS_PER_ELEMENT atomics per element (ATOMIC_BYTES in all, executed in L2). The
+    per-row statistics it gathers per element (3 loads) are left out: the caches serve them."""
     numel = math.prod(shape)
-    return (READS_OF_X + 1) * numel * dtype.itemsize + ATOMICS_PER_ELEMENT * numel * 4
+    return (READS_OF_X + 1) * numel * dtype.itemsize + ATOMIC_BYTES * numel
 
 
 def launch(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -95,7 +100,7 @@ def launch(x: torch.Tensor, y: torch.Tensor) -> None:
     n_rows, n_cols = x.shape
     n_elements = n_rows * n_cols
     row_max = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=x.device)
-    row_sum = torch.zeros(n_rows, dtype=torch.float32, device=x.device)
+    row_sum = torch.zeros(n_rows, dtype=torch.float64, device=x.device)
     grid = (triton.cdiv(n_elements, BLOCK),)
     meta = {"BLOCK": BLOCK, "num_warps": NUM_WARPS}
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
