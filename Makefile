@@ -11,7 +11,7 @@ TRITON ?= triton==3.6.0
 
 ARGS ?=
 
-.PHONY: setup report run test lint gpu-test clean
+.PHONY: setup report run test lint gpu-test gpu-gate clean
 
 $(BIN)/fuselab: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ test: setup
 
 gpu-test: setup
 	$(BIN)/pytest -q -m gpu
+
+# before every landing of code the GPU runs: the whole GPU suite, checks, compiles, a model, benches (on a GPU)
+gpu-gate: setup
+	PYTHON=$(BIN)/python bash scripts/gpu_gate.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) report .pytest_cache

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from fuselab.bench import distributed
 from fuselab.bench.results import fmt_dtype, fmt_float, fmt_plain, make_table, print_table
+from fuselab.bench.shapes import LAYOUTS
 from fuselab.cli._args import add_op_arguments, check_writable, resolve
 from fuselab.ops.evaluate import check_op, summarize_checks
 
@@ -24,13 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
     p.add_argument("--out", type=Path, help="write the rows as JSON")
     p.add_argument("--all", action="store_true", help="list every case, not one row per impl and dtype")
+    p.add_argument("--layout", choices=LAYOUTS, default="contiguous", help="inputs' memory layout (default contiguous)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
     check_writable(args.out)
-    rows = check_op(op, seed=args.seed, **kwargs)
+    rows = check_op(op, seed=args.seed, layout=args.layout, **kwargs)
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 1 if any(r["status"] == "FAIL" for r in rows) else 0
     console = Console(highlight=False)

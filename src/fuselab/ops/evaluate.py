@@ -33,6 +33,7 @@ SHORT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64":
 
 
 PASSES = ("forward", "forward+backward")
+POISON_BYTES = 8 * 2**30  # at most this much memory is poisoned before a check
 REFERENCE_TOO_BIG = "the float64 reference did not fit in memory: not checked at this size"
 
 
@@ -136,6 +137,7 @@ def poison_allocator(nbytes: int, device: str | torch.device, blocks: int = 16) 
     of that size (the CUDA caching allocator reuses deterministically; CPU malloc less so: best effort).
     """
     if nbytes > 0:
+        blocks = max(1, min(blocks, POISON_BYTES // nbytes))  # outputs of GiBs: fewer blocks, not 16 x the output
         poisoned = [torch.full((max(nbytes // 4, 1),), float("nan"), device=device) for _ in range(blocks)]
         del poisoned
 
@@ -165,11 +167,22 @@ def fresh_seed() -> int:
 
 
 def check_case(
-    op: Op, impl: Impl, shape: Shape, dtype: torch.dtype, device: str, options: dict, seed: int, grad: bool = True
+    op: Op,
+    impl: Impl,
+    shape: Shape,
+    dtype: torch.dtype,
+    device: str,
+    options: dict,
+    seed: int,
+    grad: bool = True,
+    layout: str = "contiguous",
 ) -> dict[str, object]:
-    """One impl on one fresh random input against the float64 reference (and its gradient, if it has one)."""
+    """One impl on one fresh random input against the float64 reference (and its gradient, if it has one).
+
+    layout: the inputs' memory layout (fuselab.bench.shapes.apply_layout: contiguous, transposed, sliced, expanded).
+    """
     fn = prepare(impl, device, dtype)
-    inputs = op.make_inputs(shape, dtype, device, seed, **options)
+    inputs = tuple(apply_layout(x, layout) for x in op.make_inputs(shape, dtype, device, seed, **options))
     ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
     poison_allocator(ref.numel() * inputs[0].element_size(), device)
     out = fn(*inputs, **options)
@@ -201,11 +214,15 @@ def check_op(
     device: str | None = None,
     seed: int | None = None,
     show_progress: bool = True,
+    layout: str = "contiguous",
+    grad: bool = True,
 ) -> list[dict]:
     """Rows (impl, dtype, shape, options, rel_err, grad_rel_err, tolerance, status) for every combination.
 
     status: "pass", "FAIL" (error over tolerance, or an exception), or "unavailable" (with the reason).
     Triton under the CPU interpreter is checked in float32 only (the interpreter is weak below fp32).
+    layout: the inputs' memory layout (`check_case`); rows of a layout other than contiguous carry it.
+    grad: check gradients too, where the impl has a backward.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     names = list(impls or op.impls)
@@ -214,7 +231,8 @@ def check_op(
     dtypes = list(dtypes or op.dtypes)
     seed = fresh_seed() if seed is None else seed
     cases = grid(impl=names, dtype=[dtype_name(d) for d in dtypes], shape=[list(s) for s in shapes or op.check_shapes])
-    cases = [{**c, **opts} for c in cases for opts in option_grid(op, options)]
+    laid = {} if layout == "contiguous" else {"layout": layout}
+    cases = [{**c, **laid, **opts} for c in cases for opts in option_grid(op, options)]
 
     def run(case: dict) -> dict:
         impl = op.get_impl(case["impl"])
@@ -228,7 +246,7 @@ def check_op(
         opts = {k: case[k] for k in op.options}
         case_seed = seed + len(case["shape"]) * 7919 + sum(case["shape"])
         try:
-            row = check_case(op, impl, tuple(case["shape"]), dtype, device, opts, case_seed)
+            row = check_case(op, impl, tuple(case["shape"]), dtype, device, opts, case_seed, grad, layout)
         except NotRun as exc:  # the impl says it cannot run this case here (a forced backend without a kernel)
             return {"status": "unavailable", "reason": str(exc), "tolerance": tolerance}
         except Exception as exc:

@@ -144,6 +144,7 @@ class Op:
     tolerance: max relative error ||out - ref|| / ||ref|| per dtype.
     options: typed keyword options the impls accept (given as a sequence of Option, kept by name).
     check_shapes / bench_shapes / profile_shape: defaults for `fuselab check`, `bench`, `profile` and `inspect`.
+    large_shape: a shape past 2^31 elements that the GPU gate checks (forward: 64-bit offsets), or None.
     report: per report mode ("quick", "cpu", "gpu") what the report's section on the op measures:
         {"check_shapes", "check_dtypes", "compile_check_shapes", "compile_check_dtypes", "bench_dtypes",
          "bench_sweeps": [{"shapes": [...], "options": {...}}, ...] (the first is plotted),
@@ -181,6 +182,7 @@ class Op:
     doc: str = ""
     title: str = ""
     profile_shape: Shape | None = None
+    large_shape: Shape | None = None
     report: dict[str, dict] = field(default_factory=dict)
     random_shape: Callable[..., Shape] | None = None
     axis: tuple[str, Callable[[Shape], int]] | None = None

@@ -118,6 +118,7 @@ GELU = register_op(
         title="GELU five ways",
         doc="GELU activation, y = x * Phi(x); option approximate='tanh' (default) or 'none' (erf), as F.gelu",
         profile_shape=(2**24,),
+        large_shape=(2**31 + 3,),
         report=REPORT,
         random_shape=random_shape,
         prose=Path(__file__).with_name("report.md"),

@@ -1,0 +1,229 @@
+"""The gate's stages after the GPU test suite, each a list of `Check`s: every op x impl checked against float64 (edge
+shapes, three layouts, a shape past 2^31 elements), every fuselab.nn module compiled fullgraph with its default
+arguments, the CS336 classes' leaderboard step compiled, a model of drop-ins against its torch.nn twin, and a short
+bench of every op x impl."""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from fuselab.bench.timer import Timing
+from fuselab.gate.record import Check
+from fuselab.ops.evaluate import bench_op, check_op, dtype_name, gradient_error, relative_error
+from fuselab.ops.registry import Op, all_ops, format_shape
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+LAYOUTS = ("contiguous", "transposed", "sliced")  # strided views: rows of an odd stride, a non-unit last stride
+LARGE_DTYPES = (torch.float32, torch.bfloat16)
+BENCH_TIMING = Timing(warmup_ms=2.0, min_warmup=1, rep_ms=5.0, min_reps=3, max_reps=20, flush_l2=False)
+
+
+class Log:
+    """Where the stages write what a one-line detail cannot hold (tracebacks), one file per run."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def write(self, title: str, text: str) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(f"\n===== {title}\n{text}\n")
+
+
+@contextmanager
+def attempt(checks: list[Check], group: str, name: str, log: Log) -> Iterator[dict]:
+    """Run the block as one check: it fills `result` (figure, detail, outcome); an exception is a failure whose
+    traceback goes to the log and whose last line is the detail."""
+    result: dict = {}
+    start = time.perf_counter()
+    try:
+        yield result
+        outcome = result.get("outcome", "pass")
+    except Exception as exc:
+        log.write(f"{group} {name}", traceback.format_exc())
+        outcome = "fail"
+        result["detail"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
+    finally:
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    checks.append(
+        Check(group, name, outcome, result.get("figure"), result.get("detail", ""), time.perf_counter() - start)
+    )
+
+
+def _error_check(err: float, tol: float, what: str) -> dict:
+    ok = math.isfinite(err) and err <= tol
+    return {"figure": err, "outcome": "pass" if ok else "fail", "detail": f"{what}; tolerance {tol:g}"}
+
+
+# ---------------------------------------------------------------------------------------------- check
+
+
+def check_rows(op: Op, log: Log, device: str = "cuda") -> list[Check]:
+    """`fuselab check` of every impl of `op` on the GPU: its check shapes in fp32, fp16 and bf16 in each layout, and
+    its large shape (forward) in fp32 and bf16."""
+    runs: list[tuple[str, dict]] = [(layout, {"dtypes": list(DTYPES), "layout": layout}) for layout in LAYOUTS]
+    if op.large_shape is not None:
+        runs.append(("large", {"dtypes": list(LARGE_DTYPES), "shapes": [op.large_shape], "grad": False}))
+    checks: list[Check] = []
+    for label, kwargs in runs:
+        start = time.perf_counter()
+        try:
+            rows = check_op(op, device=device, show_progress=False, **kwargs)
+        except Exception as exc:
+            log.write(f"check {op.name} {label}", traceback.format_exc())
+            checks.append(Check("check", f"{op.name} {label}", "fail", None, f"{type(exc).__name__}: {exc}"[:400]))
+            continue
+        seconds = (time.perf_counter() - start) / max(len(rows), 1)
+        for r in rows:
+            options = " ".join(f"{k}={r[k]}" for k in op.options if k in r)
+            name = f"{op.name} {r['impl']} {dtype_name_short(r['dtype'])} {format_shape(tuple(r['shape']))}"
+            name += f" {label}" + (f" {options}" if options else "")
+            errors = [e for e in (r.get("rel_err"), r.get("grad_rel_err")) if e is not None]
+            figure = max(errors) if errors else None
+            outcome = {"pass": "pass", "FAIL": "fail"}.get(r["status"], "skip")
+            detail = r.get("reason") or (f"tolerance {r['tolerance']:g}" if r.get("tolerance") else "")
+            checks.append(Check("check", name, outcome, figure, detail or "", seconds))
+    return checks
+
+
+def dtype_name_short(name: str) -> str:
+    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(name, name)
+
+
+# ---------------------------------------------------------------------------------------------- compile
+
+
+def _largest_check_shape(op: Op) -> tuple[int, ...]:
+    return max(op.check_shapes, key=lambda s: (math.prod(s), len(s)))
+
+
+def compile_modules(log: Log, device: str = "cuda") -> list[Check]:
+    """Every fuselab.nn module built with its default arguments, under torch.compile(fullgraph=True), forward and
+    backward, against the same module in eager mode and against its impl="torch" twin in float64."""
+    checks: list[Check] = []
+    for op in all_ops():
+        if op.module is None:
+            continue
+        for dtype in (torch.float32, torch.bfloat16):
+            name = f"{op.module.__name__}() {dtype_name_short(dtype_name(dtype))}"
+            with attempt(checks, "compile", name, log) as result:
+                module = op.module()
+                reference = op.module(impl="torch")
+                shape = _largest_check_shape(op)
+                inputs = op.make_inputs(shape, dtype, device, 1)
+                eager_xs = [x.clone().requires_grad_(True) for x in inputs]
+                compiled_xs = [x.clone().requires_grad_(True) for x in inputs]
+                xs64 = [x.detach().double().requires_grad_(True) for x in inputs]
+                eager = module(*eager_xs)
+                compiled = torch.compile(module, fullgraph=True)(*compiled_xs)
+                expected = reference(*xs64)
+                dy = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+                dy = dy.to(device)
+                for out in (eager, compiled):
+                    out.backward(dy.to(dtype))
+                expected.backward(dy)
+                err = max(
+                    relative_error(compiled, expected),
+                    relative_error(compiled, eager),
+                    gradient_error([x.grad for x in compiled_xs], [x.grad for x in xs64]),
+                    gradient_error([x.grad for x in compiled_xs], [x.grad for x in eager_xs]),
+                )
+                what = f"{module!r} at {format_shape(shape)}: compiled against eager and float64, output and grad"
+                result.update(_error_check(err, op.tolerance[dtype], what))
+    return checks
+
+
+def cs336_step(log: Log, device: str = "cuda") -> list[Check]:
+    """CS336's leaderboard step, `f = torch.compile(Cls.apply); o = f(q, k, v, causal); o.sum().backward()`, for
+    the Triton and the tiled PyTorch class, against eager and float64 (the leaderboard's own size against eager)."""
+    from fuselab.ops.attention import ATTENTION, FlashAttentionTiled, FlashAttentionTriton
+    from fuselab.ops.attention.spec import reference
+
+    cases: list[tuple[type, tuple[int, ...], torch.dtype, bool, bool]] = []  # class, shape, dtype, causal, fp64
+    for dtype in (torch.float32, torch.bfloat16):
+        for causal in (False, True):
+            cases.append((FlashAttentionTriton, (4, 1024, 64), dtype, causal, True))
+            cases.append((FlashAttentionTiled, (2, 130, 16), dtype, causal, True))
+    cases.append((FlashAttentionTriton, (16, 16384, 64), torch.bfloat16, True, False))  # the leaderboard's size
+    checks: list[Check] = []
+    for cls, shape, dtype, causal, fp64 in cases:
+        name = f"{cls.__name__} {format_shape(shape)} {dtype_name_short(dtype_name(dtype))} causal={causal}"
+        with attempt(checks, "compile", name, log) as result:
+            gen = torch.Generator(device=device).manual_seed(sum(shape))
+            q, k, v = (torch.randn(shape, generator=gen, device=device).to(dtype) for _ in range(3))
+
+            def step(f: Callable, q=q, k=k, v=v, causal=causal) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+                o = f(*xs, causal)
+                o.sum().backward()
+                return o, [x.grad for x in xs]
+
+            o_compiled, g_compiled = step(torch.compile(cls.apply))
+            o_eager, g_eager = step(cls.apply)
+            tol = ATTENTION.tolerance[dtype]
+            err = max(relative_error(o_compiled, o_eager), gradient_error(g_compiled, g_eager))
+            what = "compiled against eager"
+            if fp64:
+                xs64 = [t.double().requires_grad_(True) for t in (q, k, v)]
+                o64 = reference(*xs64, causal=causal)
+                o64.sum().backward()
+                err = max(err, relative_error(o_compiled, o64), gradient_error(g_compiled, [x.grad for x in xs64]))
+                what += " and float64"
+            result.update(_error_check(err, tol, f"{what}, o and o.sum()'s gradients"))
+    return checks
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+def drop_in_model(log: Log, device: str = "cuda") -> list[Check]:
+    """A small GPT of fuselab's drop-ins against the same model of torch.nn's, eager and compiled fullgraph."""
+    from fuselab.gate.model import compare_models
+
+    checks: list[Check] = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for compiled in (False, True):
+            name = f"4 GPT blocks {dtype_name_short(dtype_name(dtype))} {'compiled fullgraph' if compiled else 'eager'}"
+            with attempt(checks, "model", name, log) as result:
+                err, tol, what = compare_models(dtype, compiled, device)
+                result.update(_error_check(err, tol, what))
+    return checks
+
+
+# ---------------------------------------------------------------------------------------------- bench
+
+
+def bench_rows(op: Op, log: Log, device: str = "cuda") -> list[Check]:
+    """One short `fuselab bench` of every impl of `op` (that it runs and measures, not how fast), forward and, where
+    an impl has one, forward + backward."""
+    shape = op.profile_shape or op.bench_shapes[0]
+    passes = ("forward", "forward+backward") if any(i.backward for i in op.impls.values()) else ("forward",)
+    checks: list[Check] = []
+    start = time.perf_counter()
+    try:
+        rows = bench_op(
+            op, dtypes=[torch.bfloat16], shapes=[shape], device=device, timing=BENCH_TIMING, rounds=1,
+            show_progress=False, passes=passes, call_cost_ms=2.0,
+        )  # fmt: skip
+    except Exception as exc:
+        log.write(f"bench {op.name}", traceback.format_exc())
+        return [Check("bench", op.name, "fail", None, f"{type(exc).__name__}: {exc}"[:400])]
+    seconds = (time.perf_counter() - start) / max(len(rows), 1)
+    for r in rows:
+        options = " ".join(f"{k}={r[k]}" for k in op.options if k in r)
+        name = f"{op.name} {r['impl']} bf16 {format_shape(shape)} {r['pass']}" + (f" {options}" if options else "")
+        status = str(r.get("status"))
+        if status == "ok":
+            outcome, detail = "pass", f"median {r['median_ms']:.4g} ms"
+        else:  # unavailable here (an impl without a backward, in the backward pass) is listed; an error fails
+            outcome, detail = ("skip" if status in ("unavailable", "skipped") else "fail"), str(r.get("error"))
+        checks.append(Check("bench", name, outcome, r.get("median_ms"), detail[:400], seconds))
+    return checks
