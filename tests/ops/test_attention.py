@@ -325,3 +325,51 @@ def test_gpu_sdpa_parity_nan_and_inf() -> None:
         finite = torch.isfinite(theirs)
         assert torch.equal(finite, torch.isfinite(ours))
         assert relative_error(ours[finite], theirs[finite]) < TOL_16[torch.bfloat16]
+
+
+TTIR_SCRIPT = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler.compiler import make_backend
+from triton._C.libtriton import ir
+from fuselab.ops.attention import triton_kernels as tk
+
+POINTERS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
+FP32_POINTERS = {"LSE", "DELTA"}
+CONSTANTS = {"HEAD_DIM": 64, "D_PAD": 64, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True, "PREC": "tf32",
+             "INTERP": False}
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+options = backend.parse_options({"num_warps": 4, "num_stages": 2})
+for kernel in tk.TRITON_KERNELS:
+    signature, constants = {}, {}
+    for i, p in enumerate(kernel.params):
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+            constants[(i,)] = CONSTANTS[p.name]
+        elif p.name in POINTERS or p.name in FP32_POINTERS:
+            signature[p.name] = "*fp32" if p.name in FP32_POINTERS else "*bf16"
+        else:  # a Python float reaches the kernel as fp64 under torch.compile (Inductor's signature), an int as i32
+            signature[p.name] = "fp64" if p.name.endswith("scale") else "i32"
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    ASTSource(kernel, signature, constants, {}).make_ir(
+        target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context
+    )
+    print("ok", kernel.__name__)
+"""
+
+
+def test_triton_kernels_compile_with_the_scalars_torch_compile_passes() -> None:
+    """torch.compile (Inductor) types a Python float argument fp64, where Triton's own launch types it fp32; the
+    kernels once let it turn their accumulators fp64 and failed to compile there (tl.dot's accumulator assertion)
+    while eager mode worked. Compiled to Triton IR for an sm_90 target here, no GPU needed."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", TTIR_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("ok ") == 4, done.stdout

@@ -230,6 +230,7 @@ def attention_fwd_kernel(
     qk_scale = scale * log2(e). Grid: (NUM_M * Z * HQ,), NUM_M = cdiv(NQ, BLOCK_M).
     """
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    qk_scale = tl.cast(qk_scale, tl.float32)  # torch.compile passes a Python float as fp64: all math stays fp32
     pid = tl.program_id(0)
     bh = pid // NUM_M
     start_m = pid % NUM_M
@@ -516,6 +517,7 @@ def attention_bwd_dkdv_kernel(
 ):
     """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV,)."""
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     pid = tl.program_id(0)
     bh = pid // NUM_N
     n0 = (pid % NUM_N) * BLOCK_N
@@ -755,6 +757,7 @@ def attention_bwd_dq_kernel(
 ):
     """dQ of BLOCK_M queries of head (z, h), looping over key blocks. Grid: (NUM_M * Z * HQ,)."""
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     pid = tl.program_id(0)
     bh = pid // NUM_M
     start_m = pid % NUM_M
