@@ -1,14 +1,17 @@
 """`python -m fuselab.gate [--out FILE] [--budget-s S]`: run the GPU gate, write its record, exit 1 on any failure
-(2 when there is no GPU). The GPU test suite runs in a child process while the other stages run here."""
+(2 when there is no GPU). The GPU test suite runs in a child process beside the other stages' jobs
+(fuselab.gate.jobs), each in a process of its own."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,13 +34,16 @@ def revision() -> str:
         return "unknown"
 
 
-def start_pytest(log: Path, timeout_s: float, per_test_s: int, out: Path) -> subprocess.Popen:
-    """`pytest -m gpu` in a child process, each outcome appended to `log` as it happens, its output to `out`."""
+def start_pytest(log: Path, timeout_s: float, per_test_s: int, workers: int, out: Path) -> subprocess.Popen:
+    """`pytest -m gpu` in a child process (over `workers` pytest-xdist processes where xdist is installed), each
+    outcome appended to `log` as it happens, its output to `out`."""
     log.unlink(missing_ok=True)
     env = {**os.environ, LOG_VARIABLE: str(log), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-p", "fuselab.gate.pytest_log",
            "--timeout", str(per_test_s), "-o", "addopts="]  # fmt: skip
+    if workers > 1 and importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", str(workers)]
     with out.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     proc.deadline = time.monotonic() + timeout_s  # type: ignore[attr-defined]
@@ -84,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logs", type=Path, default=Path("gate-logs"), help="folder for pytest's output and tracebacks")
     p.add_argument("--pytest-budget-s", type=float, default=420.0, help="the GPU suite's wall-clock budget")
     p.add_argument("--per-test-s", type=int, default=180, help="one test's limit (pytest-timeout)")
+    p.add_argument("--pytest-workers", type=int, default=4, help="pytest-xdist processes for the GPU suite")
+    p.add_argument("--workers", type=int, default=4, help="the other stages' jobs run at once")
+    p.add_argument("--job-s", type=float, default=300.0, help="one job's limit")
     p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {','.join(GROUPS)}")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -95,40 +104,36 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown group(s) {', '.join(unknown)}; accepted: {', '.join(GROUPS)}")
 
     from fuselab.bench.env import environment
-    from fuselab.gate import stages
-    from fuselab.ops.registry import all_ops
+    from fuselab.gate import jobs
 
     start = time.monotonic()
     env = environment("cuda")
     out = args.out or ROOT / "benchmarks" / "results" / gpu_folder(str(env["gpu"])) / "gate.json"
     args.logs.mkdir(parents=True, exist_ok=True)
-    log = stages.Log(args.logs / "gate_tracebacks.log")
     record = GateRecord(revision(), source_digest(), _now(), env)
     proc = None
+    outcomes = args.logs / "pytest_outcomes.jsonl"
     if "pytest" in groups:
-        proc = start_pytest(args.logs / "pytest_outcomes.jsonl", args.pytest_budget_s, args.per_test_s,
+        proc = start_pytest(outcomes, args.pytest_budget_s, args.per_test_s, args.pytest_workers,
                             args.logs / "pytest_gpu.log")  # fmt: skip
-    ops = all_ops()
-    work = [
-        ("check", lambda: [c for op in ops for c in stages.check_rows(op, log)]),
-        ("compile", lambda: stages.compile_modules(log) + stages.cs336_step(log)),
-        ("model", lambda: stages.drop_in_model(log)),
-        ("bench", lambda: [c for op in ops for c in stages.bench_rows(op, log)]),
-    ]
-    for group, run in work:
-        if group in groups:
-            t0 = time.monotonic()
-            try:
-                record.checks += run()
-            except Exception as exc:  # a stage's own checks catch what they run; this is the stage itself breaking
-                record.checks.append(Check(group, "stage", "fail", None, f"{type(exc).__name__}: {exc}"[:400]))
-            _say(record, group, time.monotonic() - t0)
-            record.write(out)  # a run cut short keeps what it finished
+    lock = threading.Lock()
+
+    def done(job: jobs.Job, checks: list[Check]) -> None:  # progress, and a record that a cut run still leaves
+        with lock:
+            record.checks += checks
+            record.write(out)
+            failed = sum(c.outcome == "fail" for c in checks)
+            print(f"[{time.monotonic() - start:4.0f} s] {job.name}: {len(checks)} checks, {failed} failed", flush=True)
+
+    planned = jobs.plan(groups)
+    ran = jobs.run_all(planned, args.logs, args.workers, args.job_s, on_done=done)
     if proc is not None:
-        record.checks = finish_pytest(proc, args.logs / "pytest_outcomes.jsonl", args.pytest_budget_s) + record.checks
-        _say(record, "pytest", time.monotonic() - start)
+        ran = finish_pytest(proc, outcomes, args.pytest_budget_s) + ran
+    record.checks = ran
     record.seconds = time.monotonic() - start
     record.write(out)
+    for group in groups:
+        _say(record, group)
     for c in record.failures:
         print(f"FAIL {c.group}: {c.name}: {c.detail}")
     print(f"fuselab gate: {len(record.checks)} checks, {len(record.failures)} failed, {record.seconds:.0f} s; "
@@ -136,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if record.failures else 0
 
 
-def _say(record: GateRecord, group: str, seconds: float) -> None:
+def _say(record: GateRecord, group: str) -> None:
     counts = record.counts().get(group, {})
     print(f"gate {group}: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
-          f"{counts.get('skip', 0)} skipped, {seconds:.0f} s", flush=True)  # fmt: skip
+          f"{counts.get('skip', 0)} skipped, {counts.get('upstream', 0)} failed in PyTorch's own kernels")  # fmt: skip
 
 
 def _now() -> str:

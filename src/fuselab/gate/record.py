@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-Outcome = Literal["pass", "fail", "skip"]
+# upstream: failed in PyTorch's own kernels (an impl marked Impl.upstream: a baseline), reported but not fuselab's
+Outcome = Literal["pass", "fail", "skip", "upstream"]
 GROUPS = ("pytest", "check", "compile", "model", "bench")  # what every gate run covers, in the order it reports
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # src/fuselab: what the digest covers
 
@@ -46,7 +47,7 @@ class GateRecord:
         """{group: {outcome: how many}}."""
         out: dict[str, dict[str, int]] = {}
         for c in self.checks:
-            group = out.setdefault(c.group, {"pass": 0, "fail": 0, "skip": 0})
+            group = out.setdefault(c.group, {"pass": 0, "fail": 0, "skip": 0, "upstream": 0})
             group[c.outcome] += 1
         return out
 

@@ -20,7 +20,7 @@ from fuselab.ops.evaluate import bench_op, check_op, dtype_name, gradient_error,
 from fuselab.ops.registry import Op, all_ops, format_shape
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-LAYOUTS = ("contiguous", "transposed", "sliced")  # strided views: rows of an odd stride, a non-unit last stride
+LAYOUTS = ("contiguous", "transposed", "sliced")  # strided views: a non-unit last stride, rows of an odd stride
 LARGE_DTYPES = (torch.float32, torch.bfloat16)
 BENCH_TIMING = Timing(warmup_ms=2.0, min_warmup=1, rep_ms=5.0, min_reps=3, max_reps=20, flush_l2=False)
 
@@ -66,31 +66,32 @@ def _error_check(err: float, tol: float, what: str) -> dict:
 # ---------------------------------------------------------------------------------------------- check
 
 
-def check_rows(op: Op, log: Log, device: str = "cuda") -> list[Check]:
-    """`fuselab check` of every impl of `op` on the GPU: its check shapes in fp32, fp16 and bf16 in each layout, and
-    its large shape (forward) in fp32 and bf16."""
-    runs: list[tuple[str, dict]] = [(layout, {"dtypes": list(DTYPES), "layout": layout}) for layout in LAYOUTS]
-    if op.large_shape is not None:
-        runs.append(("large", {"dtypes": list(LARGE_DTYPES), "shapes": [op.large_shape], "grad": False}))
+def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -> list[Check]:
+    """`fuselab check` of one impl of `op` on the GPU in fp32, fp16 and bf16: its check shapes in `layout`, or, for
+    layout "large", its large shape (forward only, fp32 and bf16). A failure of an upstream impl (PyTorch's own
+    kernels) is reported as such."""
+    if layout == "large":
+        kwargs: dict = {"dtypes": list(LARGE_DTYPES), "shapes": [op.large_shape], "grad": False}
+    else:
+        kwargs = {"dtypes": list(DTYPES), "layout": layout}
+    upstream = op.get_impl(impl).upstream
+    start = time.perf_counter()
+    try:
+        rows = check_op(op, impls=[impl], device=device, show_progress=False, **kwargs)
+    except Exception as exc:
+        log.write(f"check {op.name} {impl} {layout}", traceback.format_exc())
+        outcome = "upstream" if upstream else "fail"
+        return [Check("check", f"{op.name} {impl} {layout}", outcome, None, f"{type(exc).__name__}: {exc}"[:400])]
+    seconds = (time.perf_counter() - start) / max(len(rows), 1)
     checks: list[Check] = []
-    for label, kwargs in runs:
-        start = time.perf_counter()
-        try:
-            rows = check_op(op, device=device, show_progress=False, **kwargs)
-        except Exception as exc:
-            log.write(f"check {op.name} {label}", traceback.format_exc())
-            checks.append(Check("check", f"{op.name} {label}", "fail", None, f"{type(exc).__name__}: {exc}"[:400]))
-            continue
-        seconds = (time.perf_counter() - start) / max(len(rows), 1)
-        for r in rows:
-            options = " ".join(f"{k}={r[k]}" for k in op.options if k in r)
-            name = f"{op.name} {r['impl']} {dtype_name_short(r['dtype'])} {format_shape(tuple(r['shape']))}"
-            name += f" {label}" + (f" {options}" if options else "")
-            errors = [e for e in (r.get("rel_err"), r.get("grad_rel_err")) if e is not None]
-            figure = max(errors) if errors else None
-            outcome = {"pass": "pass", "FAIL": "fail"}.get(r["status"], "skip")
-            detail = r.get("reason") or (f"tolerance {r['tolerance']:g}" if r.get("tolerance") else "")
-            checks.append(Check("check", name, outcome, figure, detail or "", seconds))
+    for r in rows:
+        options = " ".join(f"{k}={r[k]}" for k in op.options if k in r)
+        name = f"{op.name} {impl} {dtype_name_short(r['dtype'])} {format_shape(tuple(r['shape']))} {layout}"
+        name += f" {options}" if options else ""
+        errors = [e for e in (r.get("rel_err"), r.get("grad_rel_err")) if e is not None]
+        outcome = {"pass": "pass", "FAIL": "upstream" if upstream else "fail"}.get(r["status"], "skip")
+        detail = r.get("reason") or (f"tolerance {r['tolerance']:g}" if r.get("tolerance") else "")
+        checks.append(Check("check", name, outcome, max(errors) if errors else None, detail or "", seconds))
     return checks
 
 
@@ -141,21 +142,25 @@ def compile_modules(log: Log, device: str = "cuda") -> list[Check]:
     return checks
 
 
-def cs336_step(log: Log, device: str = "cuda") -> list[Check]:
+def cs336_step(cls_name: str, log: Log, device: str = "cuda") -> list[Check]:
     """CS336's leaderboard step, `f = torch.compile(Cls.apply); o = f(q, k, v, causal); o.sum().backward()`, for
-    the Triton and the tiled PyTorch class, against eager and float64 (the leaderboard's own size against eager)."""
-    from fuselab.ops.attention import ATTENTION, FlashAttentionTiled, FlashAttentionTriton
+    the class `cls_name` (FlashAttentionTriton, or the tiled PyTorch FlashAttentionTiled), against eager and
+    float64; the Triton class also at the leaderboard's own size, against eager."""
+    import fuselab.ops.attention as attention
+    from fuselab.ops.attention import ATTENTION
     from fuselab.ops.attention.spec import reference
 
-    cases: list[tuple[type, tuple[int, ...], torch.dtype, bool, bool]] = []  # class, shape, dtype, causal, fp64
+    cls = getattr(attention, cls_name)
+    triton = cls_name == "FlashAttentionTriton"
+    cases: list[tuple[tuple[int, ...], torch.dtype, bool, bool]] = []  # shape, dtype, causal, against float64
     for dtype in (torch.float32, torch.bfloat16):
         for causal in (False, True):
-            cases.append((FlashAttentionTriton, (4, 1024, 64), dtype, causal, True))
-            cases.append((FlashAttentionTiled, (2, 130, 16), dtype, causal, True))
-    cases.append((FlashAttentionTriton, (16, 16384, 64), torch.bfloat16, True, False))  # the leaderboard's size
+            cases.append(((4, 1024, 64) if triton else (2, 130, 16), dtype, causal, True))
+    if triton:
+        cases.append(((16, 16384, 64), torch.bfloat16, True, False))  # the leaderboard's size
     checks: list[Check] = []
-    for cls, shape, dtype, causal, fp64 in cases:
-        name = f"{cls.__name__} {format_shape(shape)} {dtype_name_short(dtype_name(dtype))} causal={causal}"
+    for shape, dtype, causal, fp64 in cases:
+        name = f"{cls_name} {format_shape(shape)} {dtype_name_short(dtype_name(dtype))} causal={causal}"
         with attempt(checks, "compile", name, log) as result:
             gen = torch.Generator(device=device).manual_seed(sum(shape))
             q, k, v = (torch.randn(shape, generator=gen, device=device).to(dtype) for _ in range(3))
@@ -184,17 +189,18 @@ def cs336_step(log: Log, device: str = "cuda") -> list[Check]:
 # ---------------------------------------------------------------------------------------------- the model
 
 
-def drop_in_model(log: Log, device: str = "cuda") -> list[Check]:
-    """A small GPT of fuselab's drop-ins against the same model of torch.nn's, eager and compiled fullgraph."""
+def drop_in_model(dtype_short: str, log: Log, device: str = "cuda") -> list[Check]:
+    """A small GPT of fuselab's drop-ins against the same model of torch.nn's, eager and compiled fullgraph, in
+    `dtype_short` (fp32 or bf16)."""
     from fuselab.gate.model import compare_models
 
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_short]
     checks: list[Check] = []
-    for dtype in (torch.float32, torch.bfloat16):
-        for compiled in (False, True):
-            name = f"4 GPT blocks {dtype_name_short(dtype_name(dtype))} {'compiled fullgraph' if compiled else 'eager'}"
-            with attempt(checks, "model", name, log) as result:
-                err, tol, what = compare_models(dtype, compiled, device)
-                result.update(_error_check(err, tol, what))
+    for compiled in (False, True):
+        name = f"4 GPT blocks {dtype_short} {'compiled fullgraph' if compiled else 'eager'}"
+        with attempt(checks, "model", name, log) as result:
+            err, tol, what = compare_models(dtype, compiled, device)
+            result.update(_error_check(err, tol, what))
     return checks
 
 

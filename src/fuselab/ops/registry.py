@@ -98,6 +98,8 @@ class Impl:
     triton_kernels: returns the @triton.jit functions the impl launches (what `inspect` compiles and shows).
     cuda_source: the .cu file of its CUDA C++ kernels (what `inspect` compiles and shows).
     dtypes: the dtypes it computes in, when fewer than its op's (None: every dtype of the op).
+    upstream: it runs PyTorch's own kernels (a baseline: torch's function, SDPA, torch.compile's code), so what fails
+        in it is PyTorch's to fix: the GPU gate reports such failures apart from fuselab's own.
     """
 
     name: str
@@ -110,6 +112,7 @@ class Impl:
     triton_kernels: Callable[[], Sequence[object]] | None = None
     cuda_source: Path | None = None
     dtypes: tuple[torch.dtype, ...] | None = None
+    upstream: bool = False
 
     @property
     def inspectable(self) -> bool:

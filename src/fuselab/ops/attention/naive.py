@@ -28,7 +28,7 @@ def attention_naive(
     return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
-@ATTENTION.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True)
+@ATTENTION.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True, upstream=True)
 def attention_compile(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
 ) -> torch.Tensor:
@@ -49,7 +49,7 @@ def _sdpa(
     return out.squeeze(1) if shapes.three_d else out
 
 
-@ATTENTION.impl("sdpa", devices=ANY_DEVICE, backward=True)
+@ATTENTION.impl("sdpa", devices=ANY_DEVICE, backward=True, upstream=True)
 def attention_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
 ) -> torch.Tensor:
@@ -98,4 +98,5 @@ for _name, (_backend, _about) in BACKENDS.items():
         requires=_cuda_only,
         backward=True,
         dtypes=(torch.float16, torch.bfloat16) if _name == "sdpa-flash" else None,
+        upstream=True,
     )(_forced(_name, _backend, _about))

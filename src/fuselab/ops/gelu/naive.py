@@ -21,7 +21,7 @@ def gelu_naive(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.erf(x * SQRT1_2))
 
 
-@GELU.impl("torch", devices=ANY_DEVICE, backward=True)
+@GELU.impl("torch", devices=ANY_DEVICE, backward=True, upstream=True)
 def gelu_torch(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """PyTorch's built-in F.gelu: one fused kernel (math in fp32 for fp16/bf16)."""
     check_tensor(x, impl="gelu torch", devices=ANY_DEVICE, dtypes=(*FLOAT_DTYPES, torch.float64))
@@ -29,7 +29,7 @@ def gelu_torch(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     return F.gelu(x, approximate=approximate)
 
 
-@GELU.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True)
+@GELU.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True, upstream=True)
 def gelu_compile(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """The naive formula, which the harness wraps in torch.compile per case: Inductor fuses it into one kernel."""
     return gelu_naive(x, approximate)

@@ -22,14 +22,14 @@ def softmax_naive(x: torch.Tensor) -> torch.Tensor:
     return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
 
 
-@SOFTMAX.impl("torch", devices=ANY_DEVICE, backward=True)
+@SOFTMAX.impl("torch", devices=ANY_DEVICE, backward=True, upstream=True)
 def softmax_torch(x: torch.Tensor) -> torch.Tensor:
     """PyTorch's built-in torch.softmax over the last dimension (math in fp32 for fp16/bf16)."""
     check_tensor(x, impl="softmax torch", devices=ANY_DEVICE, dtypes=(*FLOAT_DTYPES, torch.float64))
     return torch.softmax(x, dim=-1)
 
 
-@SOFTMAX.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True)
+@SOFTMAX.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True, upstream=True)
 def softmax_compile(x: torch.Tensor) -> torch.Tensor:
     """The naive ops, which the harness wraps in torch.compile per case: Inductor fuses them into one kernel."""
     return softmax_naive(x)

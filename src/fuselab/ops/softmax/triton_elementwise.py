@@ -15,8 +15,8 @@ grows with the row's width (past 1e-5 relative from a few ten thousand elements)
 fp32 result's own rounding at any width.
 
 It reads x three times and writes y once (4 · numel · itemsize bytes against the 2 of a fused kernel), gathers the
-row statistics per element (3 fp32 loads that the caches mostly serve), and issues 2 atomics per element (4 B and 8 B), every
-element of a row contending for the same address. Forward only (no backward). fp32 math; 64-bit indices. Under
+row statistics per element (3 loads that the caches mostly serve), and issues 2 atomics per element (4 B and 8 B),
+every element of a row contending for the same address. Forward only (no backward). fp32 math; 64-bit indices. Under
 TRITON_INTERPRET=1 it runs on the CPU (in fp32, for tests). A row that is all -inf, or holds +inf or NaN, gives
 NaN as torch.softmax does (a NaN reaches the row's sum in step 2 even where the atomic max passes it by).
 """
