@@ -74,7 +74,7 @@ def main() -> int:
         m = rested[name]
         rows.append({
             "step": name, "median_ms": m.median_ms, "iqr_ms": m.iqr_ms, "runs": m.n,
-            "sustained_ms": sustained[name], "tflops": step_flops / (m.median * 1e-3) / 1e12,
+            "sustained_ms": sustained[name], "tflops": step_flops / (m.median_ms * 1e-3) / 1e12,
             "sustained_tflops": step_flops / (sustained[name] * 1e-3) / 1e12,
             "grad_rel_err_vs_cudnn": agree[name],
         })  # fmt: skip

@@ -243,3 +243,13 @@ def test_readme_says_how_to_run_the_cli_after_make():
     assert "source .venv/bin/activate" in readme and 'make run ARGS="device"' in readme
     assert re.search(r"^run: setup\n\t\$\(BIN\)/fuselab \$\(ARGS\)$", makefile, re.M)
     assert re.search(r"^\t\$\(BIN\)/fuselab report --out report \$\(ARGS\)$", makefile, re.M)
+
+
+def test_fuselab_nn_functional_is_an_attribute_of_fuselab_nn():
+    import subprocess
+    import sys
+
+    # in a fresh interpreter: fuselab.nn.functional reached as an attribute before any import of it (it recursed)
+    code = "import fuselab.nn; print(fuselab.nn.functional.scaled_dot_product_attention.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "scaled_dot_product_attention", done.stderr[-500:]

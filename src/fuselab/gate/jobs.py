@@ -49,7 +49,8 @@ def plan(groups: list[str]) -> list[Job]:
         jobs += [Job("model", (dtype,)) for dtype in ("fp32", "bf16")]
     if "bench" in groups:
         jobs += [Job("bench", (op.name,)) for op in all_ops()]
-    return sorted(jobs, key=lambda j: (j.kind not in ("compile", "model"), j.args[1:2] != ("triton",)))
+    first = ("attention",)  # the longest: its checks compile and run the most kernels
+    return sorted(jobs, key=lambda j: (j.args[:1] != first, j.kind not in ("compile", "model"), "triton" not in j.args))
 
 
 def run(job: Job, log_path: Path | None) -> list[Check]:

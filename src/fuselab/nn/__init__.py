@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from fuselab.ops.registry import all_ops
 
 
@@ -13,10 +15,8 @@ def modules() -> dict[str, type]:
 
 
 def __getattr__(name: str) -> object:
-    if name == "functional":
-        from fuselab.nn import functional
-
-        return functional
+    if name == "functional":  # import_module: `from fuselab.nn import functional` here would ask this hook again
+        return importlib.import_module("fuselab.nn.functional")
     found = modules()
     if name in found:
         return found[name]

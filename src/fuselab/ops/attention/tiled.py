@@ -50,8 +50,7 @@ def tiled_forward(
     """O (q's shape and dtype) and L (q's shape without d, float32, natural log), tile by tile."""
     qg, kg, vg = _grouped(q, k, v)
     nq, nk = qg.shape[-2], kg.shape[-2]
-    out = torch.empty((*qg.shape[:-1], vg.shape[-1]), dtype=qg.dtype, device=q.device)
-    lse = torch.empty(qg.shape[:-1], dtype=qg.dtype, device=q.device)
+    outs, lses = [], []  # per query tile, joined at the end: no in-place writes for torch.compile to track
     for i0 in range(0, nq, TILE_Q):
         i1 = min(i0 + TILE_Q, nq)
         qi = qg[..., i0:i1, :]
@@ -71,8 +70,10 @@ def tiled_forward(
             l = alpha * l + p.sum(dim=-1)  # noqa: E741
             acc = alpha[..., None] * acc + torch.matmul(p, vg[..., j0:j1, :])
             m = m_new
-        out[..., i0:i1, :] = acc / l[..., None]
-        lse[..., i0:i1] = m + torch.log(l)
+        outs.append(acc / l[..., None])
+        lses.append(m + torch.log(l))
+    out = torch.cat(outs, dim=-2) if outs else qg.new_empty((*qg.shape[:-1], vg.shape[-1]))
+    lse = torch.cat(lses, dim=-1) if lses else qg.new_empty(qg.shape[:-1])
     o_shape = (*q.shape[:-1], v.shape[-1])
     return out.reshape(o_shape).to(q.dtype), lse.reshape(q.shape[:-1]).float()
 
@@ -94,15 +95,16 @@ def tiled_backward(
     og = o.reshape(dog.shape).to(qg.dtype)
     lg = lse.reshape(qg.shape[:-1]).to(qg.dtype)
     delta = (dog * og).sum(dim=-1)  # D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij
-    dq = torch.zeros_like(qg)
-    dk = torch.zeros_like(kg)
-    dv = torch.zeros_like(vg)
+    starts = range(0, nq, TILE_Q)
+    dqs = [torch.zeros_like(qg[..., i0 : i0 + TILE_Q, :]) for i0 in starts]  # per query tile, joined at the end
+    dks, dvs = [], []
     for j0 in range(0, nk, TILE_K):
         j1 = min(j0 + TILE_K, nk)
         kj, vj = kg[..., j0:j1, :], vg[..., j0:j1, :]
         dkj, dvj = torch.zeros_like(kj), torch.zeros_like(vj)
-        start = (j0 // TILE_Q) * TILE_Q if causal else 0  # causal: query tiles before the key tile see none of it
-        for i0 in range(start, nq, TILE_Q):
+        first = j0 // TILE_Q if causal else 0  # causal: query tiles before the key tile see none of it
+        for t in range(first, len(starts)):
+            i0 = starts[t]
             i1 = min(i0 + TILE_Q, nq)
             qi, doi = qg[..., i0:i1, :], dog[..., i0:i1, :]
             s = torch.matmul(qi, kj.transpose(-1, -2)) * scale
@@ -110,13 +112,16 @@ def tiled_backward(
             if mask is not None:
                 s = s.masked_fill(mask, float("-inf"))
             p = torch.exp(s - lg[..., i0:i1, None])  # recomputed, exactly normalised by L
-            dvj += torch.matmul(p.transpose(-1, -2), doi).sum(dim=2, keepdim=True)
+            dvj = dvj + torch.matmul(p.transpose(-1, -2), doi).sum(dim=2, keepdim=True)
             dp = torch.matmul(doi, vj.transpose(-1, -2))
             ds = p * (dp - delta[..., i0:i1, None])
-            dq[..., i0:i1, :] += torch.matmul(ds, kj) * scale
-            dkj += torch.matmul(ds.transpose(-1, -2), qi).sum(dim=2, keepdim=True) * scale
-        dk[..., j0:j1, :] = dkj
-        dv[..., j0:j1, :] = dvj
+            dqs[t] = dqs[t] + torch.matmul(ds, kj) * scale
+            dkj = dkj + torch.matmul(ds.transpose(-1, -2), qi).sum(dim=2, keepdim=True) * scale
+        dks.append(dkj)
+        dvs.append(dvj)
+    dq = torch.cat(dqs, dim=-2) if dqs else torch.zeros_like(qg)
+    dk = torch.cat(dks, dim=-2) if dks else torch.zeros_like(kg)
+    dv = torch.cat(dvs, dim=-2) if dvs else torch.zeros_like(vg)
     return dq.reshape(q.shape).to(q.dtype), dk.reshape(k.shape).to(k.dtype), dv.reshape(v.shape).to(v.dtype)
 
 
