@@ -126,9 +126,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.monotonic() - start:4.0f} s] {job.name}: {len(checks)} checks, {failed} failed", flush=True)
 
     planned = jobs.plan(groups)
-    ran = jobs.run_all(planned, args.logs, args.workers, args.job_s, on_done=done)
-    if proc is not None:
-        ran = finish_pytest(proc, outcomes, args.pytest_budget_s) + ran
+    suite: list[Check] = []
+
+    def after_suite() -> None:  # the jobs that fill the GPU's memory wait for the suite, which has such tests too
+        if proc is not None:
+            suite.extend(finish_pytest(proc, outcomes, args.pytest_budget_s))
+            print(f"[{time.monotonic() - start:4.0f} s] pytest -m gpu: {len(suite)} tests", flush=True)
+
+    ran = jobs.run_all(planned, args.logs, args.workers, args.job_s, on_done=done, exclusive_after=after_suite)
+    if not any(j.exclusive for j in planned):
+        after_suite()
+    ran = suite + ran
     record.checks = ran
     record.seconds = time.monotonic() - start
     record.write(out)

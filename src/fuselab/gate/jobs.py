@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,9 +72,17 @@ def run(job: Job, log_path: Path | None) -> list[Check]:
     raise ValueError(f"unknown job kind {job.kind!r}")
 
 
-def run_all(jobs: list[Job], logs: Path, workers: int, timeout_s: float, on_done=None) -> list[Check]:
+def run_all(
+    jobs: list[Job],
+    logs: Path,
+    workers: int,
+    timeout_s: float,
+    on_done: Callable[[Job, list[Check]], None] | None = None,
+    exclusive_after: Callable[[], object] | None = None,
+) -> list[Check]:
     """Run every job in a child process, `workers` at once beside the exclusive jobs (one at a time, in a line of
-    their own), each within `timeout_s`; a job that crashes or runs out of time is one failed check naming it.
+    their own, started once exclusive_after() returns: the GPU suite, which has tests past 2^31 elements of its
+    own), each within `timeout_s`; a job that crashes or runs out of time is one failed check naming it.
     on_done(job, checks) after each."""
     results: dict[Job, list[Check]] = {}
 
@@ -83,6 +92,8 @@ def run_all(jobs: list[Job], logs: Path, workers: int, timeout_s: float, on_done
             on_done(job, results[job])
 
     def in_line(line: list[Job]) -> None:
+        if exclusive_after is not None:
+            exclusive_after()
         for job in line:
             one(job)
 

@@ -75,7 +75,9 @@ def tiled_forward(
     out = torch.cat(outs, dim=-2) if outs else qg.new_empty((*qg.shape[:-1], vg.shape[-1]))
     lse = torch.cat(lses, dim=-1) if lses else qg.new_empty(qg.shape[:-1])
     o_shape = (*q.shape[:-1], v.shape[-1])
-    return out.reshape(o_shape).to(q.dtype), lse.reshape(q.shape[:-1]).float()
+    # fresh tensors, not views of `out` and `lse`: torch 2.11's torch.compile gives an autograd.Function whose forward
+    # returns views zero gradients (in fp32, where .to() would not copy)
+    return out.reshape(o_shape).to(q.dtype, copy=True), lse.reshape(q.shape[:-1]).to(torch.float32, copy=True)
 
 
 def tiled_backward(
