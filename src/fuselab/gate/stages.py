@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from fuselab.bench.results import fmt_dtype
 from fuselab.bench.timer import Timing
 from fuselab.gate.record import Check
 from fuselab.ops.evaluate import bench_op, check_op, dtype_name, gradient_error, relative_error
@@ -86,17 +87,13 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
     checks: list[Check] = []
     for r in rows:
         options = " ".join(f"{k}={r[k]}" for k in op.options if k in r)
-        name = f"{op.name} {impl} {dtype_name_short(r['dtype'])} {format_shape(tuple(r['shape']))} {layout}"
+        name = f"{op.name} {impl} {fmt_dtype(r['dtype'])} {format_shape(tuple(r['shape']))} {layout}"
         name += f" {options}" if options else ""
         errors = [e for e in (r.get("rel_err"), r.get("grad_rel_err")) if e is not None]
         outcome = {"pass": "pass", "FAIL": "upstream" if upstream else "fail"}.get(r["status"], "skip")
         detail = r.get("reason") or (f"tolerance {r['tolerance']:g}" if r.get("tolerance") else "")
         checks.append(Check("check", name, outcome, max(errors) if errors else None, detail or "", seconds))
     return checks
-
-
-def dtype_name_short(name: str) -> str:
-    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(name, name)
 
 
 # ---------------------------------------------------------------------------------------------- compile
@@ -114,7 +111,7 @@ def compile_modules(log: Log, device: str = "cuda") -> list[Check]:
         if op.module is None:
             continue
         for dtype in (torch.float32, torch.bfloat16):
-            name = f"{op.module.__name__}() {dtype_name_short(dtype_name(dtype))}"
+            name = f"{op.module.__name__}() {fmt_dtype(dtype_name(dtype))}"
             with attempt(checks, "compile", name, log) as result:
                 module = op.module()
                 reference = op.module(impl="torch")
@@ -160,7 +157,7 @@ def cs336_step(cls_name: str, log: Log, device: str = "cuda") -> list[Check]:
         cases.append(((16, 16384, 64), torch.bfloat16, True, False))  # the leaderboard's size
     checks: list[Check] = []
     for shape, dtype, causal, fp64 in cases:
-        name = f"{cls_name} {format_shape(shape)} {dtype_name_short(dtype_name(dtype))} causal={causal}"
+        name = f"{cls_name} {format_shape(shape)} {fmt_dtype(dtype_name(dtype))} causal={causal}"
         with attempt(checks, "compile", name, log) as result:
             gen = torch.Generator(device=device).manual_seed(sum(shape))
             q, k, v = (torch.randn(shape, generator=gen, device=device).to(dtype) for _ in range(3))
