@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fuselab.gate import jobs
-from fuselab.gate.__main__ import finish_pytest
+from fuselab.gate.__main__ import Suite, finish_pytest
 from fuselab.gate.pytest_log import LOG_VARIABLE
 from fuselab.gate.record import GROUPS, Check, GateRecord, gpu_folder, source_digest
 from fuselab.ops.registry import all_ops
@@ -68,18 +68,16 @@ def test_suite_outcomes_name_tests_that_never_finished(tmp_path):
         {"test": "t.py::b", "when": "call", "outcome": "failed", "seconds": 0.1, "detail": "AssertionError: 1 != 2"},
         {"test": "t.py::c", "when": "setup", "outcome": "skipped", "seconds": 0.0, "detail": "needs 2 GPUs"},
     ])  # fmt: skip
-    done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
-    done.deadline = 1e18  # type: ignore[attr-defined]
+    done = Suite(subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"]), deadline=1e18)
     checks = {c.name: c for c in finish_pytest(done, log, budget_s=60)}
     assert [checks[t].outcome for t in ("t.py::a", "t.py::b", "t.py::c", "t.py::d")] == ["pass", "fail", "skip", "fail"]
     assert "1 != 2" in checks["t.py::b"].detail and "in setup" in checks["t.py::c"].detail
     assert checks["t.py::d"].detail == "no outcome"
 
-    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    slow.deadline = 0.0  # type: ignore[attr-defined]
+    slow = Suite(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True), 0.0)
     checks = {c.name: c for c in finish_pytest(slow, log, budget_s=420)}
     assert checks["t.py::d"].outcome == "fail" and "budget of 420 s" in checks["t.py::d"].detail
-    assert slow.returncode is not None  # killed, not left running
+    assert slow.proc.returncode is not None  # killed, not left running
 
 
 def test_the_plugin_logs_collection_and_every_outcome(tmp_path):

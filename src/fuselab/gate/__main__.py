@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,7 +35,15 @@ def revision() -> str:
         return "unknown"
 
 
-def start_pytest(log: Path, timeout_s: float, per_test_s: int, workers: int, out: Path) -> subprocess.Popen:
+@dataclass
+class Suite:
+    """The GPU suite's process and the time.monotonic() by which it must have ended."""
+
+    proc: subprocess.Popen
+    deadline: float
+
+
+def start_pytest(log: Path, timeout_s: float, per_test_s: int, workers: int, out: Path) -> Suite:
     """`pytest -m gpu` in a child process (over `workers` pytest-xdist processes where xdist is installed), each
     outcome appended to `log` as it happens, its output to `out`."""
     log.unlink(missing_ok=True)
@@ -46,14 +55,14 @@ def start_pytest(log: Path, timeout_s: float, per_test_s: int, workers: int, out
         cmd += ["-n", str(workers)]
     with out.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    proc.deadline = time.monotonic() + timeout_s  # type: ignore[attr-defined]
-    return proc
+    return Suite(proc, time.monotonic() + timeout_s)
 
 
-def finish_pytest(proc: subprocess.Popen, log: Path, budget_s: float) -> list[Check]:
+def finish_pytest(suite: Suite, log: Path, budget_s: float) -> list[Check]:
     """Wait for the suite (killed at its deadline); one check per collected test, those without an outcome failed."""
+    proc = suite.proc
     try:
-        proc.wait(timeout=max(0.0, proc.deadline - time.monotonic()))  # type: ignore[attr-defined]
+        proc.wait(timeout=max(0.0, suite.deadline - time.monotonic()))
         cut = False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
@@ -111,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "benchmarks" / "results" / gpu_folder(str(env["gpu"])) / "gate.json"
     args.logs.mkdir(parents=True, exist_ok=True)
     record = GateRecord(revision(), source_digest(), _now(), env)
-    proc = None
+    running: Suite | None = None
     outcomes = args.logs / "pytest_outcomes.jsonl"
     if "pytest" in groups:
-        proc = start_pytest(outcomes, args.pytest_budget_s, args.per_test_s, args.pytest_workers,
+        running = start_pytest(outcomes, args.pytest_budget_s, args.per_test_s, args.pytest_workers,
                             args.logs / "pytest_gpu.log")  # fmt: skip
     lock = threading.Lock()
 
@@ -126,17 +135,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.monotonic() - start:4.0f} s] {job.name}: {len(checks)} checks, {failed} failed", flush=True)
 
     planned = jobs.plan(groups)
-    suite: list[Check] = []
+    tests: list[Check] = []
 
     def after_suite() -> None:  # the jobs that fill the GPU's memory wait for the suite, which has such tests too
-        if proc is not None:
-            suite.extend(finish_pytest(proc, outcomes, args.pytest_budget_s))
-            print(f"[{time.monotonic() - start:4.0f} s] pytest -m gpu: {len(suite)} tests", flush=True)
+        if running is not None:
+            tests.extend(finish_pytest(running, outcomes, args.pytest_budget_s))
+            print(f"[{time.monotonic() - start:4.0f} s] pytest -m gpu: {len(tests)} tests", flush=True)
 
     ran = jobs.run_all(planned, args.logs, args.workers, args.job_s, on_done=done, exclusive_after=after_suite)
     if not any(j.exclusive for j in planned):
         after_suite()
-    ran = suite + ran
+    ran = tests + ran
     record.checks = ran
     record.seconds = time.monotonic() - start
     record.write(out)
