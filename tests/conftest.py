@@ -21,3 +21,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def device() -> str:
     """The device tests run on: the GPU when there is one, else the CPU."""
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture
+def whole_gpu_memory():
+    """For a test that needs most of the GPU's memory: under the GPU gate, it waits for the gate's other such work
+    (fuselab.gate.jobs.whole_gpu_memory); elsewhere it does nothing."""
+    from fuselab.gate.jobs import whole_gpu_memory
+
+    with whole_gpu_memory():
+        yield

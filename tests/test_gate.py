@@ -125,3 +125,30 @@ def test_the_gate_refuses_to_run_without_a_gpu():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run([sys.executable, "-m", "fuselab.gate"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+
+
+def test_whole_gpu_memory_has_one_holder_at_a_time(tmp_path, monkeypatch):
+    """The lock the gate's jobs past 2^31 elements and the suite's own such tests share: a second holder waits."""
+    import threading
+
+    monkeypatch.setenv(jobs.LOCK_VARIABLE, str(tmp_path / "gpu_memory.lock"))
+    order: list[str] = []
+
+    def second() -> None:
+        with jobs.whole_gpu_memory():
+            order.append("second")
+
+    with jobs.whole_gpu_memory():
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and order == [], "the second holder did not wait"
+        order.append("first")
+    waiter.join(10)
+    assert order == ["first", "second"]
+
+
+def test_whole_gpu_memory_does_nothing_outside_a_gate_run(monkeypatch):
+    monkeypatch.delenv(jobs.LOCK_VARIABLE, raising=False)
+    with jobs.whole_gpu_memory(), jobs.whole_gpu_memory():  # nested: would deadlock if it locked anything
+        pass

@@ -241,6 +241,7 @@ def test_gpu_compile_impl(dtype: torch.dtype, form: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.usefixtures("whole_gpu_memory")
 @pytest.mark.parametrize("name", FUSED)
 def test_gpu_past_2_pow_31_elements(name: str) -> None:
     """2^31 + 17 bf16 elements (4 GiB): 64-bit offsets in forward and backward; checked on slices at the start,

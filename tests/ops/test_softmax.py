@@ -572,6 +572,7 @@ def test_gpu_compile_impl(dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.usefixtures("whole_gpu_memory")
 @pytest.mark.parametrize("name", FUSED)
 @pytest.mark.parametrize("width", [1000, 65536, 2**20])
 def test_gpu_past_2_pow_31_elements(name: str, width: int) -> None:

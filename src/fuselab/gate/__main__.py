@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     record = GateRecord(revision(), source_digest(), _now(), env)
     running: Suite | None = None
     outcomes = args.logs / "pytest_outcomes.jsonl"
+    os.environ[jobs.LOCK_VARIABLE] = str(args.logs / "gpu_memory.lock")  # the suite's tests past 2^31 take it too
     if "pytest" in groups:
         running = start_pytest(outcomes, args.pytest_budget_s, args.per_test_s, args.pytest_workers,
                             args.logs / "pytest_gpu.log")  # fmt: skip
@@ -134,17 +135,11 @@ def main(argv: list[str] | None = None) -> int:
             failed = sum(c.outcome == "fail" for c in checks)
             print(f"[{time.monotonic() - start:4.0f} s] {job.name}: {len(checks)} checks, {failed} failed", flush=True)
 
-    planned = jobs.plan(groups)
+    ran = jobs.run_all(jobs.plan(groups), args.logs, args.workers, args.job_s, on_done=done)
     tests: list[Check] = []
-
-    def after_suite() -> None:  # the jobs that fill the GPU's memory wait for the suite, which has such tests too
-        if running is not None:
-            tests.extend(finish_pytest(running, outcomes, args.pytest_budget_s))
-            print(f"[{time.monotonic() - start:4.0f} s] pytest -m gpu: {len(tests)} tests", flush=True)
-
-    ran = jobs.run_all(planned, args.logs, args.workers, args.job_s, on_done=done, exclusive_after=after_suite)
-    if not any(j.exclusive for j in planned):
-        after_suite()
+    if running is not None:
+        tests = finish_pytest(running, outcomes, args.pytest_budget_s)
+        print(f"[{time.monotonic() - start:4.0f} s] pytest -m gpu: {len(tests)} tests", flush=True)
     ran = tests + ran
     record.checks = ran
     record.seconds = time.monotonic() - start

@@ -5,24 +5,28 @@ job's remaining checks, never the rest of the gate."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fuselab.gate.record import Check
 
+LOCK_VARIABLE = "FUSELAB_GATE_MEMORY_LOCK"  # the file the gate locks for work that needs most of the GPU's memory
+
 
 @dataclass(frozen=True)
 class Job:
     """One unit of the gate. kind: check (args: op, impl, layout), compile (args: "modules" or a CS336 class),
     model (args: fp32 or bf16) or bench (args: op).
-    exclusive: it needs most of the GPU's memory (a shape past 2^31 elements): never beside another such job."""
+    exclusive: it needs most of the GPU's memory (a shape past 2^31 elements): it runs holding whole_gpu_memory()."""
 
     kind: str
     args: tuple[str, ...] = ()
@@ -78,12 +82,10 @@ def run_all(
     workers: int,
     timeout_s: float,
     on_done: Callable[[Job, list[Check]], None] | None = None,
-    exclusive_after: Callable[[], object] | None = None,
 ) -> list[Check]:
     """Run every job in a child process, `workers` at once beside the exclusive jobs (one at a time, in a line of
-    their own, started once exclusive_after() returns: the GPU suite, which has tests past 2^31 elements of its
-    own), each within `timeout_s`; a job that crashes or runs out of time is one failed check naming it.
-    on_done(job, checks) after each."""
+    their own, each holding whole_gpu_memory()), each within `timeout_s`; a job that crashes or runs out of time is
+    one failed check naming it. on_done(job, checks) after each."""
     results: dict[Job, list[Check]] = {}
 
     def one(job: Job) -> None:
@@ -92,16 +94,32 @@ def run_all(
             on_done(job, results[job])
 
     def in_line(line: list[Job]) -> None:
-        if exclusive_after is not None:
-            exclusive_after()
         for job in line:
-            one(job)
+            with whole_gpu_memory():
+                one(job)
 
     with ThreadPoolExecutor(max_workers=workers + 1) as pool:
         line = pool.submit(in_line, [j for j in jobs if j.exclusive])
         list(pool.map(one, [j for j in jobs if not j.exclusive]))
         line.result()
     return [c for job in jobs for c in results[job]]
+
+
+@contextlib.contextmanager
+def whole_gpu_memory() -> Iterator[None]:
+    """Hold the gate's lock on most of the GPU's memory: an exclusive lock on the file $FUSELAB_GATE_MEMORY_LOCK,
+    taken by the gate's jobs past 2^31 elements and by the GPU suite's own such tests (the `whole_gpu_memory`
+    fixture), so no two of them fill the GPU at once. Without the variable (outside a gate run) it does nothing."""
+    path = os.environ.get(LOCK_VARIABLE)
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _child(job: Job, logs: Path, timeout_s: float) -> list[Check]:
