@@ -17,6 +17,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """A test's cached GPU memory goes back to the device when it ends: pytest-xdist workers and the GPU gate's jobs
+    share one GPU, and blocks a finished test left in PyTorch's cache (17-33 GiB a worker) starved the gate's jobs
+    past 2^31 elements."""
+    if HAS_CUDA and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def device() -> str:
     """The device tests run on: the GPU when there is one, else the CPU."""
