@@ -19,8 +19,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """A test's cached GPU memory goes back to the device when it ends: pytest-xdist workers and the GPU gate's jobs
-    share one GPU, and blocks a finished test left in PyTorch's cache (17-33 GiB a worker) starved the gate's jobs
-    past 2^31 elements."""
+    share one GPU, and blocks a finished test left in PyTorch's cache would starve the gate's jobs past 2^31 elements
+    (docs/results-h200.md, the gate's runs)."""
     if HAS_CUDA and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
