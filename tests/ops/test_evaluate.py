@@ -196,6 +196,41 @@ def test_bench_impls_of_a_case_take_turns_on_one_input(tmp_path):
         bench_op(op, impls=["first"], device="cpu", rounds=0, show_progress=False)
 
 
+def test_bench_call_cap_leaves_a_slow_impl_out_of_costlier_cases_and_keeps_it_out_on_resume(tmp_path):
+    """max_call_ms: an impl whose call took longer at one case is skipped, with the reason, at the sweep's cases that
+    cost more (same dtype and pass); the fast impl is still timed everywhere, and without the cap so is the slow; a
+    resumed sweep reads the slow call from its log and does not time it there either."""
+    import time
+
+    op = make_toy()
+
+    def slow_past_100(x):  # 5 ms a call from 100 elements on
+        if x.numel() >= 100:
+            time.sleep(0.005)
+        return x * x
+
+    op.impl("slow")(slow_past_100)
+    timing = {"warmup_ms": 0, "min_warmup": 1, "rep_ms": 0, "min_reps": 3, "max_reps": 3}
+    log = tmp_path / "capped.jsonl"
+    shapes = [(64,), (101,), (11, 10), (300,), (30, 30)]
+    kwargs = dict(impls=["torch", "slow"], dtypes=[torch.float32], shapes=shapes, device="cpu", out=log, timing=timing,
+                  rounds=1, show_progress=False, call_cost_ms=0, max_call_ms=2.0)  # fmt: skip
+    rows = bench_op(op, **kwargs)
+    slow = {tuple(r["shape"]): r for r in rows if r["impl"] == "slow"}
+    assert slow[(64,)]["status"] == "ok" and slow[(101,)]["status"] == "ok" and slow[(101,)]["median_ms"] > 2.0
+    assert slow[(11, 10)]["status"] == "skipped" and slow[(300,)]["status"] == "skipped"
+    assert (
+        "ms a call already at 101" in slow[(300,)]["error"] and "2 ms a call this sweep allows" in slow[(300,)]["error"]
+    )
+    assert all(r["status"] == "ok" for r in rows if r["impl"] == "torch")
+    start = time.perf_counter()
+    again = bench_op(op, **kwargs)  # resumed: the skipped rows are run again, and skipped again
+    assert [r["status"] for r in again] == [r["status"] for r in rows]
+    assert time.perf_counter() - start < 1.0
+    rows = bench_op(op, **{**kwargs, "out": None, "max_call_ms": None, "shapes": [(300,)]})
+    assert all(r["status"] == "ok" for r in rows)
+
+
 def test_add_derived_compares_only_the_same_case():
     rows = [
         {"impl": "torch", "dtype": "float32", "shape": [8], "median_ms": 2.0, "gbps": 50.0},

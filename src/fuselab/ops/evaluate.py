@@ -21,6 +21,7 @@ from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
+from fuselab.bench.log import latest_by_key, load_records
 from fuselab.bench.memory import format_bytes, free_bytes
 from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, size_ladder, summarize
 from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
@@ -441,6 +442,7 @@ def bench_op(
     show_progress: bool = True,
     passes: Sequence[str] = ("forward",),
     call_cost_ms: float = 100.0,
+    max_call_ms: float | None = None,
 ) -> list[dict]:
     """Sweep impls x dtypes x shapes (x option values) x passes, one row per case, appended to `out` (JSON lines).
 
@@ -453,6 +455,8 @@ def bench_op(
     bytes and FLOPs with backward=True).
     call_cost_ms > 0 adds the host's cost of a call and the end-to-end time of back-to-back calls (host_us, e2e_us).
     layout: the inputs' memory layout (`bench_case`); rows of a layout other than contiguous carry it.
+    max_call_ms: an impl whose median call took longer at one case is not timed at the sweep's costlier cases of the
+    same dtype, options and pass (`CallCap`): their rows are skipped, saying why (None: every case is timed).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     timing = Timing.of(timing)
@@ -479,6 +483,10 @@ def bench_op(
     ceilings = ceilings_mod.get_ceilings(device)
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
+    cap = CallCap(op, max_call_ms)
+    if max_call_ms is not None and out is not None and Path(out).exists():  # a resumed sweep's slow impls stay out
+        for row in latest_by_key(load_records(Path(out))).values():
+            cap.note(row)
 
     def run(case: dict) -> dict:
         together = case_key({k: v for k, v in case.items() if k != "impl"})
@@ -490,9 +498,11 @@ def bench_op(
             except TooBig as exc:
                 measured[together] = dict.fromkeys(names, exc)
                 raise
-            measured[together] = bench_case(
+            capped = {n: cap.reason({**case, "impl": n}) for n in names}
+            measured[together] = {n: Skipped(why) for n, why in capped.items() if why}
+            measured[together] |= bench_case(
                 op,
-                [op.get_impl(n) for n in names],
+                [op.get_impl(n) for n in names if not capped[n]],
                 shape,
                 dtype,
                 device,
@@ -503,6 +513,9 @@ def bench_op(
                 call_cost_ms=call_cost_ms,
                 layout=layout,
             )
+            for name, result in measured[together].items():
+                if isinstance(result, dict):
+                    cap.note({**case, "impl": name, **result, "status": Status.OK})
         result = measured[together][case["impl"]]
         if isinstance(result, Exception):
             raise result
@@ -528,6 +541,44 @@ def bench_op(
         if not row.get("error") and peak and row.get("tflops") is not None:
             row["pct_peak"] = 100 * row["tflops"] / peak
     return rows
+
+
+class CallCap:
+    """A sweep's bound on time: an impl whose median call took longer than `max_ms` at one case is not timed at the
+    sweep's cases of the same op, dtype, layout, options and pass that cost more (FLOPs for a compute-bound op, bytes
+    moved for a memory-bound one): a teaching impl (a Python loop over blocks) would only take longer there, and
+    one sweep's time stays bounded whatever the impls. max_ms None: no bound."""
+
+    def __init__(self, op: Op, max_ms: float | None) -> None:
+        self.op, self.max_ms = op, max_ms
+        self.over: dict[tuple[str, str], tuple[float, float, list[int]]] = {}  # (impl, kind): (cost, ms, shape)
+
+    def _kind(self, case: dict) -> str:
+        return repr([case.get(k) for k in peer_fields(self.op) if k != "shape"])
+
+    def _cost(self, case: dict) -> float:
+        nbytes, flops = self.op.case_cost(
+            tuple(case["shape"]), DTYPES[str(case["dtype"])], {k: case[k] for k in self.op.options if k in case}
+        )
+        return float(flops if self.op.bound == "compute" else nbytes)
+
+    def note(self, row: dict) -> None:
+        """Remember a measured row (a case's fields with status and median_ms) whose call took over the bound."""
+        ms = row.get("median_ms")
+        if self.max_ms is None or row.get("status") != Status.OK or not isinstance(ms, float) or ms <= self.max_ms:
+            return
+        key, cost = (str(row["impl"]), self._kind(row)), self._cost(row)
+        if key not in self.over or cost < self.over[key][0]:
+            self.over[key] = (cost, ms, list(row["shape"]))
+
+    def reason(self, case: dict) -> str | None:
+        """Why `case` is not timed (None: it is)."""
+        seen = self.over.get((str(case["impl"]), self._kind(case)))
+        if seen is None or self._cost(case) <= seen[0]:
+            return None
+        _, ms, shape = seen
+        return (f"not timed: {ms:.0f} ms a call already at {'x'.join(map(str, shape))}, a smaller case, over the "
+                f"{self.max_ms:g} ms a call this sweep allows")  # fmt: skip
 
 
 def peer_fields(op: Op) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
                 timing=ctx.budget["timing"],
                 show_progress=ctx.show_progress,
                 passes=plan["passes"],
+                max_call_ms=ctx.budget.get("max_call_ms"),
             )
             for r in rows:
                 r.setdefault("numel", math.prod(r["shape"]))
