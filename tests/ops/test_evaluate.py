@@ -7,15 +7,8 @@ import re
 import pytest
 import torch
 
-from fuselab.ops.evaluate import (
-    Unavailable,
-    add_derived,
-    bench_op,
-    check_op,
-    gradient_error,
-    parse_dtype,
-    relative_error,
-)
+from fuselab.bench.dtypes import parse_dtype
+from fuselab.ops.evaluate import Unavailable, add_derived, bench_op, check_op, gradient_error, relative_error
 from fuselab.ops.registry import Op, UnknownName, parse_shape
 
 

@@ -15,11 +15,11 @@ from rich.console import Console
 
 from fuselab.bench import distributed
 from fuselab.bench.ceilings import get_ceilings
+from fuselab.bench.dtypes import short_name
 from fuselab.bench.env import environment
 from fuselab.bench.results import (
     NOISY_LEGEND,
     first_line,
-    fmt_dtype,
     fmt_fixed,
     fmt_float,
     fmt_plain,
@@ -31,12 +31,12 @@ from fuselab.bench.results import (
     write_csv,
     write_json,
 )
-from fuselab.bench.shapes import LAYOUTS, parse_random, plot_ratios
+from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratios
 from fuselab.bench.sweep import Status
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
-from fuselab.ops.registry import Op, Shape, format_shape
+from fuselab.ops.registry import Op, Shape
 
 CPU_DEFAULT_NUMEL = 2**20  # without --shape on the CPU: the op's (GPU-sized) bench shapes, scaled down to this
 CPU_RANDOM_CAP = {"max_bytes": 4 * 2**20, "max_flops": 1e8}  # random draws on the CPU: per call, by the cost model
@@ -163,12 +163,8 @@ def exit_status(rows: list[dict]) -> int:
     return 0 if all(Status(r.get("status", "error")) is Status.SKIPPED for r in rows) else 1
 
 
-def fmt_shape(shape: list[int]) -> str:
-    return "x".join(map(str, shape)) or "scalar"
-
-
 def fmt_worst(worst: list[dict]) -> str:
-    return ", ".join(f"{fmt_shape(w['shape'])} {w['ratio']:.2f}" for w in worst)
+    return ", ".join(f"{format_shape(w['shape'])} {w['ratio']:.2f}" for w in worst)
 
 
 SUMMARY_COLUMNS = [
@@ -214,7 +210,7 @@ def not_measured_lines(rows: list[dict]) -> list[str]:
             groups.setdefault((r["impl"], r.get("status") or "error", first_line(r["error"])), []).append(r)
     lines = []
     for (impl, status, reason), members in groups.items():
-        dtypes = ", ".join(dict.fromkeys(fmt_dtype(r.get("dtype")) for r in members))
+        dtypes = ", ".join(dict.fromkeys(short_name(r.get("dtype")) for r in members))
         cases = f"{len(members)} case{'s' if len(members) > 1 else ''}"
         style = "yellow" if status in ("skipped", "unavailable") else "red"
         lines.append(f"[{style}]{impl}[/{style}] ({dtypes}; {cases}) {status}: {reason}")
@@ -244,7 +240,7 @@ def plot_axis(rows: list[dict], op: Op) -> tuple[list[dict], str, str]:
     gets `x` and `panel` (dtype, option values, pass, and the op's panel of its shape: one plot per panel)."""
 
     def panel(r: dict) -> str:
-        parts = [fmt_dtype(r.get("dtype")), *(f"{k}={r.get(k)}" for k in op.options), r.get("pass") or ""]
+        parts = [short_name(r.get("dtype")), *(f"{k}={r.get(k)}" for k in op.options), r.get("pass") or ""]
         if op.panel is not None:
             parts.append(op.panel(tuple(r.get("shape") or ())))
         return " ".join(p for p in parts if p and p != "forward")
@@ -277,7 +273,7 @@ def columns(baseline: str, options: list[str], bound: str = "memory", backward: 
     )
     return [
         ("impl", "impl", fmt_plain),
-        ("dtype", "dtype", fmt_dtype),
+        ("dtype", "dtype", short_name),
         ("shape", "shape", fmt_plain),
         *[(k, k, fmt_plain) for k in options],
         *([("pass", "pass", fmt_plain)] if backward else []),

@@ -20,6 +20,7 @@ import torch
 from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
+from fuselab.bench.dtypes import DTYPES, dtype_name
 from fuselab.bench.env import environment
 from fuselab.bench.log import latest_by_key, load_records
 from fuselab.bench.memory import format_bytes, free_bytes
@@ -28,10 +29,6 @@ from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
 from fuselab.bench.timer import Timing, benchmark, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-SHORT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
-
 
 PASSES = ("forward", "forward+backward")
 POISON_BYTES = 8 * 2**30  # at most this much memory is poisoned before a check
@@ -75,17 +72,6 @@ def refuse_if_too_big(op: Op, shape: Shape, dtype: torch.dtype, device: str, opt
             f"needs about {format_bytes(need)} (inputs, outputs and the float64 reference), "
             f"{format_bytes(free)} free on {device}"
         )
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    key = SHORT_DTYPE.get(name.lower(), name.lower().removeprefix("torch."))
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; accepted: {', '.join([*DTYPES, *SHORT_DTYPE])}")
-    return DTYPES[key]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -685,7 +671,6 @@ def shape_ratios(op: Op, rows: list[dict], by: Sequence[str] = ()) -> list[dict]
 
 # ---------------------------------------------------------------------------------------------- the cost of a call
 
-COMPILE_MODES = ("max-autotune-no-cudagraphs", "reduce-overhead")
 GPU_BOUND_FACTOR = 1.2  # end to end per call within this factor of the device time: the GPU, not the host, sets it
 GROWTH_FACTOR = 2.0  # on the CPU: time per call at least this many times the smallest size's: the work, not the call
 

@@ -19,6 +19,8 @@ from typing import Literal
 
 import torch
 
+from fuselab.bench.dtypes import dtype_name
+
 Shape = tuple[int, ...]
 # make_inputs(shape, dtype, device, seed, **options) -> the op's input tensors, in the order of Op.inputs
 InputMaker = Callable[..., tuple[torch.Tensor, ...]]
@@ -124,8 +126,8 @@ class Impl:
         if kind not in self.devices:
             return f"{self.name} runs on {'/'.join(self.devices)} only, not on {kind}"
         if dtype is not None and self.dtypes is not None and dtype not in self.dtypes:
-            names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
-            return f"{self.name} computes in {names} only, not {str(dtype).removeprefix('torch.')}"
+            names = ", ".join(dtype_name(d) for d in self.dtypes)
+            return f"{self.name} computes in {names} only, not {dtype_name(dtype)}"
         if kind == "cuda" and not torch.cuda.is_available():
             return "no CUDA GPU in this process"
         return self.requires(kind) if self.requires else None
@@ -332,7 +334,3 @@ def parse_shape(text: str) -> Shape:
             raise ValueError(f"bad shape {text!r}: dimensions must be >= 0")
         dims.append(dim)
     return tuple(dims)
-
-
-def format_shape(shape: Shape) -> str:
-    return "x".join(str(d) for d in shape) if shape else "scalar"

@@ -177,7 +177,7 @@ class Case:
 
     @property
     def label(self) -> str:
-        from fuselab.ops.registry import format_shape
+        from fuselab.bench.shapes import format_shape
 
         dims = format_shape(self.shape)
         opts = "".join(f" {k}={v}" for k, v in sorted(self.options.items()))
@@ -188,7 +188,7 @@ def _child(spec_path: Path, status_path: Path) -> int:
     """Run every case of the spec: warm-ups outside the range, then marker + `iters` calls inside it."""
     import torch
 
-    from fuselab.ops.evaluate import parse_dtype
+    from fuselab.bench.dtypes import parse_dtype
     from fuselab.ops.registry import get_op
     from fuselab.profile.capture import impl_callable
 
@@ -496,7 +496,7 @@ def assess_case(case: Case, kernels: Sequence[dict], iters: int = 1, error: str 
     bytes_ratio (measured DRAM / minimum), achieved GB/s and TFLOP/s over the kernels' summed time, and kernels
     (one entry per distinct launch of one call, each with its counters and verdict).
     """
-    from fuselab.ops.evaluate import parse_dtype
+    from fuselab.bench.dtypes import parse_dtype
     from fuselab.ops.registry import get_op
 
     op = get_op(case.op)
@@ -617,7 +617,7 @@ def profile_counters(
     Raises CountersUnavailable (one line) where counters cannot be read: no GPU, no ncu, not permitted.
     Impls unavailable here (no nvcc, no Triton) come back as rows with their error.
     """
-    from fuselab.ops.evaluate import dtype_name, parse_dtype
+    from fuselab.bench.dtypes import dtype_name, parse_dtype
     from fuselab.ops.registry import get_op
 
     reason = counters_unavailable("cuda")

@@ -8,10 +8,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.memory import format_bytes
 from fuselab.bench.results import plot_metric
+from fuselab.bench.shapes import format_shape
 from fuselab.ops.evaluate import (
-    DTYPES,
     GPU_BOUND_FACTOR,
     GROWTH_FACTOR,
     bench_op,
@@ -20,7 +21,7 @@ from fuselab.ops.evaluate import (
     compiled_call_cost,
     ladder_shapes,
 )
-from fuselab.ops.registry import Op, format_shape
+from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import each_op, first_line

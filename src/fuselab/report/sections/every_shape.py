@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.memory import format_bytes
-from fuselab.bench.shapes import plot_ratios
-from fuselab.ops.evaluate import DTYPES, bench_op, draw_op_shapes, shape_ratios
-from fuselab.ops.registry import Op, format_shape
+from fuselab.bench.shapes import format_shape, plot_ratios
+from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
+from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import each_op, first_line

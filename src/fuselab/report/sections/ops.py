@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.results import NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
+from fuselab.bench.shapes import format_shape
 from fuselab.bench.sweep import Status
-from fuselab.ops.evaluate import DTYPES, bench_op, check_op, summarize_checks
-from fuselab.ops.registry import Op, format_shape
+from fuselab.ops.evaluate import bench_op, check_op, summarize_checks
+from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import first_line, g3, ms, pow2, slim
