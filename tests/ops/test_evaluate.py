@@ -9,7 +9,7 @@ import torch
 
 from fuselab.bench.dtypes import parse_dtype
 from fuselab.ops.evaluate import Unavailable, add_derived, bench_op, check_op, gradient_error, relative_error
-from fuselab.ops.registry import Op, UnknownName, parse_shape
+from fuselab.ops.registry import Defaults, Op, UnknownName, parse_shape
 
 
 def make_toy() -> Op:
@@ -24,9 +24,7 @@ def make_toy() -> Op:
         bytes_moved=lambda shape, dtype: 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size(),
         flops=lambda shape: math.prod(shape),
         tolerance={torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2},
-        check_shapes=[(1,), (1023,), (3, 17)],
-        bench_shapes=[(4096,)],
-        baseline="torch",
+        defaults=Defaults(check_shapes=[(1,), (1023,), (3, 17)], bench_shapes=[(4096,)], baseline="torch"),
     )
     op.impl("torch")(lambda x: x * x)
     op.impl("wrong")(lambda x: x * x + 1e-3 * x.abs().max())

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     drawn = random_shapes(op, args, kwargs)
     if kwargs["shapes"] is None and kwargs["device"] == "cpu":
-        kwargs["shapes"] = cpu_shapes(op.bench_shapes, CPU_DEFAULT_NUMEL)
+        kwargs["shapes"] = cpu_shapes(op.defaults.bench_shapes, CPU_DEFAULT_NUMEL)
         shown = ", ".join(format_shape(s) for s in kwargs["shapes"])
         print(
             f"on the CPU, the op's default shapes (sized for a GPU) are scaled down to at most "
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     measured = [r for r in rows if not r.get("error")]
     if measured:
-        cols = columns(op.baseline, list(op.options), op.bound, args.backward)
+        cols = columns(op.defaults.baseline, list(op.options), op.bound, args.backward)
         cols += [("rank", "rank", fmt_plain)] if distributed.active() else []
         table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms")
         print_table(table, console)
@@ -134,18 +134,20 @@ def run(args: argparse.Namespace) -> int:
         by = (*op.options, *(["pass"] if args.backward else []))
         summary = shape_ratios(op, rows, by)
         shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in by], *SUMMARY_COLUMNS[2:]]
-        print_table(make_table(summary, shown, title=f"{op.name}: time / best of {', '.join(op.peers)}"), console)
+        title = f"{op.name}: time / best of {', '.join(op.defaults.peers)}"
+        print_table(make_table(summary, shown, title=title), console)
     if args.out and args.out.suffix == ".json":
         meta = {"env": environment(kwargs["device"]), "ceilings": ceilings}
         if drawn:
-            meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": list(op.peers)}
+            peers = list(op.defaults.peers)
+            meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": peers}
             meta["ratios"] = summary
         write_json(rows, args.out, meta=meta)
         console.print(f"wrote {args.out} (log: {log})")
     if args.csv:
         write_csv(rows, args.csv)
     if args.plot and drawn:
-        plot_ratios(rows, args.plot, title=op.name, axis=op.axis)
+        plot_ratios(rows, args.plot, title=op.name, axis=op.defaults.axis)
     elif args.plot:
         points, x, xlabel = plot_axis(rows, op)
         y, ylabel = ("tflops", "TFLOP/s") if op.bound == "compute" else ("gbps", "GB/s")
@@ -241,12 +243,12 @@ def plot_axis(rows: list[dict], op: Op) -> tuple[list[dict], str, str]:
 
     def panel(r: dict) -> str:
         parts = [short_name(r.get("dtype")), *(f"{k}={r.get(k)}" for k in op.options), r.get("pass") or ""]
-        if op.panel is not None:
-            parts.append(op.panel(tuple(r.get("shape") or ())))
+        if op.defaults.panel is not None:
+            parts.append(op.defaults.panel(tuple(r.get("shape") or ())))
         return " ".join(p for p in parts if p and p != "forward")
 
-    if op.axis is not None:
-        label, value = op.axis
+    if op.defaults.axis is not None:
+        label, value = op.defaults.axis
         xs = [value(tuple(r.get("shape") or ())) for r in rows]
     elif len({r.get("numel") for r in rows if not r.get("error")}) > 1:
         label, xs = "elements", [r.get("numel") for r in rows]

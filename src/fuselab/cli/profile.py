@@ -153,7 +153,7 @@ def _profile_one(
 
 def _impls(args: argparse.Namespace, op: Op) -> list[str]:
     """--impl as names (comma-separated or repeated; 'all': every impl; none: the op's baseline), each checked."""
-    impls = split(args.impl) or [op.baseline]
+    impls = split(args.impl) or [op.defaults.baseline]
     impls = list(op.impls) if impls == ["all"] else impls
     for impl in impls:
         op.get_impl(impl)  # unknown names fail here, with the known ones listed

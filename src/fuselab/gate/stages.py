@@ -73,7 +73,7 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
     layout "large", its large shape (forward only, fp32 and bf16). A failure of an upstream impl (PyTorch's own
     kernels) is reported as such."""
     if layout == "large":
-        kwargs: dict = {"dtypes": list(LARGE_DTYPES), "shapes": [op.large_shape], "grad": False}
+        kwargs: dict = {"dtypes": list(LARGE_DTYPES), "shapes": [op.defaults.large_shape], "grad": False}
     else:
         kwargs = {"dtypes": list(DTYPES), "layout": layout}
     upstream = op.get_impl(impl).upstream
@@ -101,7 +101,7 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
 
 
 def _largest_check_shape(op: Op) -> tuple[int, ...]:
-    return max(op.check_shapes, key=lambda s: (math.prod(s), len(s)))
+    return max(op.defaults.check_shapes, key=lambda s: (math.prod(s), len(s)))
 
 
 def compile_modules(log: Log, device: str = "cuda") -> list[Check]:

@@ -217,7 +217,8 @@ def check_op(
         op.get_impl(name)  # unknown names fail before any work
     dtypes = list(dtypes or op.dtypes)
     seed = fresh_seed() if seed is None else seed
-    cases = grid(impl=names, dtype=[dtype_name(d) for d in dtypes], shape=[list(s) for s in shapes or op.check_shapes])
+    shapes = shapes or op.defaults.check_shapes
+    cases = grid(impl=names, dtype=[dtype_name(d) for d in dtypes], shape=[list(s) for s in shapes])
     laid = {} if layout == "contiguous" else {"layout": layout}
     cases = [{**c, **laid, **opts} for c in cases for opts in option_grid(op, options)]
 
@@ -460,7 +461,7 @@ def bench_op(
     cases = [
         {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **laid, **opts, "pass": pass_}
         for dtype in dtypes
-        for shape in shapes or op.bench_shapes
+        for shape in shapes or op.defaults.bench_shapes
         for opts in option_grid(op, options)
         for pass_ in passes
         for name in names
@@ -521,7 +522,7 @@ def bench_op(
     if op.bound == "memory":  # a copy of the same bytes, timed once per size: what such a size can reach
         sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
         same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing) for b in sizes}
-    rows = add_derived(rows, op.baseline, copy_gbps, peer_fields(op), same_size)
+    rows = add_derived(rows, op.defaults.baseline, copy_gbps, peer_fields(op), same_size)
     for row in rows:
         peak = ceilings_mod.peak_tflops(ceilings, row["dtype"])
         if not row.get("error") and peak and row.get("tflops") is not None:
@@ -655,17 +656,17 @@ def draw_op_shapes(
 ) -> list[Shape]:
     """n shapes from the op's `random_shape`, reproducibly from `seed`; with a cap (bytes moved, FLOPs per call, by
     the op's cost model), a draw above it has its first dimension cut to fit (`draw_shapes`)."""
-    if op.random_shape is None:
+    if op.defaults.random_shape is None:
         raise ValueError(f"op {op.name!r} has no random_shape in its spec, so no shapes can be drawn for it")
     load = load_of(op, dtype, options, max_bytes=max_bytes, max_flops=max_flops)
-    return draw_shapes(op.random_shape, n, seed, load=load)
+    return draw_shapes(op.defaults.random_shape, n, seed, load=load)
 
 
 def shape_ratios(op: Op, rows: list[dict], by: Sequence[str] = ()) -> list[dict]:
     """Give each bench row its ratio to the fastest of the op's peers on the same case (`add_ratios`: `ratio`,
     `best_peer`), and return per impl, dtype and the fields `by` the worst ratio, the 95th percentile, the geometric
     mean and the five worst shapes (`summarize`)."""
-    add_ratios(rows, op.peers, peer_fields(op))
+    add_ratios(rows, op.defaults.peers, peer_fields(op))
     return summarize(rows, ("impl", "dtype", *by))
 
 

@@ -627,7 +627,7 @@ def profile_counters(
     names = list(impls) if impls else list(op.impls)
     for name in names:
         op.get_impl(name)
-    shape = tuple(shape) if shape is not None else tuple(op.bench_shapes[0])
+    shape = tuple(shape) if shape is not None else tuple(op.defaults.bench_shapes[0])
     dtype = dtype if isinstance(dtype, str) else dtype_name(dtype)
     dtype = dtype_name(parse_dtype(dtype))
     cases = [Case(op.name, name, shape, dtype, dict(options or {})) for name in names]
@@ -758,7 +758,7 @@ def ncu_version(ncu: str | None) -> str | None:
 def study_shapes(op: Op) -> list[tuple[int, ...]]:
     """A large and a small shape for any op, by rule: the middle bench shape, and it with its first dimension of at
     least 256 (the leading one for gelu and softmax; attention's sequence length, its batch being 1) / 256 + 1."""
-    large = tuple(op.bench_shapes[len(op.bench_shapes) // 2])
+    large = tuple(op.defaults.bench_shapes[len(op.defaults.bench_shapes) // 2])
     i = next((i for i, n in enumerate(large) if n >= 256), 0)
     small = (*large[:i], large[i] // 256 + 1, *large[i + 1 :])
     return [large, small]

@@ -4,8 +4,8 @@ quick: tiny sizes, seconds per section (the CPU test). cpu: the default without 
 (Triton is checked under its interpreter, never timed). gpu: the full report, within 10 minutes on an H200.
 max_call_ms: an op section's impl whose call took longer at one case of a sweep is not timed at its costlier cases
 (fuselab.ops.evaluate.CallCap; a teaching impl in pure PyTorch would take minutes there). What an op's own section
-measures in each mode is the op's (`Op.report`, in its folder). The pitfalls and profile entries of kind "op" time a
-memory-bound op's impl (the first registered that has it).
+measures in each mode is the op's (`Defaults.report`, in its folder). The pitfalls and profile entries of kind "op"
+time a memory-bound op's impl (the first registered that has it).
 
 every_shape (every op, its own `random_shape`): n shapes drawn with a fixed seed; on the CPU capped at max_bytes moved
 and max_flops per call (a draw above has its first dimension cut); dtypes: how many of the op's report dtypes (None:

@@ -155,7 +155,7 @@ def _compiled_rows(ctx: Context, op: Op, budget: dict, shapes: list, dtype: str,
     """The baseline and the fused impls (those with kernels of their own) under each of the budget's torch.compile
     modes, on a GPU; later ones skipped, with the reason, once compile_deadline_s has passed."""
     modes = list(budget.get("compile_modes") or ()) if ctx.on_gpu else []
-    names = [op.baseline, *[n for n, i in op.impls.items() if i.inspectable and n != op.baseline]]
+    names = [op.defaults.baseline, *[n for n, i in op.impls.items() if i.inspectable and n != op.defaults.baseline]]
     names = [n for n in names if n in op.impls and not op.impls[n].compiled]
     start = time.perf_counter()
     rows: list[dict] = []
