@@ -98,7 +98,7 @@ def test_tune_finds_tuners_by_op_and_names_those_that_have_one(capsys) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-@pytest.mark.parametrize("op", ["gelu", "softmax", "attention"])
+@pytest.mark.parametrize("op", tuning.tuner_ops())
 def test_tune_refuses_without_a_gpu(op, capsys) -> None:
     assert main(["tune", op, "--shape", "64", "--dry-run"]) == 2
     assert "times plans on a CUDA GPU; none is visible here" in capsys.readouterr().err
