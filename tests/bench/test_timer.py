@@ -100,7 +100,7 @@ def test_cuda_graph_mode_and_events_agree_for_a_large_kernel():
 @pytest.mark.gpu
 def test_l2_flush_evicts():
     """A read-only call on 16 MiB, which fits in L2: flushed it reads DRAM (on an H200 1183 GB/s against 1469 served
-    from L2, benchmarks/results/h200/logs/l2_flush_2.log), so it takes longer than unflushed."""
+    from L2, git show 3d597b8:benchmarks/results/h200/logs/l2_flush_2.log), so it takes longer than unflushed."""
     x = torch.rand(2**22, device="cuda")
     flushed = benchmark(lambda: x.sum(), rep_ms=100)
     cached = benchmark(lambda: x.sum(), flush_l2=False, rep_ms=100)

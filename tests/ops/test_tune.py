@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -61,7 +62,9 @@ def test_torchrun_tune_spreads_cases_over_two_ranks_and_chooses_as_one_process(t
     for start in ("winner: ", "{'device'"):
         assert lines(done.stdout, start) == lines(one.out, start) and len(lines(one.out, start)) == 1
     assert lines(done.stdout, "[rank 0]") and lines(done.stdout, "[rank 1]")
-    assert len(lines(done.stdout, "tuning ")) == 1 and "spread over 2 ranks" in done.stdout
+    # rank 0's first line may land after rank 1's progress on one line (two processes, one pipe): count anywhere
+    assert len(re.findall(r"tuning \S+: \d+ case\(s\) on cpu", done.stdout)) == 1, done.stdout
+    assert "spread over 2 ranks" in done.stdout
 
 
 def test_spread_without_a_group_runs_every_item_here_in_order() -> None:
