@@ -21,11 +21,12 @@ import time
 import torch
 import triton
 
+from fuselab.bench.dtypes import parse_dtype
 from fuselab.bench.env import environment
 from fuselab.bench.timer import benchmark
 from fuselab.ops.attention import ATTENTION, attention
 from fuselab.ops.attention.spec import PAPER_GRID, flops, reference
-from fuselab.ops.evaluate import parse_dtype, relative_error
+from fuselab.ops.evaluate import relative_error
 
 CHECK_SHAPES = [(2, 3, 1, 1, 64), (1, 4, 2, 333, 257, 80), (2, 6, 1000, 96), (1, 2, 777, 128), (3, 555, 64)]
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from fuselab.bench import benchmark, distributed, environment
-from fuselab.ops.evaluate import parse_dtype
+from fuselab.bench.dtypes import parse_dtype
 from fuselab.ops.registry import get_op, parse_shape
 
 MODES = ("alone", "together", "busy")

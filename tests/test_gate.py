@@ -107,7 +107,7 @@ def test_the_plan_covers_every_op_impl_and_layout():
             for layout in ("contiguous", "transposed", "sliced"):
                 assert f"check {op.name} {impl} {layout}" in names
             large = [j for j in planned if j.args == (op.name, impl, "large")]
-            assert len(large) == (op.large_shape is not None) and all(j.exclusive for j in large)
+            assert len(large) == (op.defaults.large_shape is not None) and all(j.exclusive for j in large)
         assert f"bench {op.name}" in names
     assert {"compile modules", "compile FlashAttentionTriton", "compile FlashAttentionTiled"} <= names
     assert {"model fp32", "model bf16"} <= names

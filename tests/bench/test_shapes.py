@@ -3,6 +3,7 @@ and `fuselab bench OP --shapes random:N` end to end on the CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -32,7 +33,7 @@ def test_log_uniform_covers_the_range_evenly_in_log() -> None:
 
 def test_draw_is_reproducible_and_has_odd_prime_and_model_sizes() -> None:
     op = get_op("softmax")
-    a, b, c = (sh.draw_shapes(op.random_shape, 300, seed) for seed in (11, 11, 12))
+    a, b, c = (sh.draw_shapes(op.defaults.random_shape, 300, seed) for seed in (11, 11, 12))
     assert a == b and a != c and len(set(a)) == 300
     widths = [s[-1] for s in a]
     assert all(1 <= w <= 2**20 and len(s) == 2 and s[0] >= 1 for s, w in zip(a, widths, strict=True))
@@ -47,7 +48,7 @@ def test_draw_is_reproducible_and_has_odd_prime_and_model_sizes() -> None:
 
 def test_gelu_draw_spans_its_element_range() -> None:
     op = get_op("gelu")
-    drawn = sh.draw_shapes(op.random_shape, 200, 5)
+    drawn = sh.draw_shapes(op.defaults.random_shape, 200, 5)
     numel = [math.prod(s) for s in drawn]
     assert min(numel) < 2**21 and max(numel) > 2**26 and max(numel) <= 2**28
     assert {len(s) for s in drawn} == {1, 2}
@@ -113,7 +114,7 @@ def test_cli_random_shapes_end_to_end_on_the_cpu(tmp_path, monkeypatch: pytest.M
     path.write_text(json.dumps({"copy_gbps": 10.0, "matmul_tflops": {}, "quick": False}))
     op = get_op("softmax")
     small = lambda rng: (int(rng.integers(1, 5)), sh.draw_width(rng, 1, 300))  # noqa: E731  (CPU-sized draws)
-    monkeypatch.setattr(op, "random_shape", small)
+    monkeypatch.setattr(op, "defaults", dataclasses.replace(op.defaults, random_shape=small))
     args = ["bench", "softmax", "--impl", "torch,naive", "--shapes", "random:5", "--seed", "3", "--dtype", "fp32"]
     args += ["--device", "cpu", "--rep-ms", "2", "--warmup-ms", "1", "--rounds", "2", "--layout", "sliced"]
     assert main([*args, "--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]) == 0
@@ -148,7 +149,7 @@ def test_cli_random_draws_on_the_cpu_are_capped_and_leave_compile_out(tmp_path, 
     assert {r["impl"] for r in rows} == {n for n, impl in op.impls.items() if not impl.compiled}
     cap = bench_cli.CPU_RANDOM_CAP["max_bytes"]
     assert all(op.bytes_moved(tuple(r["shape"]), torch.float32) <= cap for r in rows)
-    uncapped = sh.draw_shapes(op.random_shape, 4, 11)
+    uncapped = sh.draw_shapes(op.defaults.random_shape, 4, 11)
     assert any(op.bytes_moved(s, torch.float32) > cap for s in uncapped)  # the cap did cut something
 
 

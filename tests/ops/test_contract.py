@@ -20,8 +20,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+from fuselab.bench.dtypes import dtype_name
 from fuselab.bench.sweep import NotRun
-from fuselab.ops.evaluate import check_case, dtype_name, fresh_seed, relative_error
+from fuselab.ops.evaluate import check_case, fresh_seed, relative_error
 from fuselab.ops.registry import Impl, Op, UnknownName, all_ops, randn
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -69,7 +70,8 @@ def _dtypes(op: Op, impl: Impl) -> list[torch.dtype]:
 
 def _shapes(op: Op, impl: Impl) -> list[tuple[int, ...]]:
     """On a GPU the op's check shapes (empty, odd, wide), on the CPU those of its quick report."""
-    shapes = [tuple(s) for s in (op.check_shapes if DEVICE == "cuda" else op.report_plan("quick")["check_shapes"])]
+    given = op.defaults.check_shapes if DEVICE == "cuda" else op.report_plan("quick")["check_shapes"]
+    shapes = [tuple(s) for s in given]
     return shapes[:1] if impl.compiled else shapes
 
 
@@ -287,7 +289,7 @@ def test_spec_is_complete(op: Op) -> None:
     assert len(inputs) == len(op.inputs) and all(not bool((x == 0).all()) for x in inputs if x.numel())
     assert op.bytes_moved(shape, torch.float32, **options) > 0 and op.flops(shape, **options) > 0
     assert set(op.dtypes) <= set(op.tolerance)
-    assert op.baseline in op.impls
+    assert op.defaults.baseline in op.impls
     for mode in ("quick", "cpu", "gpu"):
         plan = op.report_plan(mode)
         assert plan["check_shapes"] and plan["bench_sweeps"] and plan["x"] in ("numel", "width", "axis")

@@ -7,16 +7,9 @@ import re
 import pytest
 import torch
 
-from fuselab.ops.evaluate import (
-    Unavailable,
-    add_derived,
-    bench_op,
-    check_op,
-    gradient_error,
-    parse_dtype,
-    relative_error,
-)
-from fuselab.ops.registry import Op, UnknownName, parse_shape
+from fuselab.bench.dtypes import parse_dtype
+from fuselab.ops.evaluate import Unavailable, add_derived, bench_op, check_op, gradient_error, relative_error
+from fuselab.ops.registry import Defaults, Op, UnknownName, parse_shape
 
 
 def make_toy() -> Op:
@@ -31,9 +24,7 @@ def make_toy() -> Op:
         bytes_moved=lambda shape, dtype: 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size(),
         flops=lambda shape: math.prod(shape),
         tolerance={torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2},
-        check_shapes=[(1,), (1023,), (3, 17)],
-        bench_shapes=[(4096,)],
-        baseline="torch",
+        defaults=Defaults(check_shapes=[(1,), (1023,), (3, 17)], bench_shapes=[(4096,)], baseline="torch"),
     )
     op.impl("torch")(lambda x: x * x)
     op.impl("wrong")(lambda x: x * x + 1e-3 * x.abs().max())
@@ -194,6 +185,41 @@ def test_bench_impls_of_a_case_take_turns_on_one_input(tmp_path):
     assert timed == ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2
     with pytest.raises(ValueError, match="rounds"):
         bench_op(op, impls=["first"], device="cpu", rounds=0, show_progress=False)
+
+
+def test_bench_call_cap_leaves_a_slow_impl_out_of_costlier_cases_and_keeps_it_out_on_resume(tmp_path):
+    """max_call_ms: an impl whose call took longer at one case is skipped, with the reason, at the sweep's cases that
+    cost more (same dtype and pass); the fast impl is still timed everywhere, and without the cap so is the slow; a
+    resumed sweep reads the slow call from its log and does not time it there either."""
+    import time
+
+    op = make_toy()
+
+    def slow_past_100(x):  # 5 ms a call from 100 elements on
+        if x.numel() >= 100:
+            time.sleep(0.005)
+        return x * x
+
+    op.impl("slow")(slow_past_100)
+    timing = {"warmup_ms": 0, "min_warmup": 1, "rep_ms": 0, "min_reps": 3, "max_reps": 3}
+    log = tmp_path / "capped.jsonl"
+    shapes = [(64,), (101,), (11, 10), (300,), (30, 30)]
+    kwargs = dict(impls=["torch", "slow"], dtypes=[torch.float32], shapes=shapes, device="cpu", out=log, timing=timing,
+                  rounds=1, show_progress=False, call_cost_ms=0, max_call_ms=2.0)  # fmt: skip
+    rows = bench_op(op, **kwargs)
+    slow = {tuple(r["shape"]): r for r in rows if r["impl"] == "slow"}
+    assert slow[(64,)]["status"] == "ok" and slow[(101,)]["status"] == "ok" and slow[(101,)]["median_ms"] > 2.0
+    assert slow[(11, 10)]["status"] == "skipped" and slow[(300,)]["status"] == "skipped"
+    assert (
+        "ms a call already at 101" in slow[(300,)]["error"] and "2 ms a call this sweep allows" in slow[(300,)]["error"]
+    )
+    assert all(r["status"] == "ok" for r in rows if r["impl"] == "torch")
+    start = time.perf_counter()
+    again = bench_op(op, **kwargs)  # resumed: the skipped rows are run again, and skipped again
+    assert [r["status"] for r in again] == [r["status"] for r in rows]
+    assert time.perf_counter() - start < 1.0
+    rows = bench_op(op, **{**kwargs, "out": None, "max_call_ms": None, "shapes": [(300,)]})
+    assert all(r["status"] == "ok" for r in rows)
 
 
 def test_add_derived_compares_only_the_same_case():

@@ -106,7 +106,7 @@ def test_reference_is_f_gelu_in_float64(form: str) -> None:
 
 @interpreter_quiet
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("shape", GELU.check_shapes, ids=str)
+@pytest.mark.parametrize("shape", GELU.defaults.check_shapes, ids=str)
 @pytest.mark.parametrize("name", ["naive", "torch", "triton"])
 def test_cpu_fp32_matches_reference(name: str, shape: tuple[int, ...], form: str) -> None:
     check_against_reference(name, shape, torch.float32, "cpu", form)

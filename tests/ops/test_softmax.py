@@ -94,7 +94,7 @@ def test_registered_impls() -> None:
     assert list(SOFTMAX.impls) == ["naive", "torch", "compile", "triton", "cuda", "triton-elementwise"]
     assert [n for n, i in SOFTMAX.impls.items() if i.compiled] == ["compile"]
     assert all(SOFTMAX.impls[n].backward for n in FUSED)
-    assert SOFTMAX.options == {} and SOFTMAX.baseline == "torch"
+    assert SOFTMAX.options == {} and SOFTMAX.defaults.baseline == "torch"
 
 
 def test_inputs_are_spread() -> None:
@@ -107,11 +107,11 @@ def test_cost_model_and_shapes() -> None:
     assert SOFTMAX.bytes_moved((2**19, 128), torch.float32) == 2 * 4 * 2**26  # 256 MiB read, 256 MiB written
     assert SOFTMAX.bytes_moved((3, 5), torch.bfloat16) == 2 * 2 * 15
     assert SOFTMAX.flops((4, 5)) == 5 * 20
-    assert [s[1] for s in SOFTMAX.bench_shapes] == [2**k for k in range(7, 19)]
-    assert all(rows * width == 2**26 for rows, width in SOFTMAX.bench_shapes)
-    widths = {s[-1] if s else 1 for s in SOFTMAX.check_shapes}
+    assert [s[1] for s in SOFTMAX.defaults.bench_shapes] == [2**k for k in range(7, 19)]
+    assert all(rows * width == 2**26 for rows, width in SOFTMAX.defaults.bench_shapes)
+    widths = {s[-1] if s else 1 for s in SOFTMAX.defaults.check_shapes}
     assert {0, 1, 3, 129, 5000, 40000} <= widths  # empty, one, short, odd, one row per program, looped
-    assert any(len(s) > 1 and s[0] > 65535 for s in SOFTMAX.check_shapes)
+    assert any(len(s) > 1 and s[0] > 65535 for s in SOFTMAX.defaults.check_shapes)
 
 
 def test_reference_is_torch_softmax_in_float64() -> None:
@@ -133,7 +133,7 @@ def test_torch_softmax_on_empty_and_scalar() -> None:
 
 
 @interpreter_quiet
-@pytest.mark.parametrize("shape", SOFTMAX.check_shapes, ids=str)
+@pytest.mark.parametrize("shape", SOFTMAX.defaults.check_shapes, ids=str)
 @pytest.mark.parametrize("name", ["naive", "torch", "triton"])
 def test_cpu_fp32_matches_reference(name: str, shape: tuple[int, ...]) -> None:
     check_against_reference(name, shape, torch.float32, "cpu")

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from fuselab.ops.backends import check_tensor, triton_unavailable
-from fuselab.ops.registry import Op, Option, get_op, register_op, unregister_op
+from fuselab.ops.registry import Defaults, Op, Option, get_op, register_op, unregister_op
 
 NAME = "scaled_add"
 
@@ -69,11 +69,13 @@ def build() -> Op:
         bytes_moved=lambda shape, dtype, **o: 3 * math.prod(shape) * dtype.itemsize,
         flops=lambda shape, **o: 2 * math.prod(shape),
         tolerance={torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2},
-        check_shapes=[(1,), (1023,), (3, 17)],
-        bench_shapes=[(4096,)],
+        defaults=Defaults(
+            check_shapes=[(1,), (1023,), (3, 17)],
+            bench_shapes=[(4096,)],
+            profile_shape=(4096,),
+            report={"quick": {"check_shapes": [(1023,)], "bench_sweeps": [{"shapes": [(2048,)], "options": {}}]}},
+        ),
         options=[Option("alpha", 0.5, doc="the scale of b")],
-        profile_shape=(4096,),
-        report={"quick": {"check_shapes": [(1023,)], "bench_sweeps": [{"shapes": [(2048,)], "options": {}}]}},
         title="Toy: scaled add",
     )
     op.impl("naive", backward=True)(naive_impl)

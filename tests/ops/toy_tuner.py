@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 
 from fuselab.bench import distributed
+from fuselab.bench.dtypes import dtype_name
 from fuselab.ops import tuning
-from fuselab.ops.evaluate import dtype_name
 
 devices = ("cpu",)
 default_dtypes = ("fp32",)

@@ -49,7 +49,7 @@ def toy(monkeypatch, tmp_path):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"copy_gbps": 10.0, "matmul_tflops": {}, "quick": False}))
     op = toy_op.build()
-    op.random_shape = toy_random_shape
+    op.defaults = dataclasses.replace(op.defaults, random_shape=toy_random_shape)
     return op
 
 
@@ -69,7 +69,7 @@ def markdown(record) -> str:
 
 
 def test_every_shape_ratio_table_per_timed_impl(toy, tmp_path):
-    no_draw = dataclasses.replace(toy, name="no_draw", random_shape=None)
+    no_draw = dataclasses.replace(toy, name="no_draw", defaults=dataclasses.replace(toy.defaults, random_shape=None))
     record, out = run(tmp_path, every_shape_section([toy, no_draw]), "every_shape", EVERY_SHAPE)
     res = record["results"]
     assert (res["n"], res["seed"]) == (6, 5)

@@ -32,7 +32,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -415,10 +415,6 @@ def set_isolate(on: bool) -> None:
         _turns["store"] = store
 
 
-def isolating() -> bool:
-    return "store" in _turns
-
-
 @contextlib.contextmanager
 def timed_region() -> Iterator[None]:
     """Around a measurement's timed part: with isolation, wait for this rank's turn (tickets in arrival order) and
@@ -434,13 +430,3 @@ def timed_region() -> Iterator[None]:
         yield
     finally:
         store.set(f"turn/{ticket + 1}", "go")  # type: ignore[attr-defined]
-
-
-def rows_by_rank(rows: Sequence[Mapping[str, object]]) -> dict[int, int]:
-    """How many rows each rank measured (rows without a rank: single-process runs, under -1)."""
-    counts: dict[int, int] = {}
-    for row in rows:
-        r = row.get("rank")
-        k = r if isinstance(r, int) else -1
-        counts[k] = counts.get(k, 0) + 1
-    return counts

@@ -21,7 +21,6 @@ NOISY_LEGEND = (
     f"{NOISY_MARK} noisy: IQR over {100 * NOISY_IQR_FRACTION:.0f}% of the median "
     "(rerun with a longer --rep-ms, on a quieter machine)"
 )
-SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
 
 
 def fmt_float(digits: int = 3) -> Callable[[object], str]:
@@ -46,11 +45,6 @@ def fmt_rate(v: object) -> str:
     if size >= 1:
         return f"{v:.2f}"
     return f"{v:.3g}"
-
-
-def fmt_dtype(v: object) -> str:
-    """float32 -> fp32 (tables stay narrow)."""
-    return "" if v is None else SHORT_DTYPES.get(str(v), str(v))
 
 
 def row_is_noisy(record: dict) -> bool:

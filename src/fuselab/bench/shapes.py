@@ -27,6 +27,12 @@ COMMON_SIZES = (50257, 151936, 11008, 33024, 32000, 128256, 152064, 256000, 3276
 
 LAYOUTS = ("contiguous", "transposed", "sliced", "expanded")
 
+
+def format_shape(shape: Sequence[int]) -> str:
+    """(3, 11008) -> "3x11008"; () -> "scalar": the one way a shape is written in tables, names and logs."""
+    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
+
+
 ODD_SHARE = 0.25
 PRIME_SHARE = 0.15
 COMMON_SHARE = 0.15

@@ -231,12 +231,11 @@ class L2Flusher:
     """Evicts the L2 before a repetition by reading a buffer twice its size (one kernel, ~30 us on an H200).
 
     Reading, not writing: a flush that writes (triton's do_bench zeroes a buffer) leaves the L2 full of dirty lines,
-    and the timed kernel then pays for writing them back. On an H200 a 128 MiB copy moved 3975 GB/s after a writing
-    flush and 4186 after a reading one; a 2 GiB copy 4245 and 4258 (benchmarks/l2_flush_study.py). A reading flush
-    also writes back, before the timed region, what the previous repetition left dirty.
+    and the timed kernel then pays for writing them back (docs/results-h200.md has the H200's copy rates after
+    each). A reading flush also writes back, before the timed region, what the previous repetition left dirty.
     """
 
-    METHOD = "read"  # recorded with each measurement: results before 2026-11-30 were taken with a writing flush
+    METHOD = "read"  # recorded with each measurement (older results were taken with a writing flush)
 
     def __init__(self, device: torch.device) -> None:
         props = torch.cuda.get_device_properties(device)

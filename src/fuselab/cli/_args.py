@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from fuselab.ops.evaluate import DTYPES, dtype_name, parse_dtype
+from fuselab.bench.dtypes import DTYPES, dtype_name, parse_dtype
 from fuselab.ops.registry import Op, Shape, get_op, parse_shape
 from fuselab.ops.user import user_op
 

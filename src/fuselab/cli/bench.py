@@ -15,11 +15,11 @@ from rich.console import Console
 
 from fuselab.bench import distributed
 from fuselab.bench.ceilings import get_ceilings
+from fuselab.bench.dtypes import short_name
 from fuselab.bench.env import environment
 from fuselab.bench.results import (
     NOISY_LEGEND,
     first_line,
-    fmt_dtype,
     fmt_fixed,
     fmt_float,
     fmt_plain,
@@ -31,12 +31,12 @@ from fuselab.bench.results import (
     write_csv,
     write_json,
 )
-from fuselab.bench.shapes import LAYOUTS, parse_random, plot_ratios
+from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratios
 from fuselab.bench.sweep import Status
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
-from fuselab.ops.registry import Op, Shape, format_shape
+from fuselab.ops.registry import Op, Shape
 
 CPU_DEFAULT_NUMEL = 2**20  # without --shape on the CPU: the op's (GPU-sized) bench shapes, scaled down to this
 CPU_RANDOM_CAP = {"max_bytes": 4 * 2**20, "max_flops": 1e8}  # random draws on the CPU: per call, by the cost model
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     drawn = random_shapes(op, args, kwargs)
     if kwargs["shapes"] is None and kwargs["device"] == "cpu":
-        kwargs["shapes"] = cpu_shapes(op.bench_shapes, CPU_DEFAULT_NUMEL)
+        kwargs["shapes"] = cpu_shapes(op.defaults.bench_shapes, CPU_DEFAULT_NUMEL)
         shown = ", ".join(format_shape(s) for s in kwargs["shapes"])
         print(
             f"on the CPU, the op's default shapes (sized for a GPU) are scaled down to at most "
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     measured = [r for r in rows if not r.get("error")]
     if measured:
-        cols = columns(op.baseline, list(op.options), op.bound, args.backward)
+        cols = columns(op.defaults.baseline, list(op.options), op.bound, args.backward)
         cols += [("rank", "rank", fmt_plain)] if distributed.active() else []
         table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms")
         print_table(table, console)
@@ -134,18 +134,20 @@ def run(args: argparse.Namespace) -> int:
         by = (*op.options, *(["pass"] if args.backward else []))
         summary = shape_ratios(op, rows, by)
         shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in by], *SUMMARY_COLUMNS[2:]]
-        print_table(make_table(summary, shown, title=f"{op.name}: time / best of {', '.join(op.peers)}"), console)
+        title = f"{op.name}: time / best of {', '.join(op.defaults.peers)}"
+        print_table(make_table(summary, shown, title=title), console)
     if args.out and args.out.suffix == ".json":
         meta = {"env": environment(kwargs["device"]), "ceilings": ceilings}
         if drawn:
-            meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": list(op.peers)}
+            peers = list(op.defaults.peers)
+            meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": peers}
             meta["ratios"] = summary
         write_json(rows, args.out, meta=meta)
         console.print(f"wrote {args.out} (log: {log})")
     if args.csv:
         write_csv(rows, args.csv)
     if args.plot and drawn:
-        plot_ratios(rows, args.plot, title=op.name, axis=op.axis)
+        plot_ratios(rows, args.plot, title=op.name, axis=op.defaults.axis)
     elif args.plot:
         points, x, xlabel = plot_axis(rows, op)
         y, ylabel = ("tflops", "TFLOP/s") if op.bound == "compute" else ("gbps", "GB/s")
@@ -163,12 +165,8 @@ def exit_status(rows: list[dict]) -> int:
     return 0 if all(Status(r.get("status", "error")) is Status.SKIPPED for r in rows) else 1
 
 
-def fmt_shape(shape: list[int]) -> str:
-    return "x".join(map(str, shape)) or "scalar"
-
-
 def fmt_worst(worst: list[dict]) -> str:
-    return ", ".join(f"{fmt_shape(w['shape'])} {w['ratio']:.2f}" for w in worst)
+    return ", ".join(f"{format_shape(w['shape'])} {w['ratio']:.2f}" for w in worst)
 
 
 SUMMARY_COLUMNS = [
@@ -214,7 +212,7 @@ def not_measured_lines(rows: list[dict]) -> list[str]:
             groups.setdefault((r["impl"], r.get("status") or "error", first_line(r["error"])), []).append(r)
     lines = []
     for (impl, status, reason), members in groups.items():
-        dtypes = ", ".join(dict.fromkeys(fmt_dtype(r.get("dtype")) for r in members))
+        dtypes = ", ".join(dict.fromkeys(short_name(r.get("dtype")) for r in members))
         cases = f"{len(members)} case{'s' if len(members) > 1 else ''}"
         style = "yellow" if status in ("skipped", "unavailable") else "red"
         lines.append(f"[{style}]{impl}[/{style}] ({dtypes}; {cases}) {status}: {reason}")
@@ -244,13 +242,13 @@ def plot_axis(rows: list[dict], op: Op) -> tuple[list[dict], str, str]:
     gets `x` and `panel` (dtype, option values, pass, and the op's panel of its shape: one plot per panel)."""
 
     def panel(r: dict) -> str:
-        parts = [fmt_dtype(r.get("dtype")), *(f"{k}={r.get(k)}" for k in op.options), r.get("pass") or ""]
-        if op.panel is not None:
-            parts.append(op.panel(tuple(r.get("shape") or ())))
+        parts = [short_name(r.get("dtype")), *(f"{k}={r.get(k)}" for k in op.options), r.get("pass") or ""]
+        if op.defaults.panel is not None:
+            parts.append(op.defaults.panel(tuple(r.get("shape") or ())))
         return " ".join(p for p in parts if p and p != "forward")
 
-    if op.axis is not None:
-        label, value = op.axis
+    if op.defaults.axis is not None:
+        label, value = op.defaults.axis
         xs = [value(tuple(r.get("shape") or ())) for r in rows]
     elif len({r.get("numel") for r in rows if not r.get("error")}) > 1:
         label, xs = "elements", [r.get("numel") for r in rows]
@@ -277,7 +275,7 @@ def columns(baseline: str, options: list[str], bound: str = "memory", backward: 
     )
     return [
         ("impl", "impl", fmt_plain),
-        ("dtype", "dtype", fmt_dtype),
+        ("dtype", "dtype", short_name),
         ("shape", "shape", fmt_plain),
         *[(k, k, fmt_plain) for k in options],
         *([("pass", "pass", fmt_plain)] if backward else []),

@@ -13,7 +13,8 @@ from pathlib import Path
 from rich.console import Console
 
 from fuselab.bench import distributed
-from fuselab.bench.results import fmt_dtype, fmt_float, fmt_plain, make_table, print_table
+from fuselab.bench.dtypes import short_name
+from fuselab.bench.results import fmt_float, fmt_plain, make_table, print_table
 from fuselab.bench.shapes import LAYOUTS
 from fuselab.cli._args import add_op_arguments, check_writable, resolve
 from fuselab.ops.evaluate import check_op, summarize_checks
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     shown = available if args.all else summarize_checks(available)
     columns = [
         ("impl", "impl", fmt_plain),
-        ("dtype", "dtype", fmt_dtype),
+        ("dtype", "dtype", short_name),
         *[(k, k, fmt_plain) for k in op.options],
         ("cases", "cases", fmt_plain),
         ("rel_err", "max rel err", fmt_float(2)),
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         if r["status"] == "unavailable":
             dtypes = unavailable.setdefault((r["impl"], r["reason"]), [])
-            dtypes += [] if fmt_dtype(r["dtype"]) in dtypes else [fmt_dtype(r["dtype"])]
+            dtypes += [] if short_name(r["dtype"]) in dtypes else [short_name(r["dtype"])]
     for (impl, reason), dtypes in unavailable.items():
         console.print(f"[yellow]{impl}[/yellow] ({', '.join(dtypes)}) not checked: {reason}")
     failed = [r for r in rows if r["status"] == "FAIL"]

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from fuselab.bench.dtypes import dtype_name
 from fuselab.cli._args import add_impl_argument, check_writable, dtype_arg, shape_arg, split
-from fuselab.ops.evaluate import dtype_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:

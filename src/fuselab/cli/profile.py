@@ -153,7 +153,7 @@ def _profile_one(
 
 def _impls(args: argparse.Namespace, op: Op) -> list[str]:
     """--impl as names (comma-separated or repeated; 'all': every impl; none: the op's baseline), each checked."""
-    impls = split(args.impl) or [op.baseline]
+    impls = split(args.impl) or [op.defaults.baseline]
     impls = list(op.impls) if impls == ["all"] else impls
     for impl in impls:
         op.get_impl(impl)  # unknown names fail here, with the known ones listed
@@ -162,7 +162,8 @@ def _impls(args: argparse.Namespace, op: Op) -> list[str]:
 
 def _op_jobs(args: argparse.Namespace, device: str) -> list[Job]:
     """One job per requested impl (comma-separated, or 'all') of the op or user function."""
-    from fuselab.ops.registry import format_shape
+    from fuselab.bench.dtypes import dtype_name
+    from fuselab.bench.shapes import format_shape
 
     op = load_op(args.target, args.nargs)
     impls = _impls(args, op)
@@ -173,15 +174,16 @@ def _op_jobs(args: argparse.Namespace, device: str) -> list[Job]:
 
     def label(impl: str) -> str:
         parts = [name] if impl == name else [name, impl]
-        return "-".join([*parts, format_shape(shape), str(dtype).removeprefix("torch.")])
+        return "-".join([*parts, format_shape(shape), dtype_name(dtype)])
 
     return [(label(i), lambda i=i: impl_callable(op, i, shape, dtype, device, options)) for i in impls]
 
 
 def _counters(args: argparse.Namespace, console: Console) -> int:
     """`--counters`: the op's impls under ncu, one verdict per kernel; one line and status 1 where ncu cannot run."""
-    from fuselab.ops.evaluate import dtype_name
-    from fuselab.ops.registry import format_shape, get_op
+    from fuselab.bench.dtypes import dtype_name
+    from fuselab.bench.shapes import format_shape
+    from fuselab.ops.registry import get_op
     from fuselab.profile.counters import CountersUnavailable, counters_unavailable, profile_counters
 
     if not args.target or ":" in args.target or args.case or args.script:

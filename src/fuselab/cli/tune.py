@@ -12,10 +12,10 @@ import argparse
 import sys
 
 from fuselab.bench import distributed
+from fuselab.bench.dtypes import parse_dtype
 from fuselab.bench.shapes import draw_shapes, parse_random
 from fuselab.cli._args import split
 from fuselab.ops import tuning
-from fuselab.ops.evaluate import parse_dtype
 from fuselab.ops.registry import Shape, get_op, parse_shape
 
 

@@ -46,7 +46,7 @@ def plan(groups: list[str]) -> list[Job]:
     if "check" in groups:
         for op in all_ops():
             jobs += [Job("check", (op.name, impl, layout)) for impl in op.impls for layout in LAYOUTS]
-            if op.large_shape is not None:
+            if op.defaults.large_shape is not None:
                 jobs += [Job("check", (op.name, impl, "large"), exclusive=True) for impl in op.impls]
     if "compile" in groups:
         jobs += [Job("compile", (what,)) for what in ("modules", "FlashAttentionTriton", "FlashAttentionTiled")]

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import torch
 
-from fuselab.bench.results import fmt_dtype
+from fuselab.bench.dtypes import dtype_name, parse_dtype, short_name
+from fuselab.bench.shapes import format_shape
 from fuselab.bench.timer import Timing
 from fuselab.gate.record import Check
-from fuselab.ops.evaluate import bench_op, check_op, dtype_name, gradient_error, relative_error
-from fuselab.ops.registry import Op, all_ops, format_shape
+from fuselab.ops.evaluate import bench_op, check_op, gradient_error, relative_error
+from fuselab.ops.registry import Op, all_ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LAYOUTS = ("contiguous", "transposed", "sliced")  # strided views: a non-unit last stride, rows of an odd stride
@@ -72,7 +73,7 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
     layout "large", its large shape (forward only, fp32 and bf16). A failure of an upstream impl (PyTorch's own
     kernels) is reported as such."""
     if layout == "large":
-        kwargs: dict = {"dtypes": list(LARGE_DTYPES), "shapes": [op.large_shape], "grad": False}
+        kwargs: dict = {"dtypes": list(LARGE_DTYPES), "shapes": [op.defaults.large_shape], "grad": False}
     else:
         kwargs = {"dtypes": list(DTYPES), "layout": layout}
     upstream = op.get_impl(impl).upstream
@@ -87,7 +88,7 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
     checks: list[Check] = []
     for r in rows:
         options = " ".join(f"{k}={r[k]}" for k in op.options if k in r)
-        name = f"{op.name} {impl} {fmt_dtype(r['dtype'])} {format_shape(tuple(r['shape']))} {layout}"
+        name = f"{op.name} {impl} {short_name(r['dtype'])} {format_shape(tuple(r['shape']))} {layout}"
         name += f" {options}" if options else ""
         errors = [e for e in (r.get("rel_err"), r.get("grad_rel_err")) if e is not None]
         outcome = {"pass": "pass", "FAIL": "upstream" if upstream else "fail"}.get(r["status"], "skip")
@@ -100,7 +101,7 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
 
 
 def _largest_check_shape(op: Op) -> tuple[int, ...]:
-    return max(op.check_shapes, key=lambda s: (math.prod(s), len(s)))
+    return max(op.defaults.check_shapes, key=lambda s: (math.prod(s), len(s)))
 
 
 def compile_modules(log: Log, device: str = "cuda") -> list[Check]:
@@ -111,7 +112,7 @@ def compile_modules(log: Log, device: str = "cuda") -> list[Check]:
         if op.module is None:
             continue
         for dtype in (torch.float32, torch.bfloat16):
-            name = f"{op.module.__name__}() {fmt_dtype(dtype_name(dtype))}"
+            name = f"{op.module.__name__}() {short_name(dtype_name(dtype))}"
             with attempt(checks, "compile", name, log) as result:
                 module = op.module()
                 reference = op.module(impl="torch")
@@ -157,7 +158,7 @@ def cs336_step(cls_name: str, log: Log, device: str = "cuda") -> list[Check]:
         cases.append(((16, 16384, 64), torch.bfloat16, True, False))  # the leaderboard's size
     checks: list[Check] = []
     for shape, dtype, causal, fp64 in cases:
-        name = f"{cls_name} {format_shape(shape)} {fmt_dtype(dtype_name(dtype))} causal={causal}"
+        name = f"{cls_name} {format_shape(shape)} {short_name(dtype_name(dtype))} causal={causal}"
         with attempt(checks, "compile", name, log) as result:
             gen = torch.Generator(device=device).manual_seed(sum(shape))
             q, k, v = (torch.randn(shape, generator=gen, device=device).to(dtype) for _ in range(3))
@@ -191,7 +192,7 @@ def drop_in_model(dtype_short: str, log: Log, device: str = "cuda") -> list[Chec
     `dtype_short` (fp32 or bf16)."""
     from fuselab.gate.model import compare_models
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_short]
+    dtype = parse_dtype(dtype_short)
     checks: list[Check] = []
     for compiled in (False, True):
         name = f"4 GPT blocks {dtype_short} {'compiled fullgraph' if compiled else 'eager'}"

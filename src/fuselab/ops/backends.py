@@ -12,6 +12,8 @@ from types import ModuleType
 
 import torch
 
+from fuselab.bench.dtypes import dtype_name
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -82,8 +84,8 @@ def check_tensor(
             f" move it with .to('{devices[0]}')"
         )
     if x.dtype not in dtypes:
-        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise TypeError(f"{impl}: dtype {str(x.dtype).removeprefix('torch.')} is not supported; accepted: {names}")
+        names = ", ".join(dtype_name(d) for d in dtypes)
+        raise TypeError(f"{impl}: dtype {dtype_name(x.dtype)} is not supported; accepted: {names}")
     if x.dim() < min_dim:
         raise ValueError(f"{impl}: expected a tensor with at least {min_dim} dimension(s), got shape {tuple(x.shape)}")
     return x

@@ -20,17 +20,15 @@ import torch
 from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
+from fuselab.bench.dtypes import DTYPES, dtype_name
 from fuselab.bench.env import environment
+from fuselab.bench.log import latest_by_key, load_records
 from fuselab.bench.memory import format_bytes, free_bytes
 from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, size_ladder, summarize
 from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
 from fuselab.bench.timer import Timing, benchmark, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-SHORT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
-
 
 PASSES = ("forward", "forward+backward")
 POISON_BYTES = 8 * 2**30  # at most this much memory is poisoned before a check
@@ -74,17 +72,6 @@ def refuse_if_too_big(op: Op, shape: Shape, dtype: torch.dtype, device: str, opt
             f"needs about {format_bytes(need)} (inputs, outputs and the float64 reference), "
             f"{format_bytes(free)} free on {device}"
         )
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    key = SHORT_DTYPE.get(name.lower(), name.lower().removeprefix("torch."))
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; accepted: {', '.join([*DTYPES, *SHORT_DTYPE])}")
-    return DTYPES[key]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -230,7 +217,8 @@ def check_op(
         op.get_impl(name)  # unknown names fail before any work
     dtypes = list(dtypes or op.dtypes)
     seed = fresh_seed() if seed is None else seed
-    cases = grid(impl=names, dtype=[dtype_name(d) for d in dtypes], shape=[list(s) for s in shapes or op.check_shapes])
+    shapes = shapes or op.defaults.check_shapes
+    cases = grid(impl=names, dtype=[dtype_name(d) for d in dtypes], shape=[list(s) for s in shapes])
     laid = {} if layout == "contiguous" else {"layout": layout}
     cases = [{**c, **laid, **opts} for c in cases for opts in option_grid(op, options)]
 
@@ -441,6 +429,7 @@ def bench_op(
     show_progress: bool = True,
     passes: Sequence[str] = ("forward",),
     call_cost_ms: float = 100.0,
+    max_call_ms: float | None = None,
 ) -> list[dict]:
     """Sweep impls x dtypes x shapes (x option values) x passes, one row per case, appended to `out` (JSON lines).
 
@@ -453,6 +442,8 @@ def bench_op(
     bytes and FLOPs with backward=True).
     call_cost_ms > 0 adds the host's cost of a call and the end-to-end time of back-to-back calls (host_us, e2e_us).
     layout: the inputs' memory layout (`bench_case`); rows of a layout other than contiguous carry it.
+    max_call_ms: an impl whose median call took longer at one case is not timed at the sweep's costlier cases of the
+    same dtype, options and pass (`CallCap`): their rows are skipped, saying why (None: every case is timed).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     timing = Timing.of(timing)
@@ -470,7 +461,7 @@ def bench_op(
     cases = [
         {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **laid, **opts, "pass": pass_}
         for dtype in dtypes
-        for shape in shapes or op.bench_shapes
+        for shape in shapes or op.defaults.bench_shapes
         for opts in option_grid(op, options)
         for pass_ in passes
         for name in names
@@ -479,6 +470,10 @@ def bench_op(
     ceilings = ceilings_mod.get_ceilings(device)
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
+    cap = CallCap(op, max_call_ms)
+    if max_call_ms is not None and out is not None and Path(out).exists():  # a resumed sweep's slow impls stay out
+        for row in latest_by_key(load_records(Path(out))).values():
+            cap.note(row)
 
     def run(case: dict) -> dict:
         together = case_key({k: v for k, v in case.items() if k != "impl"})
@@ -490,9 +485,11 @@ def bench_op(
             except TooBig as exc:
                 measured[together] = dict.fromkeys(names, exc)
                 raise
-            measured[together] = bench_case(
+            capped = {n: cap.reason({**case, "impl": n}) for n in names}
+            measured[together] = {n: Skipped(why) for n, why in capped.items() if why}
+            measured[together] |= bench_case(
                 op,
-                [op.get_impl(n) for n in names],
+                [op.get_impl(n) for n in names if not capped[n]],
                 shape,
                 dtype,
                 device,
@@ -503,6 +500,9 @@ def bench_op(
                 call_cost_ms=call_cost_ms,
                 layout=layout,
             )
+            for name, result in measured[together].items():
+                if isinstance(result, dict):
+                    cap.note({**case, "impl": name, **result, "status": Status.OK})
         result = measured[together][case["impl"]]
         if isinstance(result, Exception):
             raise result
@@ -522,12 +522,50 @@ def bench_op(
     if op.bound == "memory":  # a copy of the same bytes, timed once per size: what such a size can reach
         sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
         same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing) for b in sizes}
-    rows = add_derived(rows, op.baseline, copy_gbps, peer_fields(op), same_size)
+    rows = add_derived(rows, op.defaults.baseline, copy_gbps, peer_fields(op), same_size)
     for row in rows:
         peak = ceilings_mod.peak_tflops(ceilings, row["dtype"])
         if not row.get("error") and peak and row.get("tflops") is not None:
             row["pct_peak"] = 100 * row["tflops"] / peak
     return rows
+
+
+class CallCap:
+    """A sweep's bound on time: an impl whose median call took longer than `max_ms` at one case is not timed at the
+    sweep's cases of the same op, dtype, layout, options and pass that cost more (FLOPs for a compute-bound op, bytes
+    moved for a memory-bound one): a teaching impl (a Python loop over blocks) would only take longer there, and
+    one sweep's time stays bounded whatever the impls. max_ms None: no bound."""
+
+    def __init__(self, op: Op, max_ms: float | None) -> None:
+        self.op, self.max_ms = op, max_ms
+        self.over: dict[tuple[str, str], tuple[float, float, list[int]]] = {}  # (impl, kind): (cost, ms, shape)
+
+    def _kind(self, case: dict) -> str:
+        return repr([case.get(k) for k in peer_fields(self.op) if k != "shape"])
+
+    def _cost(self, case: dict) -> float:
+        nbytes, flops = self.op.case_cost(
+            tuple(case["shape"]), DTYPES[str(case["dtype"])], {k: case[k] for k in self.op.options if k in case}
+        )
+        return float(flops if self.op.bound == "compute" else nbytes)
+
+    def note(self, row: dict) -> None:
+        """Remember a measured row (a case's fields with status and median_ms) whose call took over the bound."""
+        ms = row.get("median_ms")
+        if self.max_ms is None or row.get("status") != Status.OK or not isinstance(ms, float) or ms <= self.max_ms:
+            return
+        key, cost = (str(row["impl"]), self._kind(row)), self._cost(row)
+        if key not in self.over or cost < self.over[key][0]:
+            self.over[key] = (cost, ms, list(row["shape"]))
+
+    def reason(self, case: dict) -> str | None:
+        """Why `case` is not timed (None: it is)."""
+        seen = self.over.get((str(case["impl"]), self._kind(case)))
+        if seen is None or self._cost(case) <= seen[0]:
+            return None
+        _, ms, shape = seen
+        return (f"not timed: {ms:.0f} ms a call already at {'x'.join(map(str, shape))}, a smaller case, over the "
+                f"{self.max_ms:g} ms a call this sweep allows")  # fmt: skip
 
 
 def peer_fields(op: Op) -> tuple[str, ...]:
@@ -618,23 +656,22 @@ def draw_op_shapes(
 ) -> list[Shape]:
     """n shapes from the op's `random_shape`, reproducibly from `seed`; with a cap (bytes moved, FLOPs per call, by
     the op's cost model), a draw above it has its first dimension cut to fit (`draw_shapes`)."""
-    if op.random_shape is None:
+    if op.defaults.random_shape is None:
         raise ValueError(f"op {op.name!r} has no random_shape in its spec, so no shapes can be drawn for it")
     load = load_of(op, dtype, options, max_bytes=max_bytes, max_flops=max_flops)
-    return draw_shapes(op.random_shape, n, seed, load=load)
+    return draw_shapes(op.defaults.random_shape, n, seed, load=load)
 
 
 def shape_ratios(op: Op, rows: list[dict], by: Sequence[str] = ()) -> list[dict]:
     """Give each bench row its ratio to the fastest of the op's peers on the same case (`add_ratios`: `ratio`,
     `best_peer`), and return per impl, dtype and the fields `by` the worst ratio, the 95th percentile, the geometric
     mean and the five worst shapes (`summarize`)."""
-    add_ratios(rows, op.peers, peer_fields(op))
+    add_ratios(rows, op.defaults.peers, peer_fields(op))
     return summarize(rows, ("impl", "dtype", *by))
 
 
 # ---------------------------------------------------------------------------------------------- the cost of a call
 
-COMPILE_MODES = ("max-autotune-no-cudagraphs", "reduce-overhead")
 GPU_BOUND_FACTOR = 1.2  # end to end per call within this factor of the device time: the GPU, not the host, sets it
 GROWTH_FACTOR = 2.0  # on the CPU: time per call at least this many times the smallest size's: the work, not the call
 

@@ -10,14 +10,18 @@ from here and never special-case one. Registration is discovery: every package u
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Literal
 
 import torch
+
+from fuselab.bench.dtypes import dtype_name
 
 Shape = tuple[int, ...]
 # make_inputs(shape, dtype, device, seed, **options) -> the op's input tensors, in the order of Op.inputs
@@ -124,8 +128,8 @@ class Impl:
         if kind not in self.devices:
             return f"{self.name} runs on {'/'.join(self.devices)} only, not on {kind}"
         if dtype is not None and self.dtypes is not None and dtype not in self.dtypes:
-            names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
-            return f"{self.name} computes in {names} only, not {str(dtype).removeprefix('torch.')}"
+            names = ", ".join(dtype_name(d) for d in self.dtypes)
+            return f"{self.name} computes in {names} only, not {dtype_name(dtype)}"
         if kind == "cuda" and not torch.cuda.is_available():
             return "no CUDA GPU in this process"
         return self.requires(kind) if self.requires else None
@@ -134,38 +138,54 @@ class Impl:
         return self.fn(*inputs, **options)
 
 
+@dataclass(frozen=True)
+class Defaults:
+    """What the tools measure of an op when told nothing else: data beside the op's math, in its folder's spec.py.
+
+    check_shapes / bench_shapes / profile_shape: defaults for `fuselab check`, `bench`, `profile` and `inspect`.
+    large_shape: a shape past 2^31 elements that the GPU gate checks (forward: 64-bit offsets), or None.
+    random_shape(rng): one shape drawn for `bench --shapes random:N` (numpy Generator), or None.
+    axis: (label, shape -> value) the plots of its speed run along (default: the element count, or the last
+        dimension where the count is fixed); panel(shape): what else splits the plots into panels (e.g. "d=64").
+    baseline: the impl speed-ups are quoted against; peers: the impls the every-shape ratio is taken against.
+    report: per report mode ("quick", "cpu", "gpu") what the report's section on the op measures:
+        {"check_shapes", "check_dtypes", "compile_check_shapes", "compile_check_dtypes", "bench_dtypes",
+         "bench_sweeps": [{"shapes": [...], "options": {...}}, ...] (the first is plotted),
+         "passes": ("forward", "forward+backward"), "x": "numel", "width" or "axis" (what its plots and tables run
+         along)}; what a mode leaves out falls back to these defaults (check_shapes, bench_shapes, fp32).
+    """
+
+    check_shapes: Sequence[Shape] = ()
+    bench_shapes: Sequence[Shape] = ()
+    profile_shape: Shape | None = None
+    large_shape: Shape | None = None
+    random_shape: Callable[..., Shape] | None = None
+    axis: tuple[str, Callable[[Shape], int]] | None = None
+    panel: Callable[[Shape], str] | None = None
+    baseline: str = "torch"
+    peers: tuple[str, ...] = ("torch", "compile")
+    report: dict[str, dict] = field(default_factory=dict)
+
+
 @dataclass
 class Op:
-    """An operation described once.
+    """An operation described once: its math, and the impls that compute it.
 
     reference(*inputs, **options): float64 implementation, inputs already float64 (any device).
     make_inputs(shape, dtype, device, seed, **options): fresh random inputs (never zeros), named by `inputs`.
         `shape` is the op's one size descriptor (what `--shape` parses); the op says what its dimensions mean.
     bytes_moved(shape, dtype, **options): the fewest bytes a fused kernel must read + write.
     flops(shape, **options): floating-point operations of one call.
-    bound: "memory" (quoted in GB/s against the copy ceiling) or "compute" (TFLOP/s against the matmul ceiling).
     tolerance: max relative error ||out - ref|| / ||ref|| per dtype.
+    defaults: what the tools measure of it when told nothing else (`Defaults`).
     options: typed keyword options the impls accept (given as a sequence of Option, kept by name).
-    check_shapes / bench_shapes / profile_shape: defaults for `fuselab check`, `bench`, `profile` and `inspect`.
-    large_shape: a shape past 2^31 elements that the GPU gate checks (forward: 64-bit offsets), or None.
-    report: per report mode ("quick", "cpu", "gpu") what the report's section on the op measures:
-        {"check_shapes", "check_dtypes", "compile_check_shapes", "compile_check_dtypes", "bench_dtypes",
-         "bench_sweeps": [{"shapes": [...], "options": {...}}, ...] (the first is plotted),
-         "passes": ("forward", "forward+backward"), "x": "numel", "width" or "axis" (the op's `axis`: what its plots
-         and tables run along)}; what a mode leaves out falls back to the op's
-        defaults (check_shapes, bench_shapes at default options, fp32).
-    random_shape(rng): one shape drawn for `bench --shapes random:N` (numpy Generator), or None.
-    axis: (label, shape -> value) the plots of its speed run along (default: the element count, or the last
-        dimension where the count is fixed); panel(shape): what else splits the plots into panels (e.g. "d=64").
-    module: the op's drop-in nn.Module (exposed as fuselab.nn.<its class name>), constructed with keyword `impl`;
-        its classmethod drop_in_pair(impl, **options) gives it and its PyTorch counterpart configured alike (the
-        contract test compares them in a model); functional: {name: function} exposed in fuselab.nn.functional.
-    prose: a Markdown file of the op's own words for its report section.
-    claims: the op's own claims, (text, criterion, fn(results) -> (figure, value, held)); questions: the lecture's
-        questions the op answers, (order, question, criterion, fn(results) -> (answer, value, held)); both read
-        by fuselab.studies.claims beside the claims it makes for every op.
-    baseline: the impl speed-ups are quoted against; peers: the impls the every-shape ratio is taken against.
-    tuner: the module of its tuner for `fuselab tune OP` (cases, measure, choose: see fuselab.ops.tuning), or None.
+    bound: "memory" (quoted in GB/s against the copy ceiling) or "compute" (TFLOP/s against the matmul ceiling).
+    package: the op's folder (`fuselab.ops.gelu`; None for an op without one), where the tools find by name what
+        the op has beside its math: `module.py` (its `__all__`: the drop-in nn.Module, `fuselab.nn.<Class>`, built
+        with keyword `impl`, whose classmethod drop_in_pair(impl, **options) gives it and its PyTorch counterpart
+        configured alike), `functional.py` (its `__all__`: fuselab.nn.functional), `lecture.py` (CLAIMS and
+        QUESTIONS, read by fuselab.studies.claims), `tune.py` (the tuner of `fuselab tune`, see
+        fuselab.ops.tuning) and `report.md` (the op's own words in its report section).
     """
 
     name: str
@@ -174,29 +194,15 @@ class Op:
     bytes_moved: Callable[..., int]
     flops: Callable[..., int]
     tolerance: dict[torch.dtype, float]
-    check_shapes: Sequence[Shape]
-    bench_shapes: Sequence[Shape]
+    defaults: Defaults = field(default_factory=Defaults)
     options: dict[str, Option] | Sequence[Option] = field(default_factory=dict)
     inputs: tuple[str, ...] = ("x",)
     bound: Bound = "memory"
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
-    baseline: str = "torch"
-    peers: tuple[str, ...] = ("torch", "compile")
     doc: str = ""
     title: str = ""
-    profile_shape: Shape | None = None
-    large_shape: Shape | None = None
-    report: dict[str, dict] = field(default_factory=dict)
-    random_shape: Callable[..., Shape] | None = None
-    axis: tuple[str, Callable[[Shape], int]] | None = None
-    panel: Callable[[Shape], str] | None = None
-    module: type | None = None
-    functional: dict[str, Callable] = field(default_factory=dict)
-    prose: Path | None = None
-    claims: Sequence[tuple[str, str, Callable]] = ()
-    questions: Sequence[tuple[int, str, str, Callable]] = ()
+    package: str | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
-    tuner: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.options, dict):
@@ -207,25 +213,61 @@ class Op:
 
     def report_plan(self, mode: str) -> dict:
         """What the report measures of this op in `mode`, the op's defaults filling what the mode leaves out."""
+        d = self.defaults
         plan = {
-            "check_shapes": list(self.check_shapes),
+            "check_shapes": list(d.check_shapes),
             "check_dtypes": ["float32"],
-            "compile_check_shapes": list(self.check_shapes)[:1],
+            "compile_check_shapes": list(d.check_shapes)[:1],
             "compile_check_dtypes": ["float32"],
             "bench_dtypes": ["float32"],
-            "bench_sweeps": [{"shapes": list(self.bench_shapes), "options": self.default_options()}],
+            "bench_sweeps": [{"shapes": list(d.bench_shapes), "options": self.default_options()}],
             "passes": ("forward",),
-            "x": "axis" if self.axis else "numel",
+            "x": "axis" if d.axis else "numel",
         }
-        plan.update(self.report.get(mode, {}))
+        plan.update(d.report.get(mode, {}))
         return plan
 
     def default_profile_shape(self) -> Shape:
         """The shape profile and inspect use when given none: the op's, else its smallest benchmark shape."""
-        if self.profile_shape is not None:
-            return self.profile_shape
-        shapes = list(self.bench_shapes) or list(self.check_shapes)
+        d = self.defaults
+        if d.profile_shape is not None:
+            return d.profile_shape
+        shapes = list(d.bench_shapes) or list(d.check_shapes)
         return min(shapes, key=lambda s: torch.Size(s).numel())
+
+    @property
+    def module(self) -> type | None:
+        """The drop-in nn.Module: the first name in the folder's module.py `__all__`, or None."""
+        return next(iter(_exported(self.package, "module").values()), None)
+
+    @property
+    def functional(self) -> dict[str, Callable]:
+        """{name: function} for fuselab.nn.functional: the folder's functional.py `__all__`."""
+        return _exported(self.package, "functional")
+
+    @property
+    def claims(self) -> Sequence[tuple[str, str, Callable]]:
+        """The op's own claims (text, criterion, fn(results) -> (figure, value, held)): lecture.py's CLAIMS."""
+        return getattr(_folder_module(self.package, "lecture"), "CLAIMS", ())
+
+    @property
+    def questions(self) -> Sequence[tuple[int, str, str, Callable]]:
+        """The lecture's questions it answers (order, question, criterion, fn(results) -> (answer, value, held)):
+        lecture.py's QUESTIONS."""
+        return getattr(_folder_module(self.package, "lecture"), "QUESTIONS", ())
+
+    @property
+    def tuner(self) -> str | None:
+        """The module of its tuner for `fuselab tune OP` (the folder's tune.py), or None."""
+        return f"{self.package}.tune" if _has_module(self.package, "tune") else None
+
+    @property
+    def prose(self) -> Path | None:
+        """The folder's report.md (the op's own words for its report section), or None."""
+        if self.package is None:
+            return None
+        path = Path(importlib.import_module(self.package).__file__ or "").with_name("report.md")
+        return path if path.exists() else None
 
     def impl(self, name: str, **kwargs: object) -> Callable[[Callable], Callable]:
         """Decorator registering `fn` as implementation `name` (keywords as in :class:`Impl`)."""
@@ -262,6 +304,21 @@ class Op:
     def case_cost(self, shape: Shape, dtype: torch.dtype, options: dict[str, object]) -> tuple[int, int]:
         """(bytes moved, FLOPs) of one call at this case."""
         return self.bytes_moved(shape, dtype, **options), self.flops(shape, **options)
+
+
+def _has_module(package: str | None, name: str) -> bool:
+    return package is not None and importlib.util.find_spec(f"{package}.{name}") is not None
+
+
+def _folder_module(package: str | None, name: str) -> ModuleType | None:
+    """The module `name` of an op's folder (imported), or None when the folder has none."""
+    return importlib.import_module(f"{package}.{name}") if _has_module(package, name) else None
+
+
+def _exported(package: str | None, name: str) -> dict[str, object]:
+    """What the folder's module `name` exports ({name: object} of its `__all__`, in order); {} without one."""
+    module = _folder_module(package, name)
+    return {n: getattr(module, n) for n in getattr(module, "__all__", ())} if module is not None else {}
 
 
 def register_op(op: Op) -> Op:
@@ -332,7 +389,3 @@ def parse_shape(text: str) -> Shape:
             raise ValueError(f"bad shape {text!r}: dimensions must be >= 0")
         dims.append(dim)
     return tuple(dims)
-
-
-def format_shape(shape: Shape) -> str:
-    return "x".join(str(d) for d in shape) if shape else "scalar"

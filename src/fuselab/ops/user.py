@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fuselab.ops.registry import Impl, Op, Shape
+from fuselab.ops.registry import Defaults, Impl, Op, Shape
 
 
 def load_function(spec: str) -> Callable:
@@ -101,9 +101,7 @@ def user_op(spec: str, nargs: int = 1) -> Op:
         flops=lambda shape, **_: 0,
         tolerance={torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float64: 1e-12},
         inputs=tuple(f"x{i}" for i in range(nargs)),
-        check_shapes=[(1000,)],
-        bench_shapes=[(2**20,)],
-        baseline=name,
+        defaults=Defaults(check_shapes=[(1000,)], bench_shapes=[(2**20,)], baseline=name),
         doc=f"user function {spec}",
         impls={name: Impl(name=name, fn=fn)},
     )

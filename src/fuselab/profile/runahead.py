@@ -25,6 +25,7 @@ from typing import TextIO
 import torch
 from torch import nn
 
+from fuselab.bench.dtypes import dtype_name
 from fuselab.profile.capture import profile_callable
 from fuselab.profile.ranges import range as prange
 from fuselab.profile.timeline import render_timeline
@@ -239,7 +240,7 @@ class RunAheadStudy:
 
     def to_json(self) -> dict:
         cfg = asdict(self.config)
-        cfg["dtype"] = str(self.config.dtype).removeprefix("torch.")
+        cfg["dtype"] = dtype_name(self.config.dtype)
         return {"config": cfg, "runs": [r.to_json() for r in self.runs], "added_syncs": self.added_syncs}
 
     def summary(self) -> str:

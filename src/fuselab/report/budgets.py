@@ -2,8 +2,10 @@
 
 quick: tiny sizes, seconds per section (the CPU test). cpu: the default without a GPU, within 5 minutes on 2 cores
 (Triton is checked under its interpreter, never timed). gpu: the full report, within 10 minutes on an H200.
-What an op's own section measures in each mode is the op's (`Op.report`, in its folder). The pitfalls and profile
-entries of kind "op" time a memory-bound op's impl (the first registered that has it).
+max_call_ms: an op section's impl whose call took longer at one case of a sweep is not timed at its costlier cases
+(fuselab.ops.evaluate.CallCap; a teaching impl in pure PyTorch would take minutes there). What an op's own section
+measures in each mode is the op's (`Defaults.report`, in its folder). The pitfalls and profile entries of kind "op"
+time a memory-bound op's impl (the first registered that has it).
 
 every_shape (every op, its own `random_shape`): n shapes drawn with a fixed seed; on the CPU capped at max_bytes moved
 and max_flops per call (a draw above has its first dimension cut); dtypes: how many of the op's report dtypes (None:
@@ -19,6 +21,7 @@ from fuselab.bench.timer import Timing
 
 QUICK = {
     "timing": Timing(warmup_ms=5.0, min_warmup=1, rep_ms=20.0, min_reps=3, max_reps=30),
+    "max_call_ms": 100.0,
     "ceilings_refresh": False,
     "pitfalls": [
         {"kind": "matmul", "n": 128, "dtype": "float32"},
@@ -56,6 +59,7 @@ QUICK = {
 CPU = {
     # max_reps capped: a call slowed down by other load on the machine cannot stretch a case for long
     "timing": Timing(warmup_ms=20.0, rep_ms=100.0, min_reps=5, max_reps=50),
+    "max_call_ms": 500.0,
     "ceilings_refresh": False,
     "pitfalls": [
         {"kind": "matmul", "n": 512, "dtype": "float32"},
@@ -98,6 +102,7 @@ CPU = {
 
 GPU = {
     "timing": Timing(warmup_ms=100.0, rep_ms=200.0, min_reps=10, max_reps=1000),
+    "max_call_ms": 100.0,
     "ceilings_refresh": True,
     "pitfalls": [
         {"kind": "matmul", "n": 4096, "dtype": "bfloat16"},

@@ -229,7 +229,7 @@ def _op_pairs(results: Results, op: Op, a: str, b: str) -> list[tuple[dict, dict
 def op_claims(op: Op) -> list[Claim]:
     """The lecture's claims about fusion, made for `op` from the impls it has."""
     made = []
-    base = op.baseline
+    base = op.defaults.baseline
     dtype = "bf16" if op.bound == "compute" else "fp32"
     if "naive" in op.impls and base in op.impls:
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from fuselab.bench.dtypes import short_name
 from fuselab.bench.results import pyplot, save_figure
 
-PEAK_FOR_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
+_PEAK_OF = {"fp16": "bf16"}  # fp16 runs at the bf16 rate on the tensor cores: held against bf16's measured peak
 
 
 def attainable_tflops(ai: float, copy_gbps: float, peak_tflops: float) -> float:
@@ -31,7 +32,8 @@ def ridge_point(copy_gbps: float, peak_tflops: float) -> float:
 
 def peak_for(dtype: str, kind: str, matmul_tflops: dict[str, float]) -> tuple[str, float]:
     """(name, TFLOP/s) of the compute roof a kernel of `kind` ("matmul" or other) in `dtype` is held against."""
-    name = PEAK_FOR_DTYPE.get(dtype, "fp32") if kind == "matmul" else "fp32"
+    short = short_name(dtype)
+    name = _PEAK_OF.get(short, short) if kind == "matmul" else "fp32"
     if name not in matmul_tflops:
         name = "fp32"
     return name, matmul_tflops[name]

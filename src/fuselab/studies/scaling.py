@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.sweep import run_sweep
 from fuselab.bench.timer import Measurement, Timing, benchmark
-from fuselab.ops.evaluate import DTYPES
 
 # ------------------------------------------------------------------------------------------------ fits
 

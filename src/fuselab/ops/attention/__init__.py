@@ -16,6 +16,4 @@ from fuselab.ops.attention.spec import ATTENTION, attention
 from fuselab.ops.attention.tiled import FlashAttentionTiled
 from fuselab.ops.attention.triton import FlashAttentionTriton
 
-ATTENTION.functional = {"scaled_dot_product_attention": scaled_dot_product_attention}  # fuselab.nn.functional
-
 __all__ = ["ATTENTION", "FlashAttentionTiled", "FlashAttentionTriton", "attention", "scaled_dot_product_attention"]

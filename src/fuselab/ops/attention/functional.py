@@ -24,3 +24,6 @@ def scaled_dot_product_attention(
     autograd), which torch.compile(fullgraph=True) traces without a graph break.
     """
     return attention(q, k, v, causal=is_causal, scale=scale, impl=impl)
+
+
+__all__ = ["scaled_dot_product_attention"]  # what fuselab.nn.functional exposes of this op

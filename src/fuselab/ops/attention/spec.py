@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from fuselab.ops.registry import Op, Option, Shape, register_op
+from fuselab.ops.registry import Defaults, Op, Option, Shape, register_op
 
 LOG2E = 1.4426950408889634
 
@@ -232,22 +231,23 @@ ATTENTION = register_op(
         # fp16 / bf16: rounding the output alone costs ~3e-4 / ~2.5e-3; P rounded to the dtype before P @ V and
         # the gradients' longer chains add a few times that.
         tolerance={torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.4e-2},
-        check_shapes=[(2, 1, 16), (1, 2, 17, 48), (2, 3, 65, 33, 80), (1, 4, 2, 130, 70, 64), (2, 2, 1, 1, 9, 16)],
-        bench_shapes=[(16, 16384, 64), *PAPER_GRID],
+        defaults=Defaults(
+            check_shapes=[(2, 1, 16), (1, 2, 17, 48), (2, 3, 65, 33, 80), (1, 4, 2, 130, 70, 64), (2, 2, 1, 1, 9, 16)],
+            bench_shapes=[(16, 16384, 64), *PAPER_GRID],
+            profile_shape=(1, 16, 4096, 64),
+            random_shape=random_shape,
+            axis=("N", lambda shape: dims(shape)[3]),
+            panel=lambda shape: f"d={shape[-1]}" if shape else "",
+            baseline="sdpa",
+            peers=("sdpa", "sdpa-flash", "sdpa-cudnn"),
+            report=REPORT,
+        ),
         options=[Option("causal", False, (False, True), doc="mask key j for query i where j > i (top-left)")],
         inputs=("q", "k", "v"),
         bound="compute",
-        baseline="sdpa",
-        peers=("sdpa", "sdpa-flash", "sdpa-cudnn"),
         title="Attention: FlashAttention-2 in Triton against SDPA",
         doc="scaled dot-product attention softmax(q k^T / sqrt(d)) v; option causal (top-left), GQA, 3-D or 4-D",
-        profile_shape=(1, 16, 4096, 64),
-        report=REPORT,
-        random_shape=random_shape,
-        axis=("N", lambda shape: dims(shape)[3]),
-        panel=lambda shape: f"d={shape[-1]}" if shape else "",
-        prose=Path(__file__).with_name("report.md"),
-        tuner="fuselab.ops.attention.tune",
+        package=__package__,
     )
 )
 

@@ -37,7 +37,6 @@ import triton.language as tl
 from fuselab.ops.library import wrap_triton
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 PLAN_DIR = Path(__file__).with_name("plans")
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 import triton
 
+from fuselab.bench.dtypes import dtype_name, parse_dtype
 from fuselab.ops.attention import triton_kernels as tk
 from fuselab.ops.attention.spec import reference
-from fuselab.ops.evaluate import dtype_name, parse_dtype, relative_error
+from fuselab.ops.evaluate import relative_error
 
 Plan = tk.Plan
 KERNELS = tk.KERNELS

@@ -2,11 +2,10 @@
 //
 // Memory-bound by design: each thread moves kUnroll 16-byte vectors per array (float4, or 8 halves/bfloat16s),
 // all loads issued before any math; consecutive threads touch consecutive vectors (coalesced). One vector per
-// thread, a block of 256 threads covering 4 KiB per array: the Triton kernel's sweep on the H200 with the reading
-// L2 flush (benchmarks/results/h200/logs/gelu_blocks.log) found 4 KiB programs faster than 16 KiB (4 vectors per
-// thread, this kernel until 2026-11-30: 1.018-1.031x F.gelu in fp32). The < 16 bytes left
-// after the last whole vector go one element per thread in the last block; pointers that are not 16-byte
-// aligned (a view's offset) take the same kernel with 1-element "vectors". Indices are int64_t throughout.
+// thread, a block of 256 threads covering 4 KiB per array, as the Triton kernel's block-size sweep chose
+// (docs/ops/gelu.md has the measurements). The < 16 bytes left after the last whole vector go one element per
+// thread in the last block; pointers that are not 16-byte aligned (a view's offset) take the same kernel with
+// 1-element "vectors". Indices are int64_t throughout.
 //
 // The tanh form is computed as x * sigmoid(2u) = x / (1 + 2^(x (c0 + c1 x^2))) with the MUFU instructions
 // ex2.approx and rcp.approx (relative error ~1e-7, about 1 ulp of fp32 over the range that matters), which

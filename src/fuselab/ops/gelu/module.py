@@ -40,3 +40,6 @@ class GELU(torch.nn.Module):
         """(this module running `impl`, torch.nn.GELU), both for the op's option `approximate`: what the contract
         test (tests/ops/test_contract.py) puts in the same model and compares."""
         return cls(approximate, impl=impl), torch.nn.GELU(approximate=approximate)
+
+
+__all__ = ["GELU"]  # what fuselab.nn exposes of this op

@@ -9,13 +9,12 @@ Special values follow F.gelu on the GPU: NaN -> NaN, +inf -> +inf, -inf -> NaN (
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from fuselab.bench.shapes import draw_size, draw_width
-from fuselab.ops.registry import Op, Option, Shape, randn, register_op
+from fuselab.ops.registry import Defaults, Op, Option, Shape, randn, register_op
 
 FORMS = ("tanh", "none")
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -111,17 +110,18 @@ GELU = register_op(
         # its gradient. The tolerances are 3x the worst of these.
         tolerance={torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2},
         # no single-element shape: one value in a saturated tail makes ||out-ref||/||ref|| ill-conditioned
-        check_shapes=[(0,), (17,), (1023,), (4097,), (65537,), (3, 37, 129)],
-        bench_shapes=[(2**24,), (2**26,), (2**28,)],
+        defaults=Defaults(
+            check_shapes=[(0,), (17,), (1023,), (4097,), (65537,), (3, 37, 129)],
+            bench_shapes=[(2**24,), (2**26,), (2**28,)],
+            profile_shape=(2**24,),
+            large_shape=(2**31 + 3,),
+            random_shape=random_shape,
+            baseline="torch",
+            report=REPORT,
+        ),
         options=[Option("approximate", "tanh", FORMS, doc="'tanh' (the lecture's form) or 'none' (erf), as F.gelu")],
-        baseline="torch",
         title="GELU five ways",
         doc="GELU activation, y = x * Phi(x); option approximate='tanh' (default) or 'none' (erf), as F.gelu",
-        profile_shape=(2**24,),
-        large_shape=(2**31 + 3,),
-        report=REPORT,
-        random_shape=random_shape,
-        prose=Path(__file__).with_name("report.md"),
-        tuner="fuselab.ops.gelu.tune",
+        package=__package__,
     )
 )

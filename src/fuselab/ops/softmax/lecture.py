@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-
+from fuselab.bench.dtypes import parse_dtype
 from fuselab.ops.findings import NotMeasured, Results, fmt_gbps, fmt_ms, fmt_x, pairs, section
 
 ROW = "triton"  # one row (or a few short ones) per program, held in registers: x read once, y written once
@@ -20,7 +19,7 @@ def _issued(row: dict) -> tuple[int, int]:
     from fuselab.ops.softmax.spec import bytes_moved
     from fuselab.ops.softmax.triton_elementwise import bytes_issued  # rows of it exist: Triton is installed
 
-    shape, dtype = tuple(row["shape"]), getattr(torch, row["dtype"])
+    shape, dtype = tuple(row["shape"]), parse_dtype(row["dtype"])
     return bytes_issued(shape, dtype), bytes_moved(shape, dtype)
 
 

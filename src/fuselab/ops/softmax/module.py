@@ -61,3 +61,6 @@ class Softmax(torch.nn.Module):
 
 def _bad_dim(dim: int, x: torch.Tensor) -> int:
     raise IndexError(f"Softmax: dim {dim} is out of range for a tensor of {x.dim()} dimension(s)")
+
+
+__all__ = ["Softmax"]  # what fuselab.nn exposes of this op

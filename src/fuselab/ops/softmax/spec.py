@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from fuselab.bench.shapes import draw_width, log_uniform
-from fuselab.ops.registry import Op, Shape, randn, register_op
+from fuselab.ops.registry import Defaults, Op, Shape, randn, register_op
 
 
 def reference(x: torch.Tensor, **options: object) -> torch.Tensor:
@@ -89,25 +88,26 @@ SOFTMAX = register_op(
         make_inputs=make_inputs,
         bytes_moved=bytes_moved,
         flops=flops,
-        check_shapes=[
-            (0, 7),  # no rows
-            (5, 0),  # empty rows: torch.softmax returns an empty (5, 0) tensor
-            (),  # a scalar is one row of one element: softmax is 1
-            (1, 1),
-            (3, 1),
-            (1000,),
-            (37, 129),
-            (70000, 3),  # more rows than a 65535 grid dimension
-            (4, 5, 300),
-            (2, 5000),
-            (3, 40000),  # wider than a row held whole by one program: the looped/split kernels
-        ],
-        bench_shapes=[(2**26 // w, w) for w in WIDTHS],
-        profile_shape=(4096, 4096),
-        large_shape=(2**21 + 3, 1024),  # 2^31 + 3072 elements: the last rows start past 2^31
-        report=REPORT,
-        random_shape=random_shape,
-        prose=Path(__file__).with_name("report.md"),
-        tuner="fuselab.ops.softmax.tune",
+        defaults=Defaults(
+            check_shapes=[
+                (0, 7),  # no rows
+                (5, 0),  # empty rows: torch.softmax returns an empty (5, 0) tensor
+                (),  # a scalar is one row of one element: softmax is 1
+                (1, 1),
+                (3, 1),
+                (1000,),
+                (37, 129),
+                (70000, 3),  # more rows than a 65535 grid dimension
+                (4, 5, 300),
+                (2, 5000),
+                (3, 40000),  # wider than a row held whole by one program: the looped/split kernels
+            ],
+            bench_shapes=[(2**26 // w, w) for w in WIDTHS],
+            profile_shape=(4096, 4096),
+            large_shape=(2**21 + 3, 1024),  # 2^31 + 3072 elements: the last rows start past 2^31
+            random_shape=random_shape,
+            report=REPORT,
+        ),
+        package=__package__,
     )
 )

@@ -36,11 +36,6 @@ def first_line(text: object) -> str:
     return line.removeprefix("fuselab.ops.evaluate.")
 
 
-def short_dtype(dtype: str) -> str:
-    """fp32, bf16, fp16 for those dtype names; any other name as it is."""
-    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
-
-
 _DROP = (
     "key",
     "device",

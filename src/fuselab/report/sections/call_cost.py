@@ -8,10 +8,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.memory import format_bytes
 from fuselab.bench.results import plot_metric
+from fuselab.bench.shapes import format_shape
 from fuselab.ops.evaluate import (
-    DTYPES,
     GPU_BOUND_FACTOR,
     GROWTH_FACTOR,
     bench_op,
@@ -20,7 +21,7 @@ from fuselab.ops.evaluate import (
     compiled_call_cost,
     ladder_shapes,
 )
-from fuselab.ops.registry import Op, format_shape
+from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import each_op, first_line
@@ -154,7 +155,7 @@ def _compiled_rows(ctx: Context, op: Op, budget: dict, shapes: list, dtype: str,
     """The baseline and the fused impls (those with kernels of their own) under each of the budget's torch.compile
     modes, on a GPU; later ones skipped, with the reason, once compile_deadline_s has passed."""
     modes = list(budget.get("compile_modes") or ()) if ctx.on_gpu else []
-    names = [op.baseline, *[n for n, i in op.impls.items() if i.inspectable and n != op.baseline]]
+    names = [op.defaults.baseline, *[n for n, i in op.impls.items() if i.inspectable and n != op.defaults.baseline]]
     names = [n for n in names if n in op.impls and not op.impls[n].compiled]
     start = time.perf_counter()
     rows: list[dict] = []

@@ -6,7 +6,8 @@ ncu or permission to read counters it says why in one line and returns, so the r
 
 from __future__ import annotations
 
-from fuselab.ops.registry import all_ops, format_shape
+from fuselab.bench.shapes import format_shape
+from fuselab.ops.registry import all_ops
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import g3

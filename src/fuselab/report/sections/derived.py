@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fuselab.ops.registry import all_ops, format_shape
+from fuselab.bench.dtypes import short_name
+from fuselab.bench.shapes import format_shape
+from fuselab.ops.registry import all_ops
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
-from fuselab.report.sections._common import g3, short_dtype
+from fuselab.report.sections._common import g3
 from fuselab.studies import claims as claims_mod
 from fuselab.studies import roofline
 
@@ -17,8 +19,8 @@ def roofline_points(results: dict[str, dict]) -> list[dict]:
         if not r.get("error"):
             points.append(
                 {
-                    "label": f"matmul {r['n']} {short_dtype(r['dtype'])}",
-                    "group": f"matmul {short_dtype(r['dtype'])}",
+                    "label": f"matmul {r['n']} {short_name(r['dtype'])}",
+                    "group": f"matmul {short_name(r['dtype'])}",
                     "family": "matmul",
                     "kind": "matmul",
                     "dtype": r["dtype"],
@@ -35,8 +37,8 @@ def roofline_points(results: dict[str, dict]) -> list[dict]:
                 continue
             points.append(
                 {
-                    "label": f"{op.name} {r['impl']} {short_dtype(r['dtype'])} {format_shape(tuple(r['shape']))}",
-                    "group": f"{op.name} {r['impl']} {short_dtype(r['dtype'])}",
+                    "label": f"{op.name} {r['impl']} {short_name(r['dtype'])} {format_shape(tuple(r['shape']))}",
+                    "group": f"{op.name} {r['impl']} {short_name(r['dtype'])}",
                     "family": op.name,
                     "kind": "matmul" if op.bound == "compute" else "elementwise",  # compute-bound: tensor cores
                     "dtype": r["dtype"],

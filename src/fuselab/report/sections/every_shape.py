@@ -1,15 +1,16 @@
 """Every shape: per op, shapes drawn by its own `random_shape` with a fixed seed, every impl timed on each
-against the fastest of the op's PyTorch peers (`Op.peers`): worst, 95th percentile and geometric mean of the time
+against the fastest of the op's PyTorch peers (`Defaults.peers`): worst, 95th percentile and geometric mean of the time
 ratio, the five worst shapes, and the ratio against size. Generic over the ops; nothing here names one."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.memory import format_bytes
-from fuselab.bench.shapes import plot_ratios
-from fuselab.ops.evaluate import DTYPES, bench_op, draw_op_shapes, shape_ratios
-from fuselab.ops.registry import Op, format_shape
+from fuselab.bench.shapes import format_shape, plot_ratios
+from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
+from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import each_op, first_line
@@ -57,7 +58,7 @@ def _intro(budget: dict) -> str:
 
 
 def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
-    if op.random_shape is None:
+    if op.defaults.random_shape is None:
         doc.text(f"`{op.name}` has no `random_shape` in its spec: no shapes drawn.")
         return {"skipped": "no random_shape in the op's spec"}
     plan = op.report_plan(ctx.mode)
@@ -87,7 +88,7 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
         call_cost_ms=0.0,
     )
     summary = shape_ratios(op, rows)
-    peers = [p for p in op.peers if p in op.impls]
+    peers = [p for p in op.defaults.peers if p in op.impls]
     timed_peers = sorted({r["best_peer"] for r in rows if r.get("best_peer")})
     opts = ", ".join(f"{k}={v}" for k, v in options.items())
     doc.text(
@@ -125,8 +126,8 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
         doc.text(f"{len(failed)} case(s) failed, e.g. `{failed[0]['impl']}` at "
                  f"{format_shape(tuple(failed[0]['shape']))}: {first_line(failed[0]['error'])}")  # fmt: skip
     if any(r.get("ratio") is not None for r in rows):
-        label = op.axis[0] if op.axis else None
-        path = plot_ratios(rows, ctx.plot(f"{NAME}_{op.name}.png"), title=op.name, axis=op.axis)
+        label = op.defaults.axis[0] if op.defaults.axis else None
+        path = plot_ratios(rows, ctx.plot(f"{NAME}_{op.name}.png"), title=op.name, axis=op.defaults.axis)
         doc.image(path, f"{op.name}: time / best peer against {label or 'size'}, one point per shape and impl.")
     return {
         "shapes": [list(s) for s in shapes],

@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.results import NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
+from fuselab.bench.shapes import format_shape
 from fuselab.bench.sweep import Status
-from fuselab.ops.evaluate import DTYPES, bench_op, check_op, summarize_checks
-from fuselab.ops.registry import Op, format_shape
+from fuselab.ops.evaluate import bench_op, check_op, summarize_checks
+from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import first_line, g3, ms, pow2, slim
@@ -40,17 +42,19 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
                 timing=ctx.budget["timing"],
                 show_progress=ctx.show_progress,
                 passes=plan["passes"],
+                max_call_ms=ctx.budget.get("max_call_ms"),
             )
             for r in rows:
                 r.setdefault("numel", math.prod(r["shape"]))
                 r["width"] = r["shape"][-1] if r["shape"] else 1
-                if op.axis is not None:
-                    r["axis"] = op.axis[1](tuple(r["shape"]))
+                if op.defaults.axis is not None:
+                    r["axis"] = op.defaults.axis[1](tuple(r["shape"]))
             sweeps.append(rows)
         if not ctx.on_gpu and any("triton" in name for name in op.impls):
             doc.text("On the CPU, Triton runs under its interpreter: it is checked for correctness above, never timed.")
         x = plan["x"]
-        xlabel = {"numel": "elements", "width": "row width", "axis": op.axis[0] if op.axis else "x"}.get(x, x)
+        axis = op.defaults.axis
+        xlabel = {"numel": "elements", "width": "row width", "axis": axis[0] if axis else "x"}.get(x, x)
         if sweeps:
             _bench_docs(ctx, doc, op, sweeps[0], x=x, xlabel=xlabel)
         for rows in sweeps[1:]:
@@ -164,7 +168,7 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xla
     rate, unit, _pct, of = _speed(op)
 
     def variant_of(r: dict) -> tuple:
-        panel = op.panel(tuple(r["shape"])) if op.panel else ""
+        panel = op.defaults.panel(tuple(r["shape"])) if op.defaults.panel else ""
         return (r["dtype"], *[f"{k}={r.get(k)}" for k in op.options], r.get("pass", "forward"), panel)
 
     ok = [{**r, "panel": " ".join(str(v) for v in variant_of(r) if v)} for r in rows if not r.get("error")]
@@ -245,7 +249,7 @@ def _full_table(doc: Doc, op: Op, rows: list[dict], caption: str = "every timing
             g3(r.get(rate)),
             g3(r.get(pct)),
             *([g3(r.get("pct_copy_same"))] if memory else []),
-            g3(r.get(f"speedup_vs_{op.baseline}")),
+            g3(r.get(f"speedup_vs_{op.defaults.baseline}")),
             g3(r.get("rel_err")),
             g3(r.get("compile_s")),
             first_line(r.get("error")) or "; ".join([*(r.get("warnings") or [])][:2]),
@@ -262,7 +266,7 @@ def _full_table(doc: Doc, op: Op, rows: list[dict], caption: str = "every timing
         unit,
         "% copy" if memory else "% peak",
         *(["% copy same size"] if memory else []),
-        f"× vs {op.baseline}",
+        f"× vs {op.defaults.baseline}",
         "rel err",
         "compile s",
         "note",

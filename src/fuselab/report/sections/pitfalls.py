@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fuselab.bench.dtypes import DTYPES, short_name
 from fuselab.bench.results import pyplot, save_figure
-from fuselab.ops.evaluate import DTYPES
-from fuselab.ops.registry import Op, all_ops, format_shape
+from fuselab.bench.shapes import format_shape
+from fuselab.ops.registry import Op, all_ops
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
-from fuselab.report.sections._common import first_line, ms, pow2, short_dtype
+from fuselab.report.sections._common import first_line, ms, pow2
 from fuselab.studies import pitfalls
 
 
 def _pitfall_maker(case: dict, device: str) -> tuple[str, pitfalls.Maker]:
     dtype = DTYPES[case["dtype"]]
-    short = short_dtype(case["dtype"])
+    short = short_name(case["dtype"])
     if case["kind"] == "matmul":
         n = case["n"]
         return f"matmul {n}³ {short}", pitfalls.matmul_maker(n, dtype, device)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from fuselab.ops.registry import Shape, all_ops, format_shape
+from fuselab.bench.shapes import format_shape
+from fuselab.ops.registry import Shape, all_ops
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.report.sections._common import first_line

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fuselab.bench.dtypes import short_name
 from fuselab.bench.results import pyplot, save_figure
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
-from fuselab.report.sections._common import first_line, g3, ms, short_dtype, slim
+from fuselab.report.sections._common import first_line, g3, ms, slim
 from fuselab.studies import scaling
 
 
@@ -38,7 +39,7 @@ def matmul_section(ctx: Context, doc: Doc) -> dict:
     )
     table = []
     for dtype in b["matmul_dtypes"]:
-        short = short_dtype(dtype)
+        short = short_name(dtype)
         peak = peaks.get(short)
         sizes = sorted(r["n"] for r in ok if r["dtype"] == dtype)
         slope_at = dict(zip(sizes, regimes.get(dtype, {}).get("local_exponents", []), strict=False))
@@ -66,7 +67,7 @@ def matmul_section(ctx: Context, doc: Doc) -> dict:
             f"(slope {reg['large_exponent']:.2f} over the three largest)."
         )
     doc.text("\n".join(lines))
-    series = {short_dtype(d): [(r["n"], r["median_ms"]) for r in ok if r["dtype"] == d] for d in b["matmul_dtypes"]}
+    series = {short_name(d): [(r["n"], r["median_ms"]) for r in ok if r["dtype"] == d] for d in b["matmul_dtypes"]}
     guides = {}
     for name, pts in series.items():
         if pts:
@@ -84,7 +85,7 @@ def matmul_section(ctx: Context, doc: Doc) -> dict:
         ),
         "Matmul time against n (log-log): flat, then parallel to the n³ guide.",
     )
-    tf = {short_dtype(d): [(r["n"], r["tflops"]) for r in ok if r["dtype"] == d] for d in b["matmul_dtypes"]}
+    tf = {short_name(d): [(r["n"], r["tflops"]) for r in ok if r["dtype"] == d] for d in b["matmul_dtypes"]}
     hlines = {f"{k} ceiling": v for k, v in peaks.items() if k in tf}
     doc.image(
         line_plot(
