@@ -584,13 +584,17 @@ def test_gpu_past_2_pow_31_elements(name: str, width: int) -> None:
     (x,) = SOFTMAX.make_inputs((rows, width), torch.bfloat16, "cuda", 11)
     op_backward = getattr(torch.ops.fuselab, f"softmax_{name}_backward")
     y = SOFTMAX.get_impl(name)(x)
-    dy = torch.randn_like(x)  # random: with dy = 1 the exact gradient is 0 and only rounding is left to compare
+    (dy,) = SOFTMAX.make_inputs((rows, width), torch.bfloat16, "cuda", 12)  # with dy = 1 the exact gradient is 0
     dx = op_backward(y, dy)
     tol = SOFTMAX.tolerance[torch.bfloat16]
     across = 2**31 // width
     for part in (slice(0, 3), slice(across - 2, across + 2), slice(rows - 3, rows)):
         assert rel_err(y[part], reference(x[part])) <= tol, f"forward at rows {part}"
-        assert rel_err(dx[part], reference_grad(x[part], dy[part])) <= tol, f"backward at rows {part}"
+        # The backward kernel is given the rounded y, so it is held to the exact gradient of its own inputs:
+        # from x, rows whose y is nearly one-hot lose digits in dy - sum(y * dy) that no kernel can recover.
+        y64, dy64 = y[part].double(), dy[part].double()
+        exact = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+        assert rel_err(dx[part], exact) <= tol, f"backward at rows {part}"
 
 
 # ---------------------------------------------------------------------------------------------- tuner
