@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from fuselab.gate import jobs
+from fuselab.gate import jobs, stages
 from fuselab.gate.__main__ import Suite, finish_pytest
 from fuselab.gate.pytest_log import LOG_VARIABLE
 from fuselab.gate.record import GROUPS, Check, GateRecord, gpu_folder, source_digest
-from fuselab.ops.registry import all_ops
+from fuselab.ops.evaluate import check_op
+from fuselab.ops.registry import Defaults, Op, all_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,3 +155,23 @@ def test_whole_gpu_memory_does_nothing_outside_a_gate_run(monkeypatch):
     monkeypatch.delenv(jobs.LOCK_VARIABLE, raising=False)
     with jobs.whole_gpu_memory(), jobs.whole_gpu_memory():  # nested: would deadlock if it locked anything
         pass
+
+
+def test_a_failed_check_names_the_seed_and_command_that_reproduce_it(monkeypatch):
+    op = Op(
+        name="toy_cube",
+        reference=lambda x: x**3,
+        make_inputs=lambda shape, dtype, device, seed: (torch.randn(shape, generator=torch.manual_seed(seed)),),
+        bytes_moved=lambda shape, dtype: 0,
+        flops=lambda shape: 0,
+        tolerance={torch.float32: 1e-6},
+        dtypes=(torch.float32,),
+        defaults=Defaults(check_shapes=[(33,)]),
+    )
+    op.impl("wrong")(lambda x: x**3 + 1e-3 * x)
+    monkeypatch.setattr(stages, "DTYPES", (torch.float32,))
+    (check,) = stages.check_rows(op, "wrong", "transposed", stages.Log(None), device="cpu")
+    assert check.outcome == "fail"
+    seed = int(re.search(r"--seed (\d+) --layout transposed\)", check.detail).group(1))
+    (row,) = check_op(op, impls=["wrong"], device="cpu", seed=seed, layout="transposed", show_progress=False)
+    assert row["rel_err"] == pytest.approx(check.figure)  # the same inputs again

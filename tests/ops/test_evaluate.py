@@ -9,7 +9,7 @@ import torch
 
 from fuselab.bench.dtypes import parse_dtype
 from fuselab.ops.evaluate import Unavailable, add_derived, bench_op, check_op, gradient_error, relative_error
-from fuselab.ops.registry import Defaults, Op, UnknownName, parse_shape
+from fuselab.ops.registry import Defaults, Op, UnknownName, get_op, parse_shape
 
 
 def make_toy() -> Op:
@@ -65,6 +65,23 @@ def test_gradient_error_measures_a_zero_gradient_against_its_share_of_the_whole(
     assert gradient_error([big, big * 1.1], [big, big]) == pytest.approx(0.1)  # a wrong gradient stays wrong
     assert gradient_error([big * 0, big], [big, big]) == pytest.approx(1.0)  # and so does a missing one
     assert gradient_error([torch.full((64,), math.nan), big], [zero, big]) == math.inf
+
+
+def test_gradient_error_measures_against_the_op_scale_where_the_gradient_cancels_bigger_terms():
+    ref = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    off = ref * 1.01
+    assert gradient_error([off], [ref]) == pytest.approx(0.01)
+    assert gradient_error([off], [ref], [10 * ref.norm().item()]) == pytest.approx(0.001)
+    assert gradient_error([off], [ref], [0.1 * ref.norm().item()]) == pytest.approx(0.01)  # a scale never tightens
+
+
+def test_an_impl_is_held_to_its_tolerance_scale():
+    op = get_op("gelu")
+    rows = check_op(op, impls=["naive", "torch"], dtypes=[torch.float32], shapes=[(17,)], show_progress=False)
+    tolerance = {r["impl"]: r["tolerance"] for r in rows}
+    scale = op.get_impl("naive").tolerance_scale
+    fp32 = op.tolerance[torch.float32]
+    assert scale > 1 and tolerance == {"naive": scale * fp32, "torch": fp32}
 
 
 def test_a_check_over_its_tolerance_says_by_how_much():

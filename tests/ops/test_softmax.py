@@ -21,7 +21,7 @@ import torch
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
 from fuselab.ops import get_op
-from fuselab.ops.evaluate import poison_allocator
+from fuselab.ops.evaluate import gradient_error, poison_allocator
 from fuselab.ops.evaluate import relative_error as rel_err
 from fuselab.ops.softmax import SOFTMAX, Softmax, launch, plans
 from fuselab.ops.softmax import triton as st
@@ -537,6 +537,26 @@ def test_gpu_special_rows_as_torch_softmax(name: str, dtype: torch.dtype) -> Non
     for width in (1, 3, 300, 5000, 20000, 70000, 70001):
         x = special_rows(dtype, "cuda", width)
         assert_softmax_like_torch(run(name, x), x, f"{name} {dtype} width {width}")
+
+
+def test_a_nearly_one_hot_row_is_checked_against_the_terms_its_gradient_cancels() -> None:
+    """At max y = 0.99 any backward from the saved bf16 y is ~0.1 off the exact gradient (PyTorch's own too): the
+    check measures it against ||y * dy|| (SOFTMAX.gradient_scale), where a right backward is within tolerance and
+    one that drops the sum term still fails."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1000, generator=gen, dtype=torch.float64)
+    x[17] = 12.0  # max y ~0.99
+    dy = torch.randn(1000, generator=gen, dtype=torch.float64)
+    x16 = x.to(torch.bfloat16).requires_grad_()
+    torch.softmax(x16, -1).backward(dy.to(torch.bfloat16))
+    x64 = x16.detach().double().requires_grad_()
+    reference(x64).backward(dy)
+    scale = SOFTMAX.gradient_scale(x64.detach(), dy=dy)
+    tol = SOFTMAX.tolerance[torch.bfloat16]
+    assert gradient_error([x16.grad], [x64.grad]) > 3 * tol  # against ||dx||: rounding of y, magnified
+    assert gradient_error([x16.grad], [x64.grad], scale) <= tol
+    y = reference(x64.detach())
+    assert gradient_error([(y * dy).to(torch.bfloat16)], [x64.grad], scale) > 0.5  # no - y * sum(y * dy): wrong
 
 
 @pytest.mark.gpu

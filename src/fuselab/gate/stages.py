@@ -18,7 +18,7 @@ from fuselab.bench.dtypes import dtype_name, parse_dtype, short_name
 from fuselab.bench.shapes import format_shape
 from fuselab.bench.timer import Timing
 from fuselab.gate.record import Check
-from fuselab.ops.evaluate import bench_op, check_op, gradient_error, relative_error
+from fuselab.ops.evaluate import bench_op, check_op, fresh_seed, gradient_error, relative_error
 from fuselab.ops.registry import Op, all_ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -77,9 +77,12 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
     else:
         kwargs = {"dtypes": list(DTYPES), "layout": layout}
     upstream = op.get_impl(impl).upstream
+    seed = fresh_seed()  # fresh inputs each gate; a failure names the seed that reproduces it
+    again = f"seed {seed}: fuselab check {op.name} --impl {impl} --seed {seed}"
+    again += f" --layout {layout}" if layout not in ("contiguous", "large") else ""
     start = time.perf_counter()
     try:
-        rows = check_op(op, impls=[impl], device=device, show_progress=False, **kwargs)
+        rows = check_op(op, impls=[impl], device=device, show_progress=False, seed=seed, **kwargs)
     except Exception as exc:
         log.write(f"check {op.name} {impl} {layout}", traceback.format_exc())
         outcome = "upstream" if upstream else "fail"
@@ -93,6 +96,7 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
         errors = [e for e in (r.get("rel_err"), r.get("grad_rel_err")) if e is not None]
         outcome = {"pass": "pass", "FAIL": "upstream" if upstream else "fail"}.get(r["status"], "skip")
         detail = r.get("reason") or (f"tolerance {r['tolerance']:g}" if r.get("tolerance") else "")
+        detail += f" ({again})" if r["status"] == "FAIL" else ""
         checks.append(Check("check", name, outcome, max(errors) if errors else None, detail or "", seconds))
     return checks
 

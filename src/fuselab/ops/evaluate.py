@@ -99,20 +99,24 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def gradient_error(grads: Sequence[torch.Tensor], refs: Sequence[torch.Tensor]) -> float:
+def gradient_error(
+    grads: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], scales: Sequence[float] | None = None
+) -> float:
     """The worst input's gradient error: ||g - ref|| / ||ref|| per input, where an input's reference gradient is
     smaller than its share of the whole gradient (||all refs|| * sqrt(its numel / all numel)) measured against that
     share instead. Some gradients are zero by the math (attention's dQ and dK when each query sees one key): their
-    own norm is rounding, and dividing by it turns 1e-7 of noise into a relative error of 1e24."""
+    own norm is rounding, and dividing by it turns 1e-7 of noise into a relative error of 1e24.
+    scales: per input, a larger norm to measure against where the op's gradient cancels bigger terms
+    (`Op.gradient_scale`)."""
     norms = [torch.linalg.vector_norm(r.detach().to(torch.float64)).item() for r in refs]
     total = sum(n * n for n in norms) ** 0.5
     numel = sum(r.numel() for r in refs) or 1
     worst = 0.0
-    for g, r, norm in zip(grads, refs, norms, strict=True):
-        share = total * (r.numel() / numel) ** 0.5
+    for i, (g, r, norm) in enumerate(zip(grads, refs, norms, strict=True)):
+        floor = max(total * (r.numel() / numel) ** 0.5, scales[i] if scales else 0.0)
         err = relative_error(g, r)  # ||g - ref|| / ||ref|| (the absolute error where ||ref|| is 0)
-        if norm < share and math.isfinite(err):
-            err *= (norm or 1.0) / share
+        if norm < floor and math.isfinite(err):
+            err *= (norm or 1.0) / floor
         worst = max(worst, err)
     return worst
 
@@ -187,7 +191,8 @@ def check_case(
             )
         xs64 = [x.detach().to(torch.float64).requires_grad_(True) for x in inputs]
         op.reference(*xs64, **options).backward(dy)
-        row["grad_rel_err"] = gradient_error([x.grad for x in xs], [x.grad for x in xs64])
+        scales = op.gradient_scale(*(x.detach() for x in xs64), dy=dy, **options) if op.gradient_scale else None
+        row["grad_rel_err"] = gradient_error([x.grad for x in xs], [x.grad for x in xs64], scales)
     return row
 
 
@@ -228,7 +233,7 @@ def check_op(
         reason = impl.unavailable(device, dtype)
         if not reason and device == "cpu" and "triton" in impl.name and dtype != torch.float32:
             reason = "the Triton interpreter is checked in float32 only"
-        tolerance = op.tolerance[dtype]
+        tolerance = op.tolerance[dtype] * impl.tolerance_scale
         if reason:
             return {"status": "unavailable", "reason": reason, "tolerance": tolerance}
         opts = {k: case[k] for k in op.options}

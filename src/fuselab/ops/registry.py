@@ -104,6 +104,8 @@ class Impl:
     dtypes: the dtypes it computes in, when fewer than its op's (None: every dtype of the op).
     upstream: it runs PyTorch's own kernels (a baseline: torch's function, SDPA, torch.compile's code), so what fails
         in it is PyTorch's to fix: the GPU gate reports such failures apart from fuselab's own.
+    tolerance_scale: it is held to its op's tolerance times this: an unfused chain of k ops rounds k times in a
+        16-bit dtype where a fused kernel rounds once (say why where it is set).
     """
 
     name: str
@@ -117,6 +119,7 @@ class Impl:
     cuda_source: Path | None = None
     dtypes: tuple[torch.dtype, ...] | None = None
     upstream: bool = False
+    tolerance_scale: float = 1.0
 
     @property
     def inspectable(self) -> bool:
@@ -177,6 +180,10 @@ class Op:
     bytes_moved(shape, dtype, **options): the fewest bytes a fused kernel must read + write.
     flops(shape, **options): floating-point operations of one call.
     tolerance: max relative error ||out - ref|| / ||ref|| per dtype.
+    gradient_scale(*inputs, dy, **options): float64 inputs and output gradient -> per input, the norm that its
+        gradient's error is measured against where that is larger than the gradient's own norm: the size of the terms
+        a backward adds up, for ops whose gradient cancels them (softmax's y * dy on a nearly one-hot row, whose
+        gradient is ~(1 - max y) of them, so any rounding of y is magnified 1 / (1 - max y) times). None: ||ref||.
     defaults: what the tools measure of it when told nothing else (`Defaults`).
     options: typed keyword options the impls accept (given as a sequence of Option, kept by name).
     bound: "memory" (quoted in GB/s against the copy ceiling) or "compute" (TFLOP/s against the matmul ceiling).
@@ -194,6 +201,7 @@ class Op:
     bytes_moved: Callable[..., int]
     flops: Callable[..., int]
     tolerance: dict[torch.dtype, float]
+    gradient_scale: Callable[..., Sequence[float]] | None = None
     defaults: Defaults = field(default_factory=Defaults)
     options: dict[str, Option] | Sequence[Option] = field(default_factory=dict)
     inputs: tuple[str, ...] = ("x",)

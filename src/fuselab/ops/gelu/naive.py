@@ -11,7 +11,9 @@ from fuselab.ops.gelu.spec import GELU, KAPPA, SQRT1_2, SQRT_2_OVER_PI, check_fo
 ANY_DEVICE = ("cpu", "cuda")
 
 
-@GELU.impl("naive", devices=ANY_DEVICE, backward=True)
+# tolerance_scale: the tanh form rounds 9 times in the dtype forward and as many backward, F.gelu once each way;
+# on 17 fp16 elements its error is twice F.gelu's at the median and ~7x in the tail (docs/gate.md).
+@GELU.impl("naive", devices=ANY_DEVICE, backward=True, tolerance_scale=3.0)
 def gelu_naive(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """The formula as separate PyTorch ops in x's dtype: one kernel and one trip through memory per op."""
     check_tensor(x, impl="gelu naive", devices=ANY_DEVICE)
