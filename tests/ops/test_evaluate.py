@@ -239,6 +239,30 @@ def test_bench_call_cap_leaves_a_slow_impl_out_of_costlier_cases_and_keeps_it_ou
     assert all(r["status"] == "ok" for r in rows)
 
 
+def test_a_resumed_bench_times_only_the_impls_its_log_lacks(tmp_path):
+    op = make_toy()
+    calls = {"first": 0, "second": 0}
+
+    def counted(name):
+        def fn(x):
+            calls[name] += 1
+            return x * x
+
+        return fn
+
+    op.impl("first")(counted("first"))
+    op.impl("second")(counted("second"))
+    timing = {"warmup_ms": 0, "min_warmup": 1, "rep_ms": 0, "min_reps": 3, "max_reps": 3}
+    kwargs = dict(dtypes=[torch.float32], shapes=[(64,), (101,)], device="cpu", out=tmp_path / "log.jsonl",
+                  timing=timing, rounds=1, show_progress=False, call_cost_ms=0)  # fmt: skip
+    bench_op(op, impls=["first"], **kwargs)
+    assert calls["first"] > 0 and calls["second"] == 0
+    calls["first"] = 0
+    rows = bench_op(op, impls=["first", "second"], **kwargs)
+    assert calls["first"] == 0 and calls["second"] > 0  # the logged impl is not timed again beside the new one
+    assert [(r["impl"], r["status"]) for r in rows] == [("first", "ok"), ("second", "ok")] * 2
+
+
 def test_add_derived_compares_only_the_same_case():
     rows = [
         {"impl": "torch", "dtype": "float32", "shape": [8], "median_ms": 2.0, "gbps": 50.0},

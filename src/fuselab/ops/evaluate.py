@@ -439,7 +439,8 @@ def bench_op(
     """Sweep impls x dtypes x shapes (x option values) x passes, one row per case, appended to `out` (JSON lines).
 
     The impls of one case are timed together on the same input, taking turns over `rounds` rounds, so the ratios
-    between them are not at the mercy of what drifts (clocks under a power limit, temperature). Rows carry the
+    between them are not at the mercy of what drifts (clocks under a power limit, temperature). A resumed sweep times
+    only the impls its log lacks (their ratios are then against rows timed in the earlier run). Rows carry the
     environment, median/IQR (ms), GB/s, TFLOP/s, % of the measured copy ceiling and of a copy of the same bytes timed
     after the sweep, the speed-up against the op's baseline impl, and the error against the reference.
     timing: how each impl is timed (a `fuselab.bench.Timing`, or a mapping of its fields; None: its defaults).
@@ -476,9 +477,10 @@ def bench_op(
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
     cap = CallCap(op, max_call_ms)
-    if max_call_ms is not None and out is not None and Path(out).exists():  # a resumed sweep's slow impls stay out
-        for row in latest_by_key(load_records(Path(out))).values():
-            cap.note(row)
+    logged = latest_by_key(load_records(Path(out))) if out is not None and Path(out).exists() else {}
+    for row in logged.values():  # a resumed sweep's slow impls stay out
+        cap.note(row)
+    finished = {key for key, row in logged.items() if row.get("error") is None}  # not timed again on resume
 
     def run(case: dict) -> dict:
         together = case_key({k: v for k, v in case.items() if k != "impl"})
@@ -492,9 +494,10 @@ def bench_op(
                 raise
             capped = {n: cap.reason({**case, "impl": n}) for n in names}
             measured[together] = {n: Skipped(why) for n, why in capped.items() if why}
+            pending = [n for n in names if not capped[n] and case_key({**case, "impl": n}) not in finished]
             measured[together] |= bench_case(
                 op,
-                [op.get_impl(n) for n in names if not capped[n]],
+                [op.get_impl(n) for n in pending],
                 shape,
                 dtype,
                 device,
