@@ -208,7 +208,8 @@ def test_attention_cases_and_choose() -> None:
 
 def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypatch) -> None:
     """measure wraps tune_case (JSON-able: plans as dicts); write lays the chosen plans over the GPU's existing
-    table (plans/<gpu slug>.json), which the launchers read back as Plans."""
+    table (plans/<device key>.json, in fuselab.ops.tuning's format), which the launchers read back."""
+    from fuselab.ops import tuning
     from fuselab.ops.attention import triton_kernels as tk
     from fuselab.ops.attention import tune
 
@@ -221,19 +222,28 @@ def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypa
         return {"best": {"fwd": fwd}, "trials": trials, "shape": [5, 32, n, d]}
 
     monkeypatch.setattr(tune, "tune_case", fake_tune_case)
-    monkeypatch.setattr(tk, "PLAN_DIR", tmp_path)
-    monkeypatch.setattr(tk, "gpu_slug", lambda device: "test_gpu")
+    monkeypatch.setattr(tk, "FOLDER", tmp_path)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
-    tk.plan_table.cache_clear()
     kept = tk.plan_key("dq", 128, torch.bfloat16, False)
-    tk.save_plans("test_gpu", {kept: dq}, {})
+    tuning.write_table(tmp_path, "cpu", {kept: asdict(dq)}, {})
     case = tune.cases([(64,)], [torch.bfloat16], causals=(True,), n=1000)[0]
     measured = tune.measure(case, torch.device("cpu"), False, True)
     assert calls == [(64, torch.bfloat16, True, 1000)] and json.loads(json.dumps(measured)) == measured
     path = tune.write(*tune.choose([measured]), torch.device("cpu"))
-    assert path == tmp_path / "test_gpu.json"
-    assert tk.plan_table("test_gpu") == {kept: dq, tk.plan_key("fwd", 64, torch.bfloat16, True): fwd}
-    tk.plan_table.cache_clear()
+    assert path == tmp_path / "plans" / "cpu.json"
+    table = tuning.load_table(tmp_path, "cpu")
+    assert {k: tk.Plan(**v) for k, v in table.items()} == {kept: dq, tk.plan_key("fwd", 64, torch.bfloat16, True): fwd}
+    assert json.loads(path.read_text())["evidence"]["environment"]["gpu"] == "Test GPU"
+
+
+def test_the_committed_attention_table_is_read_by_the_launchers() -> None:
+    """plans/nvidia-h200-sm90.json, in fuselab.ops.tuning's format: every entry a Plan of a known kernel."""
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    key = tuning.key_of("NVIDIA H200", 9, 0)
+    table = tuning.load_table(tk.FOLDER, key)
+    assert table and all(k.split("|")[0] in tk.KERNELS and tk.Plan(**v) for k, v in table.items())
 
 
 def test_geomean_scores_and_winner_by_hand():

@@ -24,20 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+from fuselab.ops import tuning
 from fuselab.ops.library import wrap_triton
 
 LOG2E = 1.4426950408889634
-PLAN_DIR = Path(__file__).with_name("plans")
+FOLDER = Path(__file__).parent  # plans/<device key>.json: the plans `fuselab tune attention` chose (fuselab.ops.tuning)
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -862,26 +862,10 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
     return Plan(64, 32, 4, 1) if row <= 512 else Plan(32, 16, 4, 1)
 
 
-def gpu_slug(device: torch.device) -> str:
-    """The plan file's name for this GPU: its name in lower case, runs of other characters as '_'."""
-    name = torch.cuda.get_device_name(device).lower()
-    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
-
-
-@functools.cache
-def plan_table(slug: str) -> dict[str, Plan]:
-    """Plans tuned on the GPU `slug` (plans/<slug>.json, written by `python -m fuselab.ops.attention.tune`)."""
-    path = PLAN_DIR / f"{slug}.json"
-    if not path.exists():
-        return {}
-    data = json.loads(path.read_text())
-    return {key: Plan(**value) for key, value in data.get("plans", {}).items()}
-
-
 @functools.cache
 def _device_info(index: int) -> tuple[str, int]:
-    device = torch.device("cuda", index)
-    return gpu_slug(device), torch.cuda.get_device_properties(device).multi_processor_count
+    """(plan table key, SM count) of CUDA device `index`."""
+    return tuning.device_key(index), torch.cuda.get_device_properties(index).multi_processor_count
 
 
 FORCED: dict[str, Plan] = {}  # kernel -> plan, set by `forced_plans` (the tuner, tests)
@@ -910,24 +894,15 @@ def choose_plan(
     plan = rule_plan(kernel, d, dtype, causal)
     if device.type != "cuda" or INTERPRET:
         return plan
-    slug, sms = _device_info(device.index if device.index is not None else torch.cuda.current_device())
-    plan = plan_table(slug).get(plan_key(kernel, d, dtype, causal), plan)
+    key, sms = _device_info(device.index if device.index is not None else torch.cuda.current_device())
+    tuned = tuning.load_table(FOLDER, key).get(plan_key(kernel, d, dtype, causal))
+    plan = Plan(**tuned) if tuned else plan
     major = plan.block_n if kernel == "dkdv" else plan.block_m
     while major > 32 and triton.cdiv(rows, major) * heads < sms:
         major //= 2
     if kernel == "dkdv":
         return Plan(min(plan.block_m, major), major, plan.warps, plan.stages)
     return Plan(major, min(plan.block_n, major), plan.warps, plan.stages)
-
-
-def save_plans(slug: str, plans: dict[str, Plan], meta: dict) -> Path:
-    """Write plans/<slug>.json: {"meta": ..., "plans": {key: Plan}}."""
-    PLAN_DIR.mkdir(exist_ok=True)
-    path = PLAN_DIR / f"{slug}.json"
-    body = {"meta": meta, "plans": {k: asdict(p) for k, p in sorted(plans.items())}}
-    path.write_text(json.dumps(body, indent=1) + "\n")
-    plan_table.cache_clear()
-    return path
 
 
 # ---------------------------------------------------------------------------------------------- launchers

@@ -3,21 +3,17 @@
     fuselab tune attention                                        # bf16 and fp16, d 64 and 128, causal and not
     fuselab tune attention --dtype bf16 --shape 64 --shape 96     # the last dim of each shape is a head dim
     torchrun --nproc-per-node 8 -m fuselab tune attention         # the cases spread over 8 GPUs
-    python -m fuselab.ops.attention.tune                          # bf16 and fp16, d 64 and 128, causal and not
-    python -m fuselab.ops.attention.tune --dtype bf16 --d 64 --d 96 --out plans.json
 
 For each (dtype, head dim, causal) it times, on a tuning shape that is not one of the benchmark's (N = 3000, batch and
 heads making ~16k tokens of hidden 2048), the forward's candidates, then the backward with each dK/dV candidate (dQ at
 its rule), then each dQ candidate (dK/dV at the best found). Each candidate is checked against the tiled reference
 first; a candidate that fails to compile (shared memory) or is wrong is dropped. Timing: triton.testing.do_bench
-(back to back, L2 flushed). The winners go to plans/<gpu>.json, which the launchers read (falling back to the rule
-for keys absent there).
+(back to back, L2 flushed). The winners go to plans/<device key>.json (fuselab.ops.tuning), which the launchers read
+(falling back to the rule for keys absent there).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -26,6 +22,7 @@ import torch
 import triton
 
 from fuselab.bench.dtypes import dtype_name, parse_dtype
+from fuselab.ops import tuning
 from fuselab.ops.attention import triton_kernels as tk
 from fuselab.ops.attention.spec import reference
 from fuselab.ops.evaluate import relative_error
@@ -70,11 +67,8 @@ def _timed(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=40)
 
 
-def tune_case(
-    d: int, dtype: torch.dtype, causal: bool, n: int = N, log: Callable[[str], None] = print, warm: bool = False
-) -> dict:
-    """Best plans for one (d, dtype, causal) with their times; every candidate's time or error in 'trials'.
-    warm: only compile and check every candidate (to fill Triton's cache from parallel processes), time nothing."""
+def tune_case(d: int, dtype: torch.dtype, causal: bool, n: int = N, log: Callable[[str], None] = print) -> dict:
+    """Best plans for one (d, dtype, causal) with their times; every candidate's time or error in 'trials'."""
     heads = max(1, 2048 // d)
     batch = max(1, 16384 // n)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -98,12 +92,8 @@ def tune_case(
     for kernel in ("fwd", "dkdv", "dq"):
         for plan in candidates(kernel, d, dtype):
             plans = {**best, kernel: plan}
-            if warm:
-                plans = {name: plan for name in KERNELS if plan in candidates(name, d, dtype)}
             try:
                 check(plans)
-                if warm:
-                    continue
                 with tk.forced_plans(plans):
                     if kernel == "fwd":
                         ms = _timed(lambda: tk.forward(q, k, v, causal, scale))
@@ -191,52 +181,13 @@ def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
 
 
 def table_key(device: torch.device) -> str:
-    return tk.gpu_slug(device)
+    return tuning.device_key(device.index) if device.type == "cuda" else device.type
 
 
 def write(params: dict, evidence: dict, device: torch.device) -> Path:
-    """Lay `params` over this GPU's table (plans/<gpu slug>.json, what the launchers read) and save it."""
-    slug = tk.gpu_slug(device)
-    plans = dict(tk.plan_table(slug))
-    plans.update({key: Plan(**plan) for key, plan in params.items()})
-    meta = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
-    return tk.save_plans(slug, plans, meta)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", action="append", help="bf16, fp16, fp32 (repeatable; default bf16 and fp16)")
-    parser.add_argument("--d", action="append", type=int, help="head dims (repeatable; default 64 and 128)")
-    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
-    parser.add_argument("--n", type=int, default=N, help="sequence length of the tuning shape")
-    parser.add_argument("--out", help="also write the trials here (JSON)")
-    parser.add_argument("--warm", action="store_true", help="compile and check the candidates only; write nothing")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("tune needs a CUDA GPU")
-    dtypes = [parse_dtype(x) for x in args.dtype or default_dtypes]
-    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    device = torch.device("cuda", torch.cuda.current_device())
-    slug = tk.gpu_slug(device)
-    report = []
-    meta = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
-    for case in cases([(d,) for d in args.d or [64, 128]], dtypes, causals, args.n):
-        print(f"{slug} {describe(case)}", flush=True)
-        if args.warm:
-            tune_case(case["d"], parse_dtype(case["dtype"]), case["causal"], args.n, warm=True)
-            continue
-        report.append(measure(case, device, False, False, log=print))
-        path = write(*choose(report), device)  # after every case: an interrupted run keeps what it found
-        print(f"wrote {path}", flush=True)
-        if args.out:
-            body = [
-                {"dtype": str(parse_dtype(m["case"]["dtype"])), "d": m["case"]["d"], "causal": m["case"]["causal"]}
-                | {k: m[k] for k in ("best", "trials", "shape")}
-                for m in report
-            ]
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "cases": body}, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    """Lay `params` over this GPU's table (plans/<device key>.json, what the launchers read): the keys not tuned this
+    time keep their plans."""
+    key = table_key(device)
+    plans = {**tuning.load_table(tk.FOLDER, key), **params}
+    environment = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
+    return tuning.write_table(tk.FOLDER, key, plans, {**evidence, "environment": environment})
