@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
-from fuselab.ops import get_op
+from fuselab.ops import get_op, tuning
 from fuselab.ops.evaluate import gradient_error, poison_allocator
 from fuselab.ops.evaluate import relative_error as rel_err
 from fuselab.ops.softmax import SOFTMAX, Softmax, launch, plans
@@ -283,16 +283,26 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     assert st.forward_plan(4096, bf16, cpu) == st.Plan("rows", 4096, rows=1, num_warps=4)
     assert st.ROW_MAX == 32768
     assert st.forward_plan(32768, f32, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32)
-    assert st.forward_plan(512, bf16, cpu) == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)  # MAXNREG
     assert st.forward_plan(512, f32, cpu) == st.Plan("rows", 512, rows=2, num_warps=1)
-    assert st.forward_plan(16384, bf16, cpu) == st.Plan("rows", 16384, 1, 16, maxnreg=40, hold=True)  # HELD_BF16
-    assert st.forward_plan(16384, f16, cpu) == st.Plan("rows", 16384, rows=1, num_warps=16, maxnreg=40)  # MAXNREG
+    # A GPU never tuned: no register caps, no held rows, no row ahead.
+    assert st.forward_plan(512, bf16, cpu) == st.Plan("rows", 512, rows=4, num_warps=4)
+    assert st.forward_plan(16384, bf16, cpu) == st.Plan("rows", 16384, rows=1, num_warps=16)
+    assert st.forward_plan(32768, f16, cpu) == st.Plan("rows", 32768, rows=1, num_warps=16)
+    # The H200's table (plans/nvidia-h200-sm90.json) adds them.
+    h200 = plans.rule_params(tuning.key_of("NVIDIA H200", 9, 0))
+
+    def on_h200(width: int, dtype: torch.dtype) -> st.Plan:
+        return plans.choose_forward(width, dtype.itemsize, dtype == bf16, None, h200)
+
+    assert on_h200(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)  # maxnreg
+    assert on_h200(16384, bf16) == st.Plan("rows", 16384, 1, 16, maxnreg=40, hold=True)  # held_bf16
+    assert on_h200(16384, f16) == st.Plan("rows", 16384, rows=1, num_warps=16, maxnreg=40)  # maxnreg
     assert st.backward_plan(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4)  # no caps backward
-    assert st.forward_plan(16385, bf16, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
-    assert st.forward_plan(32768, bf16, cpu) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
-    assert st.forward_plan(16385, f16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)  # AHEAD
-    assert st.forward_plan(32768, f16, cpu) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
-    assert not any(st.forward_plan(w, d, cpu).hold for w in (1, 512, 8192, 32768) for d in (f32, f16))
+    assert on_h200(16385, bf16) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
+    assert on_h200(32768, bf16) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
+    assert on_h200(16385, f16) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)  # ahead
+    assert on_h200(32768, f16) == st.Plan("rows_ahead", 32768, rows=1, num_warps=32)
+    assert not any(on_h200(w, d).hold for w in (1, 512, 8192, 32768) for d in (f32, f16))
     assert st.forward_plan(32769, f32, cpu).kernel == "looped"  # the interpreter cannot wait: no split
     assert st.forward_plan(65536, bf16, cpu).kernel == "looped"
     monkeypatch.setenv("TRITON_INTERPRET", "0")

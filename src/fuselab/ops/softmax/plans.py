@@ -1,8 +1,9 @@
 """The Triton softmax's launch plans: which kernel, tile and warps for rows of a width, chosen by rules.
 
 The rules read bytes per row, element size, alignment and the SM count, never a table of tuned widths; their
-parameters (`DEFAULTS`) are the data a GPU's plan table (plans/<device key>.json, written by `fuselab tune softmax`)
-may override; figures behind the defaults are in docs/ops/softmax.md. Pure functions: testable without a GPU.
+parameters (`DEFAULTS`, for a GPU never tuned) are the data a GPU's plan table (plans/<device key>.json, written by
+`fuselab tune softmax`) overrides; figures behind the values are in docs/ops/softmax.md. Pure functions: testable
+without a GPU.
 
 - padded width (next power of 2) <= row_max: `rows`, rows held whole in registers, several short rows to a program
   (a tile of about tile_bytes). Parameters keyed by the padded width ("held_bf16", "maxnreg", "ahead") belong to the
@@ -34,9 +35,10 @@ DEFAULTS: dict[str, object] = {
     "split": {"4": [16384, 16], "2": [8192, 8]},  # (columns, warps) per program of a split row, by element size
     "split_pairs": [8192, 4],  # bf16 rows of even width held as int32 pairs
     "loop": [4096, 8],  # looped kernel: (columns per step, warps)
-    "ahead": {"2": [32768, 32]},  # fp16 rows from this padded width: persistent, a row ahead, these warps
-    "maxnreg": {"2:16384": 40, "2:512": 32},  # register cap by "itemsize:padded width" (rows kernel, forward)
-    "held_bf16": {"32768": [32, None], "16384": [16, 40]},  # bf16 rows held in bf16: padded width -> (warps, cap)
+    # Fitted to one GPU's registers and SMs, so none by default (plans/nvidia-h200-sm90.json has the H200's):
+    "ahead": {},  # {"itemsize": [padded width, warps]}: fp16 rows from that width run persistent, a row ahead
+    "maxnreg": {},  # {"itemsize:padded width": registers}: a cap on the forward rows kernel's registers per thread
+    "held_bf16": {},  # {"padded width": [warps, cap or None]}: bf16 rows held in bf16 between the passes
     "edge_min_bytes": 128,  # misaligned rows at least this long: an aligned bulk of 16-byte vectors + edges
 }
 

@@ -28,8 +28,11 @@ from fuselab.ops.softmax.spec import SOFTMAX
 
 Shape = tuple[int, ...]
 
+H200 = tuning.load_table(plans.FOLDER, tuning.key_of("NVIDIA H200", 9, 0))  # register caps, held rows, row ahead
+
 CANDIDATES: dict[str, dict] = {
     "defaults": {},
+    "the H200's table": dict(H200),
     "tile 2 KiB": {"tile_bytes": 2048},
     "tile 8 KiB": {"tile_bytes": 8192},
     "short warps x2": {"short_warps": {"4": 2, "2": 8}},
@@ -37,10 +40,11 @@ CANDIDATES: dict[str, dict] = {
     "mid 8 warps": {"mid_warps": 8},
     "wide 8 warps": {"wide_warps": 8, "widest_fp32": [16384, 16]},
     "wide 32 warps": {"wide_warps": 32},
-    "no register caps": {"maxnreg": {}},
-    "caps at 48": {"maxnreg": {"2:16384": 48, "2:512": 48}},
-    "no held bf16": {"held_bf16": {}},
-    "held bf16 from 8192": {"held_bf16": {"32768": [32, None], "16384": [16, 40], "8192": [8, None]}},
+    "the H200's register caps": {"maxnreg": H200["maxnreg"]},
+    "caps at 48": {"maxnreg": dict.fromkeys(H200["maxnreg"], 48)},
+    "the H200's held bf16": {"held_bf16": H200["held_bf16"]},
+    "held bf16 from 8192": {"held_bf16": {**H200["held_bf16"], "8192": [8, None]}},
+    "the H200's fp16 row ahead": {"ahead": H200["ahead"]},
     "row max 16384": {"row_max": 16384},
     "split fp32 8192": {"split": {"4": [8192, 16], "2": [8192, 8]}},
     "split 16-bit 16384": {"split": {"4": [16384, 16], "2": [16384, 16]}},
