@@ -13,7 +13,6 @@ if "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
 
 if os.environ.get("TRITON_INTERPRET") == "1":
-    import warnings
+    from fuselab import interpreter
 
-    # the interpreter evaluates with numpy, which warns where fp32 overflows to inf as the kernels intend
-    warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+    interpreter.prepare()

@@ -69,8 +69,8 @@ def _fwd_step(
     PREC: tl.constexpr,
 ):
     """One iteration of _fwd_inner: the block starting at start_n."""
-    k_ptrs = k_base + start_n.to(tl.int64) * stride_kn + kv_offs_k
-    v_ptrs = v_base + start_n.to(tl.int64) * stride_vn + kv_offs_v
+    k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kn + kv_offs_k
+    v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vn + kv_offs_v
     if MASKED:
         in_n = (start_n + offs_n) < NK
         kt = tl.load(k_ptrs, mask=in_n[None, :] & d_mask[:, None], other=0.0)
@@ -128,61 +128,32 @@ def _fwd_inner(
     CAUSAL: tl.constexpr,
     EVEN_D: tl.constexpr,
     PREC: tl.constexpr,
-    INTERP: tl.constexpr,
 ):
     """Stream key/value blocks [lo, hi) past one query tile; MASKED blocks mask keys >= NK (and j > i if CAUSAL)."""
-    if INTERP:  # Triton 3.6's interpreter takes no runtime range bounds with numpy >= 2.4 (triton#9171)
-        start_n = tl.full((), 0, tl.int32) + lo
-        while start_n < hi:
-            acc, l_i, m_i = _fwd_step(
-                acc,
-                l_i,
-                m_i,
-                start_n,
-                q,
-                k_base,
-                v_base,
-                kv_offs_k,
-                kv_offs_v,
-                stride_kn,
-                stride_vn,
-                offs_m,
-                offs_n,
-                d_mask,
-                NK,
-                qk_scale,
-                BLOCK_N,
-                MASKED,
-                CAUSAL,
-                EVEN_D,
-                PREC,
-            )
-            start_n += BLOCK_N
-    else:  # a for loop, which Triton software-pipelines (num_stages)
-        for start_n in range(lo, hi, BLOCK_N):
-            acc, l_i, m_i = _fwd_step(
-                acc,
-                l_i,
-                m_i,
-                start_n,
-                q,
-                k_base,
-                v_base,
-                kv_offs_k,
-                kv_offs_v,
-                stride_kn,
-                stride_vn,
-                offs_m,
-                offs_n,
-                d_mask,
-                NK,
-                qk_scale,
-                BLOCK_N,
-                MASKED,
-                CAUSAL,
-                EVEN_D,
-                PREC,
-            )
+    for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
+        acc, l_i, m_i = _fwd_step(
+            acc,
+            l_i,
+            m_i,
+            start_n,
+            q,
+            k_base,
+            v_base,
+            kv_offs_k,
+            kv_offs_v,
+            stride_kn,
+            stride_vn,
+            offs_m,
+            offs_n,
+            d_mask,
+            NK,
+            qk_scale,
+            BLOCK_N,
+            MASKED,
+            CAUSAL,
+            EVEN_D,
+            PREC,
+        )
     return acc, l_i, m_i
 
 
@@ -221,7 +192,6 @@ def attention_fwd_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
-    INTERP: tl.constexpr,
 ):
     """O[z, h] = softmax(Q[z, h] K[z, h // GROUP]^T * scale) V[z, h // GROUP]; LSE[z*HQ + h, i] natural log.
 
@@ -266,11 +236,11 @@ def attention_fwd_kernel(
         hi = NK
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, kv_offs_k, kv_offs_v, skn, svn, offs_m, offs_n, d_mask,
-        0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, EVEN_D, PREC, INTERP,
+        0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, EVEN_D, PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, kv_offs_k, kv_offs_v, skn, svn, offs_m, offs_n, d_mask,
-        full_hi, hi, NK, qk_scale, BLOCK_N, True, CAUSAL, EVEN_D, PREC, INTERP,
+        full_hi, hi, NK, qk_scale, BLOCK_N, True, CAUSAL, EVEN_D, PREC,
     )  # fmt: skip
     out = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
@@ -345,8 +315,8 @@ def _dkdv_step(
     PREC: tl.constexpr,
 ):
     """One iteration of _dkdv_inner: the block starting at start_m."""
-    q_ptrs = q_base + start_m.to(tl.int64) * sqn + q_offs
-    do_ptrs = do_base + start_m.to(tl.int64) * sdn + do_offs
+    q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn + q_offs
+    do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn + do_offs
     offs_m = start_m + rows
     if MASKED:
         in_m = offs_m < NQ
@@ -403,65 +373,34 @@ def _dkdv_inner(
     CAUSAL: tl.constexpr,
     EVEN_D: tl.constexpr,
     PREC: tl.constexpr,
-    INTERP: tl.constexpr,
 ):
     """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi)."""
-    if INTERP:  # Triton 3.6's interpreter takes no runtime range bounds with numpy >= 2.4 (triton#9171)
-        start_m = tl.full((), 0, tl.int32) + lo
-        while start_m < hi:
-            dk, dv = _dkdv_step(
-                dk,
-                dv,
-                start_m,
-                k,
-                v,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                q_offs,
-                do_offs,
-                sqn,
-                sdn,
-                offs_n,
-                rows,
-                d_mask,
-                NQ,
-                qk_scale,
-                BLOCK_M,
-                MASKED,
-                CAUSAL,
-                EVEN_D,
-                PREC,
-            )
-            start_m += BLOCK_M
-    else:  # a for loop, which Triton software-pipelines (num_stages)
-        for start_m in range(lo, hi, BLOCK_M):
-            dk, dv = _dkdv_step(
-                dk,
-                dv,
-                start_m,
-                k,
-                v,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                q_offs,
-                do_offs,
-                sqn,
-                sdn,
-                offs_n,
-                rows,
-                d_mask,
-                NQ,
-                qk_scale,
-                BLOCK_M,
-                MASKED,
-                CAUSAL,
-                EVEN_D,
-                PREC,
-            )
+    for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
+        dk, dv = _dkdv_step(
+            dk,
+            dv,
+            start_m,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            delta_base,
+            q_offs,
+            do_offs,
+            sqn,
+            sdn,
+            offs_n,
+            rows,
+            d_mask,
+            NQ,
+            qk_scale,
+            BLOCK_M,
+            MASKED,
+            CAUSAL,
+            EVEN_D,
+            PREC,
+        )
     return dk, dv
 
 
@@ -512,7 +451,6 @@ def attention_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
-    INTERP: tl.constexpr,
 ):
     """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV,)."""
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
@@ -556,15 +494,15 @@ def attention_bwd_dkdv_kernel(
         if CAUSAL:  # the diagonal's blocks, masked
             dk, dv = _dkdv_inner(
                 dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_offs, do_offs, sqn, sdn, offs_n, rows,
-                d_mask, lo, full_lo, NQ, qk_scale, BLOCK_M, True, True, EVEN_D, PREC, INTERP,
+                d_mask, lo, full_lo, NQ, qk_scale, BLOCK_M, True, True, EVEN_D, PREC,
             )  # fmt: skip
         dk, dv = _dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_offs, do_offs, sqn, sdn, offs_n, rows,
-            d_mask, full_lo, nq_whole, NQ, qk_scale, BLOCK_M, False, False, EVEN_D, PREC, INTERP,
+            d_mask, full_lo, nq_whole, NQ, qk_scale, BLOCK_M, False, False, EVEN_D, PREC,
         )  # fmt: skip
         dk, dv = _dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_offs, do_offs, sqn, sdn, offs_n, rows,
-            d_mask, tl.maximum(nq_whole, full_lo), NQ, NQ, qk_scale, BLOCK_M, True, CAUSAL, EVEN_D, PREC, INTERP,
+            d_mask, tl.maximum(nq_whole, full_lo), NQ, NQ, qk_scale, BLOCK_M, True, CAUSAL, EVEN_D, PREC,
         )  # fmt: skip
         g += 1
     dk = dk * sm_scale
@@ -600,8 +538,8 @@ def _dq_step(
     PREC: tl.constexpr,
 ):
     """One iteration of _dq_inner: the block starting at start_n."""
-    k_ptrs = k_base + start_n.to(tl.int64) * skn + k_offs
-    v_ptrs = v_base + start_n.to(tl.int64) * svn + v_offs
+    k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + k_offs
+    v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + v_offs
     if MASKED:
         in_n = (start_n + offs_n) < NK
         k = tl.load(k_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
@@ -650,63 +588,33 @@ def _dq_inner(
     CAUSAL: tl.constexpr,
     EVEN_D: tl.constexpr,
     PREC: tl.constexpr,
-    INTERP: tl.constexpr,
 ):
     """Accumulate one query block's dQ (unscaled) over key blocks [lo, hi)."""
-    if INTERP:  # Triton 3.6's interpreter takes no runtime range bounds with numpy >= 2.4 (triton#9171)
-        start_n = tl.full((), 0, tl.int32) + lo
-        while start_n < hi:
-            dq = _dq_step(
-                dq,
-                start_n,
-                q,
-                do,
-                lse,
-                delta,
-                k_base,
-                v_base,
-                k_offs,
-                v_offs,
-                skn,
-                svn,
-                offs_m,
-                offs_n,
-                d_mask,
-                NK,
-                qk_scale,
-                BLOCK_N,
-                MASKED,
-                CAUSAL,
-                EVEN_D,
-                PREC,
-            )
-            start_n += BLOCK_N
-    else:  # a for loop, which Triton software-pipelines (num_stages)
-        for start_n in range(lo, hi, BLOCK_N):
-            dq = _dq_step(
-                dq,
-                start_n,
-                q,
-                do,
-                lse,
-                delta,
-                k_base,
-                v_base,
-                k_offs,
-                v_offs,
-                skn,
-                svn,
-                offs_m,
-                offs_n,
-                d_mask,
-                NK,
-                qk_scale,
-                BLOCK_N,
-                MASKED,
-                CAUSAL,
-                EVEN_D,
-                PREC,
-            )
+    for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
+        dq = _dq_step(
+            dq,
+            start_n,
+            q,
+            do,
+            lse,
+            delta,
+            k_base,
+            v_base,
+            k_offs,
+            v_offs,
+            skn,
+            svn,
+            offs_m,
+            offs_n,
+            d_mask,
+            NK,
+            qk_scale,
+            BLOCK_N,
+            MASKED,
+            CAUSAL,
+            EVEN_D,
+            PREC,
+        )
     return dq
 
 
@@ -752,7 +660,6 @@ def attention_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
-    INTERP: tl.constexpr,
 ):
     """dQ of BLOCK_M queries of head (z, h), looping over key blocks. Grid: (NUM_M * Z * HQ,)."""
     EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
@@ -793,11 +700,11 @@ def attention_bwd_dq_kernel(
         hi = NK
     dq = _dq_inner(
         dq, q, do, lse, delta, k_base, v_base, k_offs, v_offs, skn, svn, offs_m, offs_n, d_mask,
-        0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, EVEN_D, PREC, INTERP,
+        0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, EVEN_D, PREC,
     )  # fmt: skip
     dq = _dq_inner(
         dq, q, do, lse, delta, k_base, v_base, k_offs, v_offs, skn, svn, offs_m, offs_n, d_mask,
-        full_hi, hi, NK, qk_scale, BLOCK_N, True, CAUSAL, EVEN_D, PREC, INTERP,
+        full_hi, hi, NK, qk_scale, BLOCK_N, True, CAUSAL, EVEN_D, PREC,
     )  # fmt: skip
     dq = dq * sm_scale
     dq_ptrs = DQ + z.to(tl.int64) * sdqz + h.to(tl.int64) * sdqh + m0.to(tl.int64) * sdqn
@@ -941,7 +848,7 @@ def forward(
             attention_fwd_kernel, (num_m * z * hq,), q4, k4, v4, o, lse,
             *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(), hq, hq // hkv, nq, nk, num_m, scale * LOG2E,
             plan=plan, HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-            PREC=_precision(q.dtype), INTERP=INTERPRET,
+            PREC=_precision(q.dtype),
         )  # fmt: skip
     return o.reshape(q.shape), lse.reshape(q.shape[:-1])
 
@@ -988,7 +895,7 @@ def backward(
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(),
             hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
             plan=plan, HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-            PREC=prec, INTERP=INTERPRET,
+            PREC=prec,
         )  # fmt: skip
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, z * hq)
         num = triton.cdiv(nq, plan.block_m)
@@ -997,6 +904,6 @@ def backward(
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq.stride(),
             hq, hq // hkv, nq, nk, num, scale * LOG2E, scale,
             plan=plan, HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-            PREC=prec, INTERP=INTERPRET,
+            PREC=prec,
         )  # fmt: skip
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)

@@ -179,7 +179,7 @@ def _forward_rows_ahead_kernel(
     ahead = tl.load(
         x_ptr + rows * x_row_stride * ALIGN + cols, mask=(rows < n_rows) & (cols < n_cols), other=float("-inf")
     )
-    # `while`, not `for`: Triton 3.6's interpreter cannot run `for` to a runtime bound (see _forward_looped_kernel).
+    # `while`, not `for`: see _forward_looped_kernel.
     while start < n_rows:
         x = ahead
         after = rows + step

@@ -217,8 +217,8 @@ def _forward_looped_kernel(
     y_row = y_ptr + y_bulk
     m = tl.full([BLOCK], float("-inf"), tl.float32)  # per lane: running max, and sum of exp(x - m)
     s = tl.zeros([BLOCK], tl.float32)
-    # `while`, not `for ... in tl.range(n_cols)`: Triton 3.6's interpreter cannot take a runtime bound there with
-    # numpy >= 2.4 (triton-lang/triton#9171). int64 columns: a row may pass 2^31 elements.
+    # `while`, from when the interpreter could not run a `for` to a runtime bound (fuselab.interpreter mends that
+    # now; a `for` here is untimed on the GPU). int64 columns: a row may pass 2^31 elements.
     start = tl.full((), 0, tl.int64)
     while start < n_bulk:
         start = tl.multiple_of(start, BLOCK)  # lost on a `while` variable; without it no 16-byte loads
