@@ -132,10 +132,10 @@ def test_unmeasured_rows_print_one_line_each_without_the_exception_path():
 
 
 def test_cpu_default_shapes_are_scaled_down_keeping_the_row_width():
-    from fuselab.cli.bench import cpu_shapes
+    from fuselab.ops.choices import cap_numel
 
-    assert cpu_shapes([(2**24,), (2**28,)], 2**20) == [(2**20,)]
-    assert cpu_shapes([(2**26 // 128, 128), (256, 262144), (3, 5)], 2**20) == [(8192, 128), (4, 262144), (3, 5)]
+    assert cap_numel([(2**24,), (2**28,)], 2**20) == [(2**20,)]
+    assert cap_numel([(2**26 // 128, 128), (256, 262144), (3, 5)], 2**20) == [(8192, 128), (4, 262144), (3, 5)]
 
 
 def test_cuda_graph_on_the_cpu_is_an_error_not_ignored():

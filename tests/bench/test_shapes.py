@@ -135,8 +135,8 @@ def test_cli_random_shapes_end_to_end_on_the_cpu(tmp_path, monkeypatch: pytest.M
 def test_cli_random_draws_on_the_cpu_are_capped_and_leave_compile_out(tmp_path, monkeypatch, capsys) -> None:
     """On the CPU, --shapes random:N cuts each draw to CPU_RANDOM_CAP (4 MiB a call) and, unless named with --impl,
     leaves out the compiled impls (one compile per shape), saying both."""
-    from fuselab.cli import bench as bench_cli
     from fuselab.cli import main
+    from fuselab.ops import choices
 
     monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path))
     args = ["bench", "softmax", "--shapes", "random:4", "--seed", "11", "--dtype", "fp32", "--device", "cpu"]
@@ -147,7 +147,7 @@ def test_cli_random_draws_on_the_cpu_are_capped_and_leave_compile_out(tmp_path, 
     rows = json.loads((tmp_path / "r.json").read_text())["records"]
     op = get_op("softmax")
     assert {r["impl"] for r in rows} == {n for n, impl in op.impls.items() if not impl.compiled}
-    cap = bench_cli.CPU_RANDOM_CAP["max_bytes"]
+    cap = choices.CPU_RANDOM_CAP["max_bytes"]
     assert all(op.bytes_moved(tuple(r["shape"]), torch.float32) <= cap for r in rows)
     uncapped = sh.draw_shapes(op.defaults.random_shape, 4, 11)
     assert any(op.bytes_moved(s, torch.float32) > cap for s in uncapped)  # the cap did cut something

@@ -7,7 +7,6 @@ some failed or were unavailable; 2 on bad input.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -35,11 +34,8 @@ from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratio
 from fuselab.bench.sweep import Status
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
-from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
-from fuselab.ops.registry import Op, Shape
-
-CPU_DEFAULT_NUMEL = 2**20  # without --shape on the CPU: the op's (GPU-sized) bench shapes, scaled down to this
-CPU_RANDOM_CAP = {"max_bytes": 4 * 2**20, "max_flops": 1e8}  # random draws on the CPU: per call, by the cost model
+from fuselab.ops.choices import bench_cases, speed_axis
+from fuselab.ops.evaluate import bench_op, shape_ratios
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,15 +87,11 @@ def run(args: argparse.Namespace) -> int:
     if args.cuda_graph and not kwargs["device"].startswith("cuda"):
         raise ValueError(f"--cuda-graph needs a CUDA device; this run is on {kwargs['device']}")
     console = Console(highlight=False)
-    drawn = random_shapes(op, args, kwargs)
-    if kwargs["shapes"] is None and kwargs["device"] == "cpu":
-        kwargs["shapes"] = cpu_shapes(op.defaults.bench_shapes, CPU_DEFAULT_NUMEL)
-        shown = ", ".join(format_shape(s) for s in kwargs["shapes"])
-        print(
-            f"on the CPU, the op's default shapes (sized for a GPU) are scaled down to at most "
-            f"{CPU_DEFAULT_NUMEL} elements: {shown}; choose others with --shape",
-            file=sys.stderr,
-        )
+    chosen = bench_cases(op, kwargs["device"], kwargs["shapes"], kwargs["impls"], random_draw(args), args.seed)
+    for note in chosen.notes:
+        print(note, file=sys.stderr)
+    kwargs["shapes"], kwargs["impls"] = chosen.shapes, chosen.impls
+    drawn = chosen.shapes if chosen.drawn else []
     log = args.out.with_suffix(".jsonl") if args.out and args.out.suffix == ".json" else args.out
     timing = Timing(
         rep_ms=args.rep_ms, warmup_ms=args.warmup_ms, cuda_graph=args.cuda_graph, flush_l2=not args.no_flush
@@ -149,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and drawn:
         plot_ratios(rows, args.plot, title=op.name, axis=op.defaults.axis)
     elif args.plot:
-        points, x, xlabel = plot_axis(rows, op)
+        points, x, xlabel = speed_axis(rows, op)
         y, ylabel = ("tflops", "TFLOP/s") if op.bound == "compute" else ("gbps", "GB/s")
         ceiling = (ceilings or {}).get("copy_gbps") if op.bound == "memory" else None
         plot_metric(
@@ -180,28 +172,16 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def random_shapes(op: Op, args: argparse.Namespace, kwargs: dict) -> list[tuple[int, ...]]:
-    """The shapes drawn for --shapes random:N (also set in kwargs), or [] without --shapes."""
+def random_draw(args: argparse.Namespace) -> int | None:
+    """N of --shapes random:N (None without --shapes)."""
     if not args.shapes:
-        return []
+        return None
     n = parse_random(args.shapes)
     if n is None:
         raise ValueError(f"--shapes takes random:N, got {args.shapes!r} (for given shapes use --shape)")
     if args.shape:
         raise ValueError("give either --shapes random:N or --shape, not both")
-    cpu = kwargs["device"] == "cpu"
-    kwargs["shapes"] = draw_op_shapes(op, n, args.seed, **(CPU_RANDOM_CAP if cpu else {}))
-    if cpu:
-        note = (
-            f"on the CPU, each drawn shape is capped at {CPU_RANDOM_CAP['max_bytes'] // 2**20} MiB moved and "
-            f"{CPU_RANDOM_CAP['max_flops']:.0e} FLOPs a call (its first dimension cut)"
-        )
-        compiled = [name for name, impl in op.impls.items() if impl.compiled]
-        if kwargs["impls"] is None and compiled:
-            kwargs["impls"] = [name for name in op.impls if name not in compiled]
-            note += f"; {', '.join(compiled)} (one torch.compile per shape) left out: name it with --impl to time it"
-        print(note, file=sys.stderr)
-    return kwargs["shapes"]
+    return n
 
 
 def not_measured_lines(rows: list[dict]) -> list[str]:
@@ -217,44 +197,6 @@ def not_measured_lines(rows: list[dict]) -> list[str]:
         style = "yellow" if status in ("skipped", "unavailable") else "red"
         lines.append(f"[{style}]{impl}[/{style}] ({dtypes}; {cases}) {status}: {reason}")
     return lines
-
-
-def cpu_shapes(shapes: list[Shape], max_numel: int) -> list[Shape]:
-    """The op's shapes with at most `max_numel` elements each: the last dimension is kept (a softmax row stays a row)
-    and the leading ones shrink; a 1-D shape shrinks to max_numel. Duplicates are dropped, the order kept."""
-    out: list[Shape] = []
-    for shape in shapes:
-        shape = tuple(shape)
-        if math.prod(shape) > max_numel:
-            if len(shape) == 1:
-                shape = (max_numel,)
-            else:
-                rows = max(1, max_numel // shape[-1])
-                shape = (rows, shape[-1]) if len(shape) == 2 else (rows, *(1,) * (len(shape) - 2), shape[-1])
-        if shape not in out:
-            out.append(shape)
-    return out
-
-
-def plot_axis(rows: list[dict], op: Op) -> tuple[list[dict], str, str]:
-    """(rows, x field, x label) for the speed plot: the op's own axis (attention: N), else the element count where it
-    varies across the rows, else the last dimension (softmax sweeps the row width at a fixed element count). Each row
-    gets `x` and `panel` (dtype, option values, pass, and the op's panel of its shape: one plot per panel)."""
-
-    def panel(r: dict) -> str:
-        parts = [short_name(r.get("dtype")), *(f"{k}={r.get(k)}" for k in op.options), r.get("pass") or ""]
-        if op.defaults.panel is not None:
-            parts.append(op.defaults.panel(tuple(r.get("shape") or ())))
-        return " ".join(p for p in parts if p and p != "forward")
-
-    if op.defaults.axis is not None:
-        label, value = op.defaults.axis
-        xs = [value(tuple(r.get("shape") or ())) for r in rows]
-    elif len({r.get("numel") for r in rows if not r.get("error")}) > 1:
-        label, xs = "elements", [r.get("numel") for r in rows]
-    else:
-        label, xs = "last dimension", [(r.get("shape") or [1])[-1] for r in rows]
-    return [{**r, "x": x, "panel": panel(r)} for r, x in zip(rows, xs, strict=True)], "x", label
 
 
 def columns(baseline: str, options: list[str], bound: str = "memory", backward: bool = False) -> list:
