@@ -61,7 +61,7 @@ for s in "$@"; do
       fl report --only call_cost --out "$OUT/call_cost" 2>&1 | tee "$OUT/call_cost.log" | tail -40 ;;
     counters)
       stage "hardware counters"
-      python3 benchmarks/counters_study.py --ceilings "$RES/device.json" --out "$RES/counters.json" 2>&1 | tail -40 ;;
+      fl report --only device,counters --out "$OUT/counters" 2>&1 | tail -40 ;;
     profile)
       stage profile
       bash scripts/gpu_profile.sh "$RES/profile" ;;
