@@ -67,7 +67,8 @@ for s in "$@"; do
       bash scripts/gpu_profile.sh "$RES/profile" ;;
     harness)
       stage "timer cross-check"
-      python3 benchmarks/crosscheck_timers.py --out "$RES/harness.json" ;;
+      fl timers crosscheck --out "$RES/harness.json"
+      fl timers conditions --out "$RES/timer_conditions.json" ;;
     report)
       stage report
       fresh "$RES/report"
