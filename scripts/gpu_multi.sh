@@ -6,7 +6,7 @@
 # 2. benchmarks/interference.py: each case timed alone, with all GPUs timing at once, and next to busy GPUs;
 # 3. one sweep (softmax bf16, 4 impls x 10 shapes = 40 cases) on 1 GPU, then on 2 (`--gpus 2`, torchrun), each in
 #    fresh Triton/Inductor caches, each run again once complete (the fixed cost: start-up, ceilings, table);
-#    benchmarks/multi_gpu_summary.py checks every case is present once and the winners agree, and the speed-ups.
+#    `fuselab compare` checks every case is present once and the winners agree, and the speed-ups.
 # Results to benchmarks/results/h200x2/ (committed afterwards) and copies to $OUT.
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 COLUMNS=160
@@ -55,8 +55,8 @@ stage "sweep on 2 GPUs"
 sweep 2gpu --gpus 2
 
 stage summary
-python3 benchmarks/multi_gpu_summary.py --one "$RES/sweep_1gpu.json" --many "$RES/sweep_2gpu.json" \
-  --walls "1gpu=${WALL[1gpu]},1gpu_resume=${WALL[1gpu_resume]},2gpu=${WALL[2gpu]},2gpu_resume=${WALL[2gpu_resume]}" \
+python3 -m fuselab compare "$RES/sweep_1gpu.json" "$RES/sweep_2gpu.json" \
+  --walls "one=${WALL[1gpu]},one_resume=${WALL[1gpu_resume]},many=${WALL[2gpu]},many_resume=${WALL[2gpu_resume]}" \
   --out "$RES/sweep_summary.json"
 rm -f "$RES"/*.lock
 cp "$RES/device.json" "$RES/interference.json" "$RES/sweep_summary.json" "$RES/topo.txt" "$OUT/" 2>/dev/null

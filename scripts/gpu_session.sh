@@ -58,16 +58,17 @@ for s in "$@"; do
       done ;;
     callcost)
       stage "call cost"
-      python3 benchmarks/call_cost.py --out "$RES/call_cost.json" 2>&1 | tee "$OUT/call_cost.log" | tail -40 ;;
+      fl report --only call_cost --out "$OUT/call_cost" 2>&1 | tee "$OUT/call_cost.log" | tail -40 ;;
     counters)
       stage "hardware counters"
-      python3 benchmarks/counters_study.py --ceilings "$RES/device.json" --out "$RES/counters.json" 2>&1 | tail -40 ;;
+      fl report --only device,counters --out "$OUT/counters" 2>&1 | tail -40 ;;
     profile)
       stage profile
       bash scripts/gpu_profile.sh "$RES/profile" ;;
     harness)
       stage "timer cross-check"
-      python3 benchmarks/crosscheck_timers.py --out "$RES/harness.json" ;;
+      fl timers crosscheck --out "$RES/harness.json"
+      fl timers conditions --out "$RES/timer_conditions.json" ;;
     report)
       stage report
       fresh "$RES/report"

@@ -189,7 +189,7 @@ def test_study_shapes_rule():
 
 
 def test_study_sample_naive_against_fused():
-    """Real H200 run (benchmarks/counters_study.py): naive GELU's 9 kernels against F.gelu's one, 2^26 fp32."""
+    """Real H200 run (the counters study, counters.json): naive GELU's 9 kernels against F.gelu's one, 2^26 fp32."""
     kernels = cn.parse_raw_csv((DATA / "ncu_raw_study_h200.csv").read_text())
     naive_k, torch_k = cn.split_by_marker(kernels, 2)
     n = 2**26

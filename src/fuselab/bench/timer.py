@@ -9,7 +9,7 @@ to write back) followed by CUDA events around the call. On the
 CPU the same API times with perf_counter. A CUDA-graph mode removes launch gaps for tiny kernels; the
 `pitfall` modes time the wrong ways on purpose, so a study can show how wrong they are.
 A kernel bound by the card's power limit (a large bf16 matmul) runs at a higher clock here than back to back: the
-flush and the spin let it rest between calls (benchmarks/timer_conditions.py); its sustained rate is the lower one.
+flush and the spin let it rest between calls (`fuselab timers conditions`); its sustained rate is the lower one.
 """
 
 from __future__ import annotations

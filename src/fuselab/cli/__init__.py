@@ -22,7 +22,7 @@ from typing import NoReturn
 import fuselab
 from fuselab.bench import distributed
 
-COMMANDS = ("device", "check", "bench", "tune", "profile", "inspect", "report")
+COMMANDS = ("device", "check", "bench", "tune", "profile", "inspect", "report", "timers", "compare")
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, LookupError, OSError, ImportError)
 
 

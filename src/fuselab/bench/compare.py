@@ -1,0 +1,156 @@
+"""One sweep run on 1 GPU and on N GPUs (`fuselab bench ... --out X.json`, then the same with `--gpus N`), compared:
+every case present once in each log, rows per rank, whether the same impl wins each case, and the speed-ups.
+
+A log is X.json's resumable log X.jsonl (every row written, retries included). A winner is the impl with the lowest
+median per case (the sweep key without the impl); a case whose best two impls are within `close` (a fraction) is a
+close call, counted apart: a tie is not a disagreement. Walls are seconds, measured by whoever ran the commands; a
+`*_resume` wall is the same command run again once its log is complete (start-up, ceilings, table: the fixed cost),
+so wall - resume is the sweep's own time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CLOSE = 0.02  # a runner-up within 2% is a close call
+
+
+@dataclass
+class Winner:
+    """The fastest impl of one case, the runner-up's margin (its median / the winner's - 1; None: no runner-up)."""
+
+    impl: str
+    margin: float | None
+    close: bool
+
+
+@dataclass
+class Disagreement:
+    """A case won by different impls on 1 and on N GPUs (the case: its sweep key without the impl)."""
+
+    case: dict
+    one: Winner
+    many: Winner
+
+
+@dataclass
+class Walls:
+    """Wall times, s, of the four commands (None: not given)."""
+
+    one: float | None = None
+    one_resume: float | None = None
+    many: float | None = None
+    many_resume: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Walls:
+        """'one=83.1,one_resume=9.0,many=47.2,many_resume=14.0' -> Walls (ValueError naming a bad item)."""
+        known = {f: None for f in cls.__dataclass_fields__}
+        for item in filter(None, (s.strip() for s in text.split(","))):
+            name, sep, value = item.partition("=")
+            if not sep or name.strip() not in known:
+                raise ValueError(f"--walls takes NAME=SECONDS with NAME in {', '.join(known)}, got {item!r}")
+            try:
+                known[name.strip()] = float(value)
+            except ValueError:
+                raise ValueError(f"--walls: {name.strip()} is not a number of seconds: {value!r}") from None
+        return cls(**known)
+
+
+@dataclass
+class RunComparison:
+    """What compare_runs found; speed-ups are 1-GPU time / N-GPU time (None where the walls were not given)."""
+
+    cases: int
+    every_case_once: bool
+    errors_one: int
+    errors_many: int
+    rows_per_rank: dict[str, int]
+    gpus: list[str]  # host:gpu_index of the N-GPU rows
+    winners_agree: int
+    winners_differ_close: int
+    winners_differ: list[Disagreement]
+    close: float
+    walls: Walls = field(default_factory=Walls)
+    speedup_wall: float | None = None
+    speedup_sweep: float | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def text(self) -> str:
+        lines = [
+            f"cases: {self.cases}, every case once in each log: {'yes' if self.every_case_once else 'NO'}",
+            f"errors: {self.errors_one} on 1 GPU, {self.errors_many} on N",
+            "rows per rank: " + ", ".join(f"{rank}: {n}" for rank, n in sorted(self.rows_per_rank.items())),
+            f"winners: {self.winners_agree} agree, {self.winners_differ_close} differ within {self.close:.0%} "
+            f"(close calls), {len(self.winners_differ)} differ",
+        ]
+        for d in self.winners_differ:
+            lines.append(f"  {json.dumps(d.case, sort_keys=True)}: {d.one.impl} on 1 GPU, {d.many.impl} on N")
+        if self.speedup_wall is not None:
+            lines.append(f"speed-up, wall: {self.speedup_wall:.2f}x")
+        if self.speedup_sweep is not None:
+            lines.append(f"speed-up, the sweep alone (wall - resume): {self.speedup_sweep:.2f}x")
+        return "\n".join(lines)
+
+
+def load_log(path: Path) -> list[dict]:
+    """The rows of X.json's resumable log X.jsonl (OSError naming it when it is missing)."""
+    log = path.with_suffix(".jsonl")
+    if not log.exists():
+        raise OSError(f"no log {log} beside {path}: run `fuselab bench ... --out {path}` first")
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def _peers(row: dict) -> str:
+    """The row's case without its impl: the rows that compete for a winner (a canonical JSON string)."""
+    return json.dumps({k: v for k, v in json.loads(row["key"]).items() if k != "impl"}, sort_keys=True)
+
+
+def winners(rows: list[dict], close: float = CLOSE) -> dict[str, Winner]:
+    """Per case (without the impl): the fastest impl among rows without an error."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("error") is None and row.get("median_ms"):
+            groups.setdefault(_peers(row), []).append(row)
+    out = {}
+    for key, members in groups.items():
+        ranked = sorted(members, key=lambda r: r["median_ms"])
+        margin = ranked[1]["median_ms"] / ranked[0]["median_ms"] - 1 if len(ranked) > 1 else None
+        out[key] = Winner(ranked[0]["impl"], margin, margin is not None and margin < close)
+    return out
+
+
+def compare_runs(one: list[dict], many: list[dict], walls: Walls | None = None, close: float = CLOSE) -> RunComparison:
+    """Compare the rows of the 1-GPU log with those of the N-GPU log; see the module's docstring."""
+    walls = walls or Walls()
+    count_one, count_many = Counter(r["key"] for r in one), Counter(r["key"] for r in many)
+    once = all(n == 1 for n in (*count_one.values(), *count_many.values()))
+    w1, wn = winners(one, close), winners(many, close)
+    shared = [k for k in w1 if k in wn]
+    differ = [Disagreement(json.loads(k), w1[k], wn[k]) for k in shared if w1[k].impl != wn[k].impl]
+    real = [d for d in differ if not (d.one.close or d.many.close)]
+    speedup_wall = walls.one / walls.many if walls.one and walls.many else None
+    speedup_sweep = None
+    if None not in (walls.one, walls.one_resume, walls.many, walls.many_resume):
+        sweep_many = walls.many - walls.many_resume
+        speedup_sweep = (walls.one - walls.one_resume) / sweep_many if sweep_many > 0 else None
+    return RunComparison(
+        cases=len(count_one),
+        every_case_once=once and set(count_one) == set(count_many),
+        errors_one=sum(bool(r.get("error")) for r in one),
+        errors_many=sum(bool(r.get("error")) for r in many),
+        rows_per_rank=dict(Counter(str(r.get("rank", "-")) for r in many)),
+        gpus=sorted({f"{r.get('host')}:{r.get('gpu_index')}" for r in many}),
+        winners_agree=len(shared) - len(differ),
+        winners_differ_close=len(differ) - len(real),
+        winners_differ=real,
+        close=close,
+        walls=walls,
+        speedup_wall=speedup_wall,
+        speedup_sweep=speedup_sweep,
+    )
