@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 
 from fuselab.bench.dtypes import dtype_name
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+R = TypeVar("R")
 
 
 def triton_unavailable(device_type: str) -> str | None:
@@ -74,21 +77,98 @@ def check_tensor(
     devices: Sequence[str] = ("cuda",),
     dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
     min_dim: int = 0,
+    name: str | None = None,
 ) -> torch.Tensor:
-    """Raise a clear TypeError/ValueError when `x` is not a tensor this impl accepts; return it."""
+    """Raise a clear TypeError/ValueError when `x` is not a tensor this impl accepts; return it.
+
+    name: what the messages call x where the impl takes several tensors ("q"); None: its one input.
+    """
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{impl}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.device.type not in devices:
+        expected = f"{name} must be" if name else "expected"
+        raise TypeError(f"{impl}: {expected} a torch.Tensor, got {type(x).__name__}")
+    if not _on(x, devices):
         raise ValueError(
-            f"{impl}: input is on {x.device}, but this implementation runs on {'/'.join(devices)} only;"
+            f"{impl}: {name or 'input'} is on {x.device}, but this implementation runs on {'/'.join(devices)} only;"
             f" move it with .to('{devices[0]}')"
         )
     if x.dtype not in dtypes:
-        names = ", ".join(dtype_name(d) for d in dtypes)
-        raise TypeError(f"{impl}: dtype {dtype_name(x.dtype)} is not supported; accepted: {names}")
+        accepted = ", ".join(dtype_name(d) for d in dtypes)
+        of = f" of {name}" if name else ""
+        raise TypeError(f"{impl}: dtype {dtype_name(x.dtype)}{of} is not supported; accepted: {accepted}")
     if x.dim() < min_dim:
-        raise ValueError(f"{impl}: expected a tensor with at least {min_dim} dimension(s), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{impl}: expected {name or 'a tensor'} with at least {min_dim} dimension(s), got shape {tuple(x.shape)}"
+        )
     return x
+
+
+def _on(x: torch.Tensor, devices: Sequence[str]) -> bool:
+    """x.device.type in devices; is_cuda and is_cpu first (a tenth of the cost of building x.device)."""
+    return (x.is_cuda and "cuda" in devices) or (x.is_cpu and "cpu" in devices) or x.device.type in devices
+
+
+def checked_inputs(
+    fn: Callable[..., R],
+    *,
+    impl: str,
+    names: Sequence[str],
+    devices: Sequence[str],
+    dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+    min_dim: int = 0,
+) -> Callable[..., R]:
+    """fn, refusing first (with check_tensor's errors) leading tensor arguments that the impl does not accept.
+
+    names: what fn's first len(names) parameters are called in the messages (the op's inputs: ("q", "k", "v");
+        one alone is not named).
+    The test is built once, the declared tuples closed over, and reads only cheap attributes, so torch.compile traces
+    it (as guards) and a call costs a fraction of a microsecond; only a refused input takes the slow path.
+    """
+    devices, dtypes, n = tuple(devices), tuple(dtypes), len(names)
+    cpu, cuda = "cpu" in devices, "cuda" in devices
+    labels = tuple(names) if n > 1 else (None,)  # one input: the messages need not name it
+    tensor = torch.Tensor
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = [p.name for p in inspect.signature(fn).parameters.values() if p.kind in positional]
+
+    def refuse(args: tuple, kwargs: dict) -> None:
+        """check_tensor on each input given, by position or by keyword (a missing one is left to fn's own error; a
+        device type besides cpu/cuda that the impl declares passes here)."""
+        for i, name in enumerate(labels):
+            if i < len(args):
+                given = args[i]
+            elif i < len(params) and params[i] in kwargs:
+                given = kwargs[params[i]]
+            else:
+                continue
+            check_tensor(given, impl=impl, devices=devices, dtypes=dtypes, min_dim=min_dim, name=name)
+
+    @functools.wraps(fn)
+    def checked(*args: object, **kwargs: object) -> R:
+        if len(args) < n:
+            refuse(args, kwargs)
+        for t in args[:n]:
+            if not (
+                isinstance(t, tensor)
+                and ((cuda and t.is_cuda) or (cpu and t.is_cpu))
+                and t.dtype in dtypes
+                and (not min_dim or t.dim() >= min_dim)
+            ):
+                refuse(args, kwargs)
+        return fn(*args, **kwargs)
+
+    return checked
+
+
+def input_check(
+    *, impl: str, names: Sequence[str], devices: Sequence[str], dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+    min_dim: int = 0,
+) -> Callable[..., None]:  # fmt: skip
+    """check(*args): checked_inputs' test of the leading tensor arguments alone (a custom op's `check`)."""
+    return checked_inputs(_accept, impl=impl, names=names, devices=devices, dtypes=dtypes, min_dim=min_dim)
+
+
+def _accept(*args: object) -> None:
+    """Nothing beyond the input check it is wrapped in."""
 
 
 def check_matches(grad: torch.Tensor, of: torch.Tensor, *, impl: str, names: tuple[str, str]) -> None:
