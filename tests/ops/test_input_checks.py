@@ -123,3 +123,13 @@ def test_the_check_traces_into_a_fullgraph_compile() -> None:
     compiled = torch.compile(lambda t: fn(t, "none") * 2.0, fullgraph=True, backend="eager")
     assert torch.allclose(compiled(x), fn(x, "none") * 2.0)
     torch._dynamo.reset()
+
+
+def test_the_cs336_function_checks_its_inputs_as_the_impl_does() -> None:
+    from fuselab.ops.attention import FlashAttentionTiled
+
+    q = torch.randn(1, 4, 8)
+    with pytest.raises(TypeError, match=r"^FlashAttentionTiled: dtype int64 of k is not supported; accepted: float32"):
+        FlashAttentionTiled.apply(q, q.long(), q)
+    with pytest.raises(TypeError, match=r"q, k, v must share one dtype"):
+        FlashAttentionTiled.apply(q, q.double(), q)

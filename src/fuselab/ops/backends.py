@@ -131,16 +131,16 @@ def checked_inputs(
     params = [p.name for p in inspect.signature(fn).parameters.values() if p.kind in positional]
 
     def refuse(args: tuple, kwargs: dict) -> None:
-        """check_tensor on each input given, by position or by keyword (a missing one is left to fn's own error; a
-        device type besides cpu/cuda that the impl declares passes here)."""
+        """check_tensor on each input given, by position or by keyword, every one's type first (a missing one is left
+        to fn's own error; a device type besides cpu/cuda that the impl declares passes here)."""
+        given = []
         for i, name in enumerate(labels):
             if i < len(args):
-                given = args[i]
+                given.append((name, args[i]))
             elif i < len(params) and params[i] in kwargs:
-                given = kwargs[params[i]]
-            else:
-                continue
-            check_tensor(given, impl=impl, devices=devices, dtypes=dtypes, min_dim=min_dim, name=name)
+                given.append((name, kwargs[params[i]]))
+        for name, t in sorted(given, key=lambda item: isinstance(item[1], tensor)):
+            check_tensor(t, impl=impl, devices=devices, dtypes=dtypes, min_dim=min_dim, name=name)
 
     @functools.wraps(fn)
     def checked(*args: object, **kwargs: object) -> R:
