@@ -116,59 +116,77 @@ def checked_inputs(
     dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
     min_dim: int = 0,
 ) -> Callable[..., R]:
-    """fn, refusing first (with check_tensor's errors) leading tensor arguments that the impl does not accept.
+    """fn, refusing first (with check_tensor's errors) its leading tensor arguments that the impl does not accept.
 
-    names: what fn's first len(names) parameters are called in the messages (the op's inputs: ("q", "k", "v");
-        one alone is not named).
-    The test is built once, the declared tuples closed over, and reads only cheap attributes, so torch.compile traces
-    it (as guards) and a call costs a fraction of a microsecond; only a refused input takes the slow path.
+    names: what fn's first len(names) parameters (its tensors) are called in the messages (the op's inputs:
+        ("q", "k", "v"); one alone is not named).
+    The wrapper is written once, here, with fn's own parameters (a *args/**kwargs wrapper costs more than its test)
+    and the declared tuples bound: the test reads only cheap attributes (is_cuda, is_cpu, dtype, dim), so a call
+    costs a fraction of a microsecond and torch.compile traces it as guards; a refused input takes the slow path.
     """
     devices, dtypes, n = tuple(devices), tuple(dtypes), len(names)
-    cpu, cuda = "cpu" in devices, "cuda" in devices
     labels = tuple(names) if n > 1 else (None,)  # one input: the messages need not name it
-    tensor = torch.Tensor
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    params = [p.name for p in inspect.signature(fn).parameters.values() if p.kind in positional]
+    if len(params) < n or any(p.kind not in positional for p in params[:n]):
+        raise ValueError(f"{impl}: the first {n} parameters of {fn.__qualname__} must be its inputs {tuple(names)}")
+    tensors = [p.name for p in params[:n]]
 
-    def refuse(args: tuple, kwargs: dict) -> None:
-        """check_tensor on each input given, by position or by keyword, every one's type first (a missing one is left
-        to fn's own error; a device type besides cpu/cuda that the impl declares passes here)."""
-        given = []
-        for i, name in enumerate(labels):
-            if i < len(args):
-                given.append((name, args[i]))
-            elif i < len(params) and params[i] in kwargs:
-                given.append((name, kwargs[params[i]]))
-        for name, t in sorted(given, key=lambda item: isinstance(item[1], tensor)):
-            check_tensor(t, impl=impl, devices=devices, dtypes=dtypes, min_dim=min_dim, name=name)
+    def refuse(*given: object) -> None:
+        """check_tensor on each input, every one's type first (a device type besides cpu/cuda that the impl declares
+        passes here)."""
+        for label, t in sorted(zip(labels, given, strict=True), key=lambda item: isinstance(item[1], torch.Tensor)):
+            check_tensor(t, impl=impl, devices=devices, dtypes=dtypes, min_dim=min_dim, name=label)
 
-    @functools.wraps(fn)
-    def checked(*args: object, **kwargs: object) -> R:
-        if len(args) < n:
-            refuse(args, kwargs)
-        for t in args[:n]:
-            if not (
-                isinstance(t, tensor)
-                and ((cuda and t.is_cuda) or (cpu and t.is_cpu))
-                and t.dtype in dtypes
-                and (not min_dim or t.dim() >= min_dim)
-            ):
-                refuse(args, kwargs)
-        return fn(*args, **kwargs)
+    def accepted(t: str) -> str:
+        """The test of parameter `t`, as Python source."""
+        on = [f"{t}.is_{d}" for d in ("cuda", "cpu") if d in devices]
+        if set(devices) - {"cuda", "cpu"}:
+            on.append(f"{t}.device.type in _devices")
+        rank = f" and {t}.dim() >= {min_dim}" if min_dim else ""
+        return f"isinstance({t}, _Tensor) and ({' or '.join(on)}) and {t}.dtype in _dtypes{rank}"
 
+    bare = [p.replace(default=inspect.Parameter.empty, annotation=inspect.Parameter.empty) for p in params]
+    declared = signature.replace(parameters=bare, return_annotation=inspect.Signature.empty)
+    forwarded = ", ".join(_forwarded(p) for p in params)
+    source = (
+        f"def checked{declared}:\n"
+        f"    if not ({' and '.join(accepted(t) for t in tensors)}):\n"
+        f"        _refuse({', '.join(tensors)})\n"
+        f"    return _fn({forwarded})\n"
+    )
+    scope = {"_fn": fn, "_refuse": refuse, "_Tensor": torch.Tensor, "_dtypes": dtypes, "_devices": devices}
+    exec(compile(source, f"<input check of {impl}>", "exec"), scope)  # source made above from fn's parameter names
+    checked = functools.wraps(fn)(scope["checked"])
+    checked.__defaults__, checked.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
     return checked
+
+
+def _forwarded(p: inspect.Parameter) -> str:
+    """How the wrapper passes parameter p on: x, *args, scale=scale, **kwargs."""
+    if p.kind is p.VAR_POSITIONAL:
+        return f"*{p.name}"
+    if p.kind is p.VAR_KEYWORD:
+        return f"**{p.name}"
+    return f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name
 
 
 def input_check(
     *, impl: str, names: Sequence[str], devices: Sequence[str], dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
     min_dim: int = 0,
 ) -> Callable[..., None]:  # fmt: skip
-    """check(*args): checked_inputs' test of the leading tensor arguments alone (a custom op's `check`)."""
-    return checked_inputs(_accept, impl=impl, names=names, devices=devices, dtypes=dtypes, min_dim=min_dim)
+    """check(*tensors, *rest): checked_inputs' test of the leading tensors alone (a custom op's `check`)."""
+    n = len(names)
 
+    def accept(*args: object) -> None:
+        """Nothing beyond the test of the tensors."""
 
-def _accept(*args: object) -> None:
-    """Nothing beyond the input check it is wrapped in."""
+    accept.__signature__ = inspect.Signature(  # the tensors as parameters of their own, then the rest
+        [inspect.Parameter(f"t{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
+        + [inspect.Parameter("rest", inspect.Parameter.VAR_POSITIONAL)]
+    )
+    return checked_inputs(accept, impl=impl, names=names, devices=devices, dtypes=dtypes, min_dim=min_dim)
 
 
 def check_matches(grad: torch.Tensor, of: torch.Tensor, *, impl: str, names: tuple[str, str]) -> None:
