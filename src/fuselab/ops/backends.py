@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 
 from fuselab.bench.dtypes import dtype_name
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+R = TypeVar("R")
 
 
 def triton_unavailable(device_type: str) -> str | None:
@@ -74,21 +77,116 @@ def check_tensor(
     devices: Sequence[str] = ("cuda",),
     dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
     min_dim: int = 0,
+    name: str | None = None,
 ) -> torch.Tensor:
-    """Raise a clear TypeError/ValueError when `x` is not a tensor this impl accepts; return it."""
+    """Raise a clear TypeError/ValueError when `x` is not a tensor this impl accepts; return it.
+
+    name: what the messages call x where the impl takes several tensors ("q"); None: its one input.
+    """
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{impl}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.device.type not in devices:
+        expected = f"{name} must be" if name else "expected"
+        raise TypeError(f"{impl}: {expected} a torch.Tensor, got {type(x).__name__}")
+    if not _on(x, devices):
         raise ValueError(
-            f"{impl}: input is on {x.device}, but this implementation runs on {'/'.join(devices)} only;"
+            f"{impl}: {name or 'input'} is on {x.device}, but this implementation runs on {'/'.join(devices)} only;"
             f" move it with .to('{devices[0]}')"
         )
     if x.dtype not in dtypes:
-        names = ", ".join(dtype_name(d) for d in dtypes)
-        raise TypeError(f"{impl}: dtype {dtype_name(x.dtype)} is not supported; accepted: {names}")
+        accepted = ", ".join(dtype_name(d) for d in dtypes)
+        of = f" of {name}" if name else ""
+        raise TypeError(f"{impl}: dtype {dtype_name(x.dtype)}{of} is not supported; accepted: {accepted}")
     if x.dim() < min_dim:
-        raise ValueError(f"{impl}: expected a tensor with at least {min_dim} dimension(s), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{impl}: expected {name or 'a tensor'} with at least {min_dim} dimension(s), got shape {tuple(x.shape)}"
+        )
     return x
+
+
+def _on(x: torch.Tensor, devices: Sequence[str]) -> bool:
+    """x.device.type in devices; is_cuda and is_cpu first (a tenth of the cost of building x.device)."""
+    return (x.is_cuda and "cuda" in devices) or (x.is_cpu and "cpu" in devices) or x.device.type in devices
+
+
+def checked_inputs(
+    fn: Callable[..., R],
+    *,
+    impl: str,
+    names: Sequence[str],
+    devices: Sequence[str],
+    dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+    min_dim: int = 0,
+) -> Callable[..., R]:
+    """fn, refusing first (with check_tensor's errors) its leading tensor arguments that the impl does not accept.
+
+    names: what fn's first len(names) parameters (its tensors) are called in the messages (the op's inputs:
+        ("q", "k", "v"); one alone is not named).
+    The wrapper is written once, here, with fn's own parameters (a *args/**kwargs wrapper costs more than its test)
+    and the declared tuples bound: the test reads only cheap attributes (is_cuda, is_cpu, dtype, dim), so a call
+    costs a fraction of a microsecond and torch.compile traces it as guards; a refused input takes the slow path.
+    """
+    devices, dtypes, n = tuple(devices), tuple(dtypes), len(names)
+    labels = tuple(names) if n > 1 else (None,)  # one input: the messages need not name it
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if len(params) < n or any(p.kind not in positional for p in params[:n]):
+        raise ValueError(f"{impl}: the first {n} parameters of {fn.__qualname__} must be its inputs {tuple(names)}")
+    tensors = [p.name for p in params[:n]]
+
+    def refuse(*given: object) -> None:
+        """check_tensor on each input, every one's type first (a device type besides cpu/cuda that the impl declares
+        passes here)."""
+        for label, t in sorted(zip(labels, given, strict=True), key=lambda item: isinstance(item[1], torch.Tensor)):
+            check_tensor(t, impl=impl, devices=devices, dtypes=dtypes, min_dim=min_dim, name=label)
+
+    def accepted(t: str) -> str:
+        """The test of parameter `t`, as Python source."""
+        on = [f"{t}.is_{d}" for d in ("cuda", "cpu") if d in devices]
+        if set(devices) - {"cuda", "cpu"}:
+            on.append(f"{t}.device.type in _devices")
+        rank = f" and {t}.dim() >= {min_dim}" if min_dim else ""
+        return f"isinstance({t}, _Tensor) and ({' or '.join(on)}) and {t}.dtype in _dtypes{rank}"
+
+    bare = [p.replace(default=inspect.Parameter.empty, annotation=inspect.Parameter.empty) for p in params]
+    declared = signature.replace(parameters=bare, return_annotation=inspect.Signature.empty)
+    forwarded = ", ".join(_forwarded(p) for p in params)
+    source = (
+        f"def checked{declared}:\n"
+        f"    if not ({' and '.join(accepted(t) for t in tensors)}):\n"
+        f"        _refuse({', '.join(tensors)})\n"
+        f"    return _fn({forwarded})\n"
+    )
+    scope = {"_fn": fn, "_refuse": refuse, "_Tensor": torch.Tensor, "_dtypes": dtypes, "_devices": devices}
+    exec(compile(source, f"<input check of {impl}>", "exec"), scope)  # source made above from fn's parameter names
+    checked = functools.wraps(fn)(scope["checked"])
+    checked.__defaults__, checked.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+    return checked
+
+
+def _forwarded(p: inspect.Parameter) -> str:
+    """How the wrapper passes parameter p on: x, *args, scale=scale, **kwargs."""
+    if p.kind is p.VAR_POSITIONAL:
+        return f"*{p.name}"
+    if p.kind is p.VAR_KEYWORD:
+        return f"**{p.name}"
+    return f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name
+
+
+def input_check(
+    *, impl: str, names: Sequence[str], devices: Sequence[str], dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+    min_dim: int = 0,
+) -> Callable[..., None]:  # fmt: skip
+    """check(*tensors, *rest): checked_inputs' test of the leading tensors alone (a custom op's `check`)."""
+    n = len(names)
+
+    def accept(*args: object) -> None:
+        """Nothing beyond the test of the tensors."""
+
+    accept.__signature__ = inspect.Signature(  # the tensors as parameters of their own, then the rest
+        [inspect.Parameter(f"t{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
+        + [inspect.Parameter("rest", inspect.Parameter.VAR_POSITIONAL)]
+    )
+    return checked_inputs(accept, impl=impl, names=names, devices=devices, dtypes=dtypes, min_dim=min_dim)
 
 
 def check_matches(grad: torch.Tensor, of: torch.Tensor, *, impl: str, names: tuple[str, str]) -> None:

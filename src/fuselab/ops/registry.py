@@ -9,6 +9,7 @@ from here and never special-case one. Registration is discovery: every package u
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import pkgutil
@@ -22,6 +23,7 @@ from typing import Literal
 import torch
 
 from fuselab.bench.dtypes import dtype_name
+from fuselab.ops.backends import checked_inputs
 
 Shape = tuple[int, ...]
 # make_inputs(shape, dtype, device, seed, **options) -> the op's input tensors, in the order of Op.inputs
@@ -94,14 +96,17 @@ class Option:
 class Impl:
     """One implementation of an op.
 
-    fn: takes the op's inputs (and its options as keywords) and returns the output.
+    fn: takes the op's inputs (and its options as keywords) and returns the output; registered through
+        :meth:`Op.impl`, it refuses first the inputs that `devices`, `dtypes` and `min_dim` do not accept.
     devices: the device types it runs on ("cpu", "cuda").
     requires(device_type): None when usable on that device here, else the reason it is not (no Triton, no nvcc).
     compiled: fn is to be wrapped by torch.compile per case (the harness reports compile time apart).
     backward: fn supports autograd (gradients are checked against the reference).
     triton_kernels: returns the @triton.jit functions the impl launches (what `inspect` compiles and shows).
     cuda_source: the .cu file of its CUDA C++ kernels (what `inspect` compiles and shows).
-    dtypes: the dtypes it computes in, when fewer than its op's (None: every dtype of the op).
+    dtypes: the dtypes it accepts, when not its op's (None: every dtype of the op); e.g. fewer (FlashAttention:
+        fp16/bf16), or float64 too (PyTorch's own functions).
+    min_dim: the fewest dimensions each input must have (attention: 3, (batch, N, d)).
     upstream: it runs PyTorch's own kernels (a baseline: torch's function, SDPA, torch.compile's code), so what fails
         in it is PyTorch's to fix: the GPU gate reports such failures apart from fuselab's own.
     tolerance_scale: it is held to its op's tolerance times this: an unfused chain of k ops rounds k times in a
@@ -118,6 +123,7 @@ class Impl:
     triton_kernels: Callable[[], Sequence[object]] | None = None
     cuda_source: Path | None = None
     dtypes: tuple[torch.dtype, ...] | None = None
+    min_dim: int = 0
     upstream: bool = False
     tolerance_scale: float = 1.0
 
@@ -278,13 +284,23 @@ class Op:
         return path if path.exists() else None
 
     def impl(self, name: str, **kwargs: object) -> Callable[[Callable], Callable]:
-        """Decorator registering `fn` as implementation `name` (keywords as in :class:`Impl`)."""
+        """Decorator registering `fn` as implementation `name` (keywords as in :class:`Impl`); returns fn checking
+        its inputs (the op's `inputs`, leading positional tensors) against the devices, dtypes and rank declared."""
 
         def register(fn: Callable) -> Callable:
             if name in self.impls:
                 raise ValueError(f"op {self.name!r} already has an impl named {name!r}")
-            self.impls[name] = Impl(name=name, fn=fn, doc=(fn.__doc__ or "").strip(), **kwargs)
-            return fn
+            impl = Impl(name=name, fn=fn, doc=(fn.__doc__ or "").strip(), **kwargs)
+            checked = checked_inputs(
+                fn,
+                impl=f"{self.name} {name}",
+                names=self.inputs,
+                devices=impl.devices,
+                dtypes=impl.dtypes or self.dtypes,
+                min_dim=impl.min_dim,
+            )
+            self.impls[name] = dataclasses.replace(impl, fn=checked)
+            return checked
 
         return register
 

@@ -8,13 +8,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from fuselab.ops.attention.spec import ATTENTION, check_qkv, default_scale, repeat_kv
+from fuselab.ops.attention.spec import ATTENTION, FLOATS, QKV_RANK, check_qkv, default_scale, repeat_kv
 from fuselab.ops.evaluate import Unavailable
 
 ANY_DEVICE = ("cpu", "cuda")
 
 
-@ATTENTION.impl("naive", devices=ANY_DEVICE, backward=True)
+@ATTENTION.impl("naive", devices=ANY_DEVICE, dtypes=FLOATS, min_dim=QKV_RANK, backward=True)
 def attention_naive(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
 ) -> torch.Tensor:
@@ -28,7 +28,9 @@ def attention_naive(
     return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
-@ATTENTION.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True, upstream=True)
+@ATTENTION.impl(
+    "compile", devices=ANY_DEVICE, dtypes=FLOATS, min_dim=QKV_RANK, compiled=True, backward=True, upstream=True
+)
 def attention_compile(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
 ) -> torch.Tensor:
@@ -49,7 +51,7 @@ def _sdpa(
     return out.squeeze(1) if shapes.three_d else out
 
 
-@ATTENTION.impl("sdpa", devices=ANY_DEVICE, backward=True, upstream=True)
+@ATTENTION.impl("sdpa", devices=ANY_DEVICE, dtypes=FLOATS, min_dim=QKV_RANK, backward=True, upstream=True)
 def attention_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
 ) -> torch.Tensor:
@@ -74,9 +76,6 @@ def _forced(name: str, backend: str, about: str) -> Callable[..., torch.Tensor]:
     ) -> torch.Tensor:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        check_qkv(q, k, v, impl=f"attention {name}", devices=("cuda",))
-        if name == "sdpa-flash" and q.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"attention {name}: FlashAttention runs in float16/bfloat16 only, not {q.dtype}")
         with sdpa_kernel(getattr(SDPBackend, backend)):
             try:
                 return _sdpa(q, k, v, causal, scale, f"attention {name}", gqa=False)
@@ -97,6 +96,7 @@ for _name, (_backend, _about) in BACKENDS.items():
         devices=("cuda",),
         requires=_cuda_only,
         backward=True,
-        dtypes=(torch.float16, torch.bfloat16) if _name == "sdpa-flash" else None,
+        dtypes=(torch.float16, torch.bfloat16) if _name == "sdpa-flash" else FLOATS,
+        min_dim=QKV_RANK,
         upstream=True,
     )(_forced(_name, _backend, _about))

@@ -22,9 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
+from fuselab.ops.backends import FLOAT_DTYPES
 from fuselab.ops.registry import Defaults, Op, Option, Shape, register_op
 
 LOG2E = 1.4426950408889634
+FLOATS = (*FLOAT_DTYPES, torch.float64)  # what the impls accept: the op's dtypes, and float64
+QKV_RANK = 3  # the fewest dims of q, k, v: (batch, N, d)
 
 
 @dataclass(frozen=True)
@@ -46,23 +49,13 @@ class AttentionShapes:
         return self.hq // self.hkv
 
 
-def check_qkv(
-    q: object, k: object, v: object, *, impl: str, devices: tuple[str, ...] = ("cpu", "cuda")
-) -> AttentionShapes:
-    """Raise a clear TypeError/ValueError unless q, k, v are valid attention inputs; return their dimensions.
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str) -> AttentionShapes:
+    """Raise a clear TypeError/ValueError unless q, k, v agree as attention inputs; return their dimensions.
 
-    Accepted: floating tensors of one dtype on one device, all 3-D (batch, N, d) or all with the same leading dims
+    Each is a tensor its impl accepts (device, dtype, at least 3 dims: checked where the impl is registered, or by
+    `input_check`); here: one dtype and one device, all 3-D (batch, N, d) or all with the same leading dims
     (..., H, N, d), k and v of equal shape, q's d equal to k's, Hq a multiple of Hkv, Nk >= 1.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{impl}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not t.is_floating_point():
-            raise TypeError(f"{impl}: {name} has dtype {t.dtype}; accepted: floating (float32, float16, bfloat16)")
-        if t.device.type not in devices:
-            raise ValueError(f"{impl}: {name} is on {t.device}; this implementation runs on {'/'.join(devices)} only")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{impl}: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from fuselab.ops.attention.spec import ATTENTION, check_qkv, flash_function
+from fuselab.ops.attention.spec import ATTENTION, FLOATS, QKV_RANK, check_qkv, flash_function
+from fuselab.ops.backends import input_check
 
 TILE_Q = 64
+DEVICES = ("cpu", "cuda")
 TILE_K = 64
 
 
@@ -127,10 +129,17 @@ def tiled_backward(
     return dq.reshape(q.shape).to(q.dtype), dk.reshape(k.shape).to(k.dtype), dv.reshape(v.shape).to(v.dtype)
 
 
-FlashAttentionTiled = flash_function("FlashAttentionTiled", tiled_forward, tiled_backward)
+FlashAttentionTiled = flash_function(
+    "FlashAttentionTiled",
+    tiled_forward,
+    tiled_backward,
+    check=input_check(
+        impl="FlashAttentionTiled", names=("q", "k", "v"), devices=DEVICES, dtypes=FLOATS, min_dim=QKV_RANK
+    ),
+)
 
 
-@ATTENTION.impl("tiled", devices=("cpu", "cuda"), backward=True)
+@ATTENTION.impl("tiled", devices=DEVICES, dtypes=FLOATS, min_dim=QKV_RANK, backward=True)
 def attention_tiled(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
 ) -> torch.Tensor:

@@ -6,12 +6,13 @@ in triton_kernels.py, imported on first use so importing fuselab needs no Triton
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
-from fuselab.ops.attention.spec import ATTENTION, check_qkv, default_scale, flash_function
-from fuselab.ops.backends import triton_unavailable
+from fuselab.ops.attention.spec import ATTENTION, FLOATS, QKV_RANK, check_qkv, default_scale, flash_function
+from fuselab.ops.backends import input_check, triton_unavailable
 from fuselab.ops.library import define_op
 
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
@@ -58,9 +59,16 @@ def _backward_fake(do, q, k, v, o, lse, causal, scale) -> tuple:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> None:
-    check_qkv(q, k, v, impl="attention triton", devices=DEVICES)
-    _ready(q)
+def _checks(impl: str) -> Callable[..., None]:
+    """check(q, k, v, ...): each accepted as the registered impl accepts it, the three agreeing, Triton ready."""
+    inputs = input_check(impl=impl, names=("q", "k", "v"), devices=DEVICES, dtypes=FLOATS, min_dim=QKV_RANK)
+
+    def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *options: object) -> None:
+        inputs(q, k, v)
+        check_qkv(q, k, v, impl=impl)
+        _ready(q)
+
+    return check
 
 
 # fuselab::attention_triton (and _backward), from the factory every fused impl uses; defined at import (torch.compile
@@ -73,27 +81,24 @@ attention_triton_op = define_op(
     backward_fake=_backward_fake,
     outputs=("o",),
     extras=("lse",),
-    check=_check,
+    check=_checks("attention triton"),
     kind="triton",
 )
-
-
-def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    check_qkv(q, k, v, impl="FlashAttentionTriton", devices=DEVICES)
-    _ready(q)
 
 
 FlashAttentionTriton = flash_function(
     "FlashAttentionTriton",
     lambda *args: _kernels().forward(*args),
     lambda *args: _kernels().backward(*args),
-    check=_checked,
+    check=_checks("FlashAttentionTriton"),
 )
 
 
 @ATTENTION.impl(
     "triton",
     devices=DEVICES,
+    dtypes=FLOATS,
+    min_dim=QKV_RANK,
     requires=triton_unavailable,
     backward=True,
     triton_kernels=lambda: _kernels().TRITON_KERNELS,

@@ -10,21 +10,19 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fuselab.ops.backends import check_matches, check_tensor
+from fuselab.ops.backends import check_matches, check_tensor, checked_inputs
 from fuselab.ops.gelu.spec import FORMS, check_form
 from fuselab.ops.library import OpFamily
 
 
 def make_check(name: str, devices: Sequence[str]) -> Callable[[torch.Tensor, str], None]:
     """check(x, approximate): a clear error for a non-tensor, a device or dtype the impl lacks, an unknown form."""
-    devices = tuple(devices)
 
     def check(x: torch.Tensor, approximate: str) -> None:
-        check_tensor(x, impl=name, devices=devices)
         if approximate not in FORMS:
             check_form(approximate)
 
-    return check
+    return checked_inputs(check, impl=name, names=("x",), devices=devices)
 
 
 def fake(x: torch.Tensor, approximate: str) -> torch.Tensor:
@@ -38,7 +36,7 @@ def make_backward_check(name: str, devices: Sequence[str]) -> Callable[[torch.Te
 
     def backward_check(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> None:
         check(x, approximate)
-        check_tensor(dy, impl=f"{name} backward", devices=tuple(devices))
+        check_tensor(dy, impl=f"{name} backward", devices=tuple(devices), name="dy")
         check_matches(dy, x, impl=f"{name} backward", names=("dy", "x"))
 
     return backward_check

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fuselab.ops.backends import check_matches, check_tensor
+from fuselab.ops.backends import check_matches, check_tensor, input_check
 from fuselab.ops.library import OpFamily
 
 # launch(x, y): y = softmax of each row of x; both (rows, width) with unit column stride, rows >= 1, width >= 1.
@@ -75,13 +75,11 @@ def make_checks(
     """(check(x), backward_check(y, dy)): clear errors for a non-tensor, a device or dtype the impl lacks, or a dy
     that does not match y."""
     devices = tuple(devices)
-
-    def check(x: torch.Tensor) -> None:
-        check_tensor(x, impl=name, devices=devices)
+    check = input_check(impl=name, names=("x",), devices=devices)
 
     def backward_check(y: torch.Tensor, dy: torch.Tensor) -> None:
         check(y)
-        check_tensor(dy, impl=f"{name} backward", devices=devices)
+        check_tensor(dy, impl=f"{name} backward", devices=devices, name="dy")
         check_matches(dy, y, impl=f"{name} backward", names=("dy", "y"))
 
     return check, backward_check
