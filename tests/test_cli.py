@@ -26,6 +26,22 @@ def test_help_lists_the_commands(tmp_path):
         assert command in out.stdout
 
 
+def test_version_and_list(tmp_path, monkeypatch):
+    import fuselab as package
+    from fuselab.ops import all_ops
+
+    assert fuselab("--version", cache=tmp_path).stdout.strip() == f"fuselab {package.__version__}"
+    monkeypatch.setenv("COLUMNS", "250")  # one line per row
+    out = fuselab("list", "--device", "cpu", cache=tmp_path)
+    assert out.returncode == 0
+    rows = [line for line in out.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == sum(len(op.impls) for op in all_ops())  # one row per impl of every registered op
+    cuda = next(line for line in rows if "│ gelu " in line and "│ cuda " in line)
+    assert "no: cuda runs on cuda only" in cuda
+    triton = next(line for line in rows if "│ gelu " in line and "│ triton " in line)
+    assert "yes" in triton and "interpreter" in triton
+
+
 def test_device_quick_writes_json(tmp_path):
     out = fuselab("device", "--quick", "--out", str(tmp_path / "device.json"), cache=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -107,6 +123,7 @@ def test_check_a_user_function(tmp_path):
         (["bench", "tests/data/userfn.py:missing"], "has no function 'missing'"),
         (["bench", f"{USERFN}:add", "--dtype", "int7"], "unknown dtype 'int7'"),
         (["bench", f"{USERFN}:add", "--shape", "12xq"], "bad shape"),
+        (["check", "gelu", "--impl", ","], "',' names nothing"),
     ],
 )
 def test_bad_input_gets_a_clear_error(tmp_path, args, message):

@@ -22,7 +22,7 @@ from typing import NoReturn
 import fuselab
 from fuselab.bench import distributed
 
-COMMANDS = ("device", "check", "bench", "tune", "profile", "inspect", "report", "timers", "compare")
+COMMANDS = ("list", "device", "check", "bench", "tune", "profile", "inspect", "report", "timers", "compare")
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, LookupError, OSError, ImportError)
 
 
@@ -35,6 +35,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> Parser:
     parser = Parser(prog="fuselab", description=fuselab.__doc__)
+    parser.add_argument("--version", action="version", version=f"fuselab {fuselab.__version__}")
     parser.add_argument(  # taken out of argv by main(), anywhere in it; listed here for --help
         "--gpus", metavar="N|all", help="run the command on N GPUs of this host (torchrun, one process per GPU)"
     )

@@ -108,10 +108,13 @@ def default_device() -> str:
 
 
 def split(values: list[str] | None) -> list[str] | None:
-    """['a,b', 'c'] -> ['a', 'b', 'c']; None or nothing -> None."""
+    """['a,b', 'c'] -> ['a', 'b', 'c']; None or nothing given -> None; given but naming nothing (',') -> ValueError."""
     if not values:
         return None
-    return [v.strip() for value in values for v in value.split(",") if v.strip()] or None
+    names = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    if not names:
+        raise ValueError(f"{', '.join(map(repr, values))} names nothing; give names separated by commas")
+    return names
 
 
 # ------------------------------------------------------------------------------------------ arguments

@@ -13,6 +13,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, size_lad
 from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
 from fuselab.bench.timer import Timing, benchmark, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
-from fuselab.ops.registry import Impl, Op, Shape
+from fuselab.ops.registry import Impl, Op, Shape, all_ops
 
 PASSES = ("forward", "forward+backward")
 POISON_BYTES = 8 * 2**30  # at most this much memory is poisoned before a check
@@ -59,6 +60,30 @@ INTERPRETER_SKIP = "the Triton interpreter on the CPU is for correctness only (`
 def interpreted(impl: Impl, device: str) -> bool:
     """Whether `impl` would run under Triton's CPU interpreter on `device` (checked, never timed)."""
     return torch.device(device).type == "cpu" and impl.requires is triton_unavailable
+
+
+@dataclass(frozen=True)
+class ImplStatus:
+    """One impl of one op on one device: `reason` None when it runs there (else why not); `interpreted`: it runs
+    under Triton's CPU interpreter there (right, but slow: checked, never timed)."""
+
+    op: str
+    impl: str
+    reason: str | None
+    interpreted: bool
+    backward: bool
+    compiled: bool
+    upstream: bool
+
+
+def impl_statuses(device: str) -> list[ImplStatus]:
+    """Every registered op's impls and whether each runs on `device` ("cpu", "cuda", "cuda:1")."""
+    statuses = []
+    for op in all_ops():
+        for name, impl in op.impls.items():
+            flags = (impl.backward, impl.compiled, impl.upstream)
+            statuses.append(ImplStatus(op.name, name, impl.unavailable(device), interpreted(impl, device), *flags))
+    return statuses
 
 
 def refuse_if_too_big(op: Op, shape: Shape, dtype: torch.dtype, device: str, options: dict | None = None) -> None:
