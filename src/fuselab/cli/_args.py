@@ -127,7 +127,7 @@ def add_op_arguments(p: argparse.ArgumentParser, *, several: bool = True, check:
     check: shapes with no elements are accepted (they are edge cases worth checking).
     """
     shape_type = check_shape_arg if check else shape_arg
-    p.add_argument("op", help="a registered op (gelu, softmax) or a function as MODULE:FUNCTION / FILE.py:FUNCTION")
+    p.add_argument("op", help="a registered op (`fuselab list`) or a function as MODULE:FUNCTION / FILE.py:FUNCTION")
     add_impl_argument(p)
     if several:
         p.add_argument("--dtype", action="append", type=dtype_arg, help="fp32, fp16, bf16 (float32, ...), repeated")

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("op", help="a registered op (gelu, softmax)")
+    p.add_argument("op", help="a registered op (`fuselab list` lists them)")
     add_impl_argument(p, default="triton")
     p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="fp32, fp16, bf16 (default fp32)")
     p.add_argument("--shape", type=shape_arg, help="shape the Triton kernels are specialized for (default: the op's)")
