@@ -231,6 +231,30 @@ def test_triton_backward_is_deterministic() -> None:
         assert torch.equal(a, b)
 
 
+def test_functional_takes_torch_signature_and_refuses_what_it_cannot_do() -> None:
+    """fuselab.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa) as torch's: the same result as F.scaled_dot_product_attention by position and keyword; a mask or
+    dropout is a ValueError naming torch's function; heads that differ need enable_gqa, as in torch."""
+    import torch.nn.functional as F
+
+    from fuselab.ops.attention import scaled_dot_product_attention as sdpa
+
+    q, k, v = inputs((2, 4, 9, 16), torch.float32, "cpu")
+    want = F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.3)
+    torch.testing.assert_close(sdpa(q, k, v, None, 0.0, True, scale=0.3, impl="naive"), want)
+    torch.testing.assert_close(sdpa(q, k, v, is_causal=True, scale=0.3, impl="naive"), want)
+    with pytest.raises(ValueError, match="no attn_mask.*torch.nn.functional.scaled_dot_product_attention"):
+        sdpa(q, k, v, torch.ones(9, 9, dtype=torch.bool))  # a positional mask, as torch's callers pass it
+    with pytest.raises(ValueError, match="no dropout"):
+        sdpa(q, k, v, dropout_p=0.1)
+    kv = [t[:, :2] for t in (k, v)]
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        sdpa(q, *kv, impl="naive")
+    torch.testing.assert_close(
+        sdpa(q, *kv, enable_gqa=True, impl="naive"), F.scaled_dot_product_attention(q, *kv, enable_gqa=True)
+    )
+
+
 @needs_triton
 def test_triton_compiles_fullgraph_without_break() -> None:
     from fuselab.ops.attention import scaled_dot_product_attention

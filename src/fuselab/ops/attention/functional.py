@@ -9,21 +9,42 @@ from fuselab.ops.attention.spec import attention
 
 
 def scaled_dot_product_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
     is_causal: bool = False,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
     impl: str = "triton",
 ) -> torch.Tensor:
-    """softmax(q k^T * scale, top-left causal mask if is_causal) v, computed by the registered impl `impl`.
+    """softmax(q k^T * scale, top-left causal mask if is_causal) v, computed by the registered impl `impl`, with
+    F.scaled_dot_product_attention's signature.
 
-    q (..., Hq, Nq, d) or (B, Nq, d); k, v (..., Hkv, Nk, d) or (B, Nk, d), Hq a multiple of Hkv; scale defaults to
-    1/sqrt(d). No attn_mask or dropout. With impl="triton" it is the custom op fuselab::attention_triton (with
-    autograd), which torch.compile(fullgraph=True) traces without a graph break.
+    query (..., Hq, Nq, d) or (B, Nq, d); key, value (..., Hkv, Nk, d) or (B, Nk, d); Hq a multiple of Hkv when
+    enable_gqa (as in torch, heads must match without it); scale defaults to 1/sqrt(d). What the kernels do not do
+    (attn_mask, dropout_p > 0) is refused with a ValueError naming torch's function, which does. With impl="triton"
+    it is the custom op fuselab::attention_triton (with autograd), which torch.compile(fullgraph=True) traces
+    without a graph break.
     """
-    return attention(q, k, v, causal=is_causal, scale=scale, impl=impl)
+    if attn_mask is not None:
+        raise ValueError(
+            "fuselab's scaled_dot_product_attention takes no attn_mask (a causal mask is is_causal=True); "
+            "for another mask use torch.nn.functional.scaled_dot_product_attention"
+        )
+    if dropout_p:
+        raise ValueError(
+            f"fuselab's scaled_dot_product_attention has no dropout (dropout_p={dropout_p!r}); "
+            "use torch.nn.functional.scaled_dot_product_attention, or dropout_p=0.0"
+        )
+    if not enable_gqa and query.dim() >= 4 and key.dim() >= 4 and query.shape[-3] != key.shape[-3]:
+        raise ValueError(
+            f"query has {query.shape[-3]} heads and key {key.shape[-3]}: pass enable_gqa=True for grouped-query "
+            "attention (as torch's function asks)"
+        )
+    return attention(query, key, value, causal=is_causal, scale=scale, impl=impl)
 
 
 __all__ = ["scaled_dot_product_attention"]  # what fuselab.nn.functional exposes of this op
