@@ -243,7 +243,7 @@ def test_functional_takes_torch_signature_and_refuses_what_it_cannot_do() -> Non
     want = F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.3)
     torch.testing.assert_close(sdpa(q, k, v, None, 0.0, True, scale=0.3, impl="naive"), want)
     torch.testing.assert_close(sdpa(q, k, v, is_causal=True, scale=0.3, impl="naive"), want)
-    with pytest.raises(ValueError, match="no attn_mask.*torch.nn.functional.scaled_dot_product_attention"):
+    with pytest.raises(ValueError, match=r"no attn_mask.*torch\.nn\.functional\.scaled_dot_product_attention"):
         sdpa(q, k, v, torch.ones(9, 9, dtype=torch.bool))  # a positional mask, as torch's callers pass it
     with pytest.raises(ValueError, match="no dropout"):
         sdpa(q, k, v, dropout_p=0.1)
