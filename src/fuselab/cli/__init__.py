@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not debug():
         warnings.showwarning = _show_warning
-    from fuselab.ops.evaluate import Unavailable  # after parsing: --help stays quick
+    from fuselab.bench.sweep import NotRun  # after parsing: --help stays quick (Unavailable, TooBig: NotRun)
 
     try:
         with distributed.session():  # under torchrun: the process group, one GPU per rank
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; finished results are kept", file=sys.stderr)
         return 130
-    except (*EXPECTED_ERRORS, Unavailable, distributed.LogBusy) as exc:
+    except (*EXPECTED_ERRORS, NotRun, distributed.LogBusy) as exc:
         if debug():
             raise
         who = f" (rank {distributed.rank()})" if distributed.active() else ""

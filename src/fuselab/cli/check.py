@@ -17,7 +17,7 @@ from fuselab.bench.dtypes import short_name
 from fuselab.bench.results import fmt_float, fmt_plain, make_table, print_table
 from fuselab.bench.shapes import LAYOUTS
 from fuselab.cli._args import add_op_arguments, check_writable, resolve
-from fuselab.ops.evaluate import check_op, summarize_checks
+from fuselab.ops.evaluate import TooBig, check_op, summarize_checks
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 1 if any(r["status"] == "FAIL" for r in rows) else 0
     console = Console(highlight=False)
-    available = [r for r in rows if r["status"] != "unavailable"]
+    refused = [r for r in rows if r["status"] == "refused"]
+    if refused and not any(r["status"] in ("pass", "FAIL") for r in rows):
+        raise TooBig(f"no case could be checked; refused before allocating: {refused[0]['reason']}")
+    available = [r for r in rows if r["status"] not in ("unavailable", "refused")]
     shown = available if args.all else summarize_checks(available)
     columns = [
         ("impl", "impl", fmt_plain),
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     print_table(make_table(shown, columns, title=f"check {op.name} on {kwargs['device']}"), console)
     unavailable: dict[tuple[str, str], list[str]] = {}
     for r in rows:
-        if r["status"] == "unavailable":
+        if r["status"] in ("unavailable", "refused"):
             dtypes = unavailable.setdefault((r["impl"], r["reason"]), [])
             dtypes += [] if short_name(r["dtype"]) in dtypes else [short_name(r["dtype"])]
     for (impl, reason), dtypes in unavailable.items():

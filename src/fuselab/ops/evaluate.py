@@ -25,7 +25,7 @@ from fuselab.bench.dtypes import DTYPES, dtype_name
 from fuselab.bench.env import environment
 from fuselab.bench.log import latest_by_key, load_records
 from fuselab.bench.memory import format_bytes, free_bytes
-from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, size_ladder, summarize
+from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, format_shape, size_ladder, summarize
 from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
 from fuselab.bench.timer import Timing, benchmark, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
@@ -86,16 +86,20 @@ def impl_statuses(device: str) -> list[ImplStatus]:
     return statuses
 
 
-def refuse_if_too_big(op: Op, shape: Shape, dtype: torch.dtype, device: str, options: dict | None = None) -> None:
-    """Raise TooBig when a case cannot fit: its inputs and outputs in `dtype`, and the float64 reference's (counted
-    twice, for the temporaries of a reference written op by op), against the device's free memory."""
+def refuse_if_too_big(
+    op: Op, shape: Shape, dtype: torch.dtype, device: str, options: dict | None = None, reference: bool = True
+) -> None:
+    """Raise TooBig when a case cannot fit: its inputs and outputs in `dtype`, and (reference) the float64
+    reference's (counted twice, for the temporaries of a reference written op by op), against the device's free
+    memory."""
     free = free_bytes(device)
     options = options or {}
-    need = op.bytes_moved(shape, dtype, **options) + 2 * op.bytes_moved(shape, torch.float64, **options)
+    need = op.bytes_moved(shape, dtype, **options)
+    need += 2 * op.bytes_moved(shape, torch.float64, **options) if reference else 0
     if free is not None and need > free:
+        what = "inputs, outputs and the float64 reference" if reference else "inputs and outputs"
         raise TooBig(
-            f"needs about {format_bytes(need)} (inputs, outputs and the float64 reference), "
-            f"{format_bytes(free)} free on {device}"
+            f"{format_shape(shape)} needs about {format_bytes(need)} ({what}), {format_bytes(free)} free on {device}"
         )
 
 
@@ -264,7 +268,10 @@ def check_op(
         opts = {k: case[k] for k in op.options}
         case_seed = seed + len(case["shape"]) * 7919 + sum(case["shape"])
         try:
+            refuse_if_too_big(op, tuple(case["shape"]), dtype, device, opts)
             row = check_case(op, impl, tuple(case["shape"]), dtype, device, opts, case_seed, grad, layout)
+        except TooBig as exc:  # refused before it allocates
+            return {"status": "refused", "reason": str(exc), "tolerance": tolerance}
         except NotRun as exc:  # the impl says it cannot run this case here (a forced backend without a kernel)
             return {"status": "unavailable", "reason": str(exc), "tolerance": tolerance}
         except Exception as exc:

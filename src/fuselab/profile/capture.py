@@ -173,9 +173,10 @@ def impl_callable(
     Compiled impls are wrapped with torch.compile (the warm-up then compiles them before profiling).
     Raises Unavailable (with the reason) when the impl cannot run on `device` here.
     """
-    from fuselab.ops.evaluate import prepare
+    from fuselab.ops.evaluate import prepare, refuse_if_too_big
 
     fn = prepare(op.get_impl(impl_name), device)
     kwargs = op.resolve_options(options)
+    refuse_if_too_big(op, shape, dtype, device, kwargs, reference=False)
     inputs = op.make_inputs(shape, dtype, device, seed, **kwargs)
     return lambda: fn(*inputs, **kwargs)

@@ -134,6 +134,7 @@ def inspect_impl(
 ) -> Inspection:
     """PTX/SASS/resources of op `op_name`'s implementation `impl_name`: the Triton kernels its Impl lists
     (`Impl.triton_kernels`), compiled as the impl launches them at `shape`, or its CUDA source (`Impl.cuda_source`)."""
+    from fuselab.ops.evaluate import refuse_if_too_big
     from fuselab.ops.registry import get_op, parse_shape
 
     op = get_op(op_name)
@@ -156,6 +157,7 @@ def inspect_impl(
     shape = parse_shape(shape) if isinstance(shape, str) else shape or op.default_profile_shape()
     gpu = torch.cuda.is_available()
     options = op.default_options()
+    refuse_if_too_big(op, shape, dtype, "cuda" if gpu else "cpu", options, reference=False)
     inputs = op.make_inputs(shape, dtype, "cuda" if gpu else "cpu", 0, **options)
 
     def run() -> None:
