@@ -193,6 +193,25 @@ def test_module_form_and_repr() -> None:
     assert GELUModule().approximate == torch.nn.GELU().approximate == "none"
 
 
+def test_module_default_runs_the_native_impl_of_the_device_and_a_named_interpreted_one_warns_once() -> None:
+    """impl="auto" (the default): PyTorch's F.gelu on the CPU, where Triton only interprets, the fused Triton
+    kernel on a GPU; its repr says which. impl="triton" on the CPU works and warns once that it is interpreted."""
+    import warnings
+
+    auto = GELUModule()
+    on_gpu = "triton" if torch.cuda.is_available() else "torch"
+    assert repr(auto) == f"GELU(approximate='none', impl='auto' (torch on cpu, {on_gpu} on cuda))"
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the native impl warns of nothing
+        torch.testing.assert_close(auto(x), torch.nn.functional.gelu(x), rtol=0, atol=0)
+    named = GELUModule(impl="triton")
+    with pytest.warns(UserWarning, match="runs under Triton's interpreter.*impl='torch'") as caught:
+        named(x[:64])
+        named(x[:64])
+    assert len([w for w in caught if "interpreter" in str(w.message)]) == 1
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 # (the contract test covers every impl x dtype x form with gradients, opcheck and compile)
 

@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import pkgutil
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,6 +305,35 @@ class Op:
 
         return register
 
+    def native_impl(self, device_type: str) -> str:
+        """The impl a drop-in runs when none is named (impl="auto") on `device_type` ("cpu", "cuda"): the first
+        registered with a fused kernel of fuselab's own (Triton or CUDA C++) that runs there natively (Triton's not
+        on the CPU, where its interpreter is right but orders of magnitude slower), else the op's baseline."""
+        key = (self.name, device_type)
+        if key not in _NATIVE:
+            natives = [
+                name
+                for name, impl in self.impls.items()
+                if impl.inspectable
+                and not (impl.triton_kernels is not None and device_type == "cpu")
+                and impl.unavailable(device_type) is None
+            ]
+            _NATIVE[key] = natives[0] if natives else self.defaults.baseline
+        return _NATIVE[key]
+
+    def drop_in_fns(self, impl: str) -> dict[str, tuple[str, Callable]]:
+        """For a drop-in module running `impl` ("auto": `native_impl`): per device type ("cpu", "cuda"), the impl's
+        name and function (a compiled impl wrapped in torch.compile once). An unknown name raises ValueError."""
+        fns = {}
+        for device_type in ("cpu", "cuda"):
+            name = self.native_impl(device_type) if impl == "auto" else impl
+            try:
+                found = self.get_impl(name)
+            except UnknownName as e:
+                raise ValueError(str(e)) from None
+            fns[device_type] = (name, torch.compile(found.fn) if found.compiled else found.fn)
+        return fns
+
     def get_impl(self, name: str) -> Impl:
         if name not in self.impls:
             raise UnknownName(f"op {self.name!r} has no impl {name!r}; known: {', '.join(self.impls)}")
@@ -343,6 +373,22 @@ def _exported(package: str | None, name: str) -> dict[str, object]:
     """What the folder's module `name` exports ({name: object} of its `__all__`, in order); {} without one."""
     module = _folder_module(package, name)
     return {n: getattr(module, n) for n in getattr(module, "__all__", ())} if module is not None else {}
+
+
+_NATIVE: dict[tuple[str, str], str] = {}  # (op, device type) -> its native impl (Op.native_impl)
+
+
+def warn_if_interpreted(op: Op, impl: str) -> bool:
+    """Warn (once per call site) that `impl` of `op` runs under Triton's interpreter on the CPU, when it does; True:
+    the caller need not ask again."""
+    if op.get_impl(impl).triton_kernels is not None:
+        warnings.warn(
+            f"{op.name} impl {impl!r} on the CPU runs under Triton's interpreter: right, but orders of magnitude "
+            f"slower than impl={op.defaults.baseline!r} (which impl='auto' picks there)",
+            UserWarning,
+            stacklevel=3,
+        )
+    return True
 
 
 def register_op(op: Op) -> Op:

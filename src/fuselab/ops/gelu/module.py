@@ -6,34 +6,37 @@ import torch
 
 from fuselab.ops.gelu.spec import GELU as GELU_OP
 from fuselab.ops.gelu.spec import check_form
-from fuselab.ops.registry import UnknownName
+from fuselab.ops.registry import warn_if_interpreted
 
 
 class GELU(torch.nn.Module):
     """y = GELU(x) elementwise, any shape; torch.nn.GELU's signature and default (approximate="none", the erf form),
     computed by implementation `impl` (keyword only).
 
-    impl: a registered GELU impl (naive, torch, compile, triton, cuda); "compile" is wrapped in torch.compile here.
-    triton and cuda have fused backward kernels; naive, torch and compile differentiate through PyTorch.
-    Dtypes: float32, float16, bfloat16; impl="torch" also float64.
+    impl: "auto" (default: the fused Triton kernel on a GPU, PyTorch's F.gelu on the CPU, where Triton only
+    interprets; `Op.native_impl`) or a registered GELU impl (naive, torch, compile, triton, cuda); "compile" is
+    wrapped in torch.compile here. triton and cuda have fused backward kernels; naive, torch and compile
+    differentiate through PyTorch. Dtypes: float32, float16, bfloat16; impl="torch" also float64.
     """
 
-    def __init__(self, approximate: str = "none", *, impl: str = "triton") -> None:
+    def __init__(self, approximate: str = "none", *, impl: str = "auto") -> None:
         super().__init__()
         check_form(approximate)
-        try:
-            found = GELU_OP.get_impl(impl)
-        except UnknownName as e:
-            raise ValueError(str(e)) from None
         self.approximate = approximate
         self.impl = impl
-        self._fn = torch.compile(found.fn) if found.compiled else found.fn
+        self._fns = GELU_OP.drop_in_fns(impl)
+        self._warned = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._fn(x, self.approximate)
+        name, fn = self._fns["cuda" if x.is_cuda else "cpu"]
+        if not x.is_cuda and not self._warned and not torch.compiler.is_compiling():
+            self._warned = warn_if_interpreted(GELU_OP, name)
+        return fn(x, self.approximate)
 
     def extra_repr(self) -> str:
-        return f"approximate={self.approximate!r}, impl={self.impl!r}"
+        runs = ", ".join(f"{name} on {device}" for device, (name, _) in self._fns.items())
+        chosen = f" ({runs})" if self.impl == "auto" else ""
+        return f"approximate={self.approximate!r}, impl={self.impl!r}{chosen}"
 
     @classmethod
     def drop_in_pair(cls, impl: str, approximate: str = "tanh") -> tuple[torch.nn.Module, torch.nn.Module]:

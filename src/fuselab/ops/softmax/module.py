@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from fuselab.ops.registry import UnknownName
+from fuselab.ops.registry import warn_if_interpreted
 from fuselab.ops.softmax.spec import SOFTMAX
 
 
@@ -15,12 +15,13 @@ class Softmax(torch.nn.Module):
     or 3 dimensions, else 1; warned once, when the module is built, so that forward compiles without a graph break),
     computed by implementation `impl` (keyword only; a name registered on SOFTMAX).
 
-    impl: "triton" (default), "cuda", "torch", "naive" or "compile" (naive under torch.compile). The impls reduce
+    impl: "auto" (default: the fused Triton kernel on a GPU, torch.softmax on the CPU, where Triton only interprets;
+    `Op.native_impl`), "triton", "cuda", "torch", "naive" or "compile" (naive under torch.compile). The impls reduce
     over the last dimension; another `dim` is moved last and back (a strided view: the impls take it as it is).
     Input any shape; output the same shape and dtype. Dtypes: float32, float16, bfloat16; impl="torch" also float64.
     """
 
-    def __init__(self, dim: int | None = None, *, impl: str = "triton") -> None:
+    def __init__(self, dim: int | None = None, *, impl: str = "auto") -> None:
         super().__init__()
         if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)):
             raise TypeError(f"Softmax: dim must be an int or None, got {dim!r} (the impl is a keyword: impl=...)")
@@ -32,25 +33,27 @@ class Softmax(torch.nn.Module):
             )
         self.dim = dim
         self.impl = impl
-        try:
-            found = SOFTMAX.get_impl(impl)
-        except UnknownName as e:
-            raise ValueError(str(e)) from None
-        self._fn = torch.compile(found.fn) if found.compiled else found.fn
+        self._fns = SOFTMAX.drop_in_fns(impl)
+        self._warned = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        name, fn = self._fns["cuda" if x.is_cuda else "cpu"]
+        if not x.is_cuda and not self._warned and not torch.compiler.is_compiling():
+            self._warned = warn_if_interpreted(SOFTMAX, name)
         dim = self.dim
         if dim is None:
             dim = 0 if x.dim() in (0, 1, 3) else 1
         if x.dim() == 0:
-            return self._fn(x)
+            return fn(x)
         dim = dim % x.dim() if -x.dim() <= dim < x.dim() else _bad_dim(dim, x)
         if dim == x.dim() - 1:
-            return self._fn(x)
-        return self._fn(x.movedim(dim, -1)).movedim(-1, dim)
+            return fn(x)
+        return fn(x.movedim(dim, -1)).movedim(-1, dim)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, impl={self.impl!r}"
+        runs = ", ".join(f"{name} on {device}" for device, (name, _) in self._fns.items())
+        chosen = f" ({runs})" if self.impl == "auto" else ""
+        return f"dim={self.dim}, impl={self.impl!r}{chosen}"
 
     @classmethod
     def drop_in_pair(cls, impl: str) -> tuple[torch.nn.Module, torch.nn.Module]:
