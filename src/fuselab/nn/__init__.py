@@ -1,5 +1,6 @@
 """Drop-in modules backed by fuselab's kernels, one per op that declares one (`Op.module`), found by discovery:
-`fuselab.nn.GELU()` (impl="auto": the fused kernel on a GPU), `fuselab.nn.Softmax(dim=-1, impl="cuda")`, ... and `fuselab.nn.functional`.
+`fuselab.nn.GELU()` (impl="auto": the fused kernel on a GPU),
+`fuselab.nn.Softmax(dim=-1, impl="cuda")`, ... and `fuselab.nn.functional`.
 """
 
 from __future__ import annotations
