@@ -374,6 +374,7 @@ def described(kernels):
              "registers": k.resources.registers, "spills": k.resources.spill_stores} for k in kernels]
 
 launch.interpreted = lambda: False  # compile what a GPU runs (inline PTX: fast exp, conversions, pairs)
+launch.params = lambda device: plans.rule_params("nvidia-h200-sm90")  # the H200's plans: register caps, held rows
 print(json.dumps({"all": described(triton_compile_offline(list(st.TRITON_KERNELS), launch_all, "sm_90")),
                   "held": described(triton_compile_offline(list(st.TRITON_KERNELS), launch_held, "sm_90"))}))
 """
