@@ -20,7 +20,7 @@ OPS=${OPS:-$(python3 -c "from fuselab.ops import all_ops; print(' '.join(o.name 
 tune_ops() {  # the ops that name a tuner (Op.tuner): the ones `fuselab tune` drives
   python3 -c "from fuselab.ops import get_op; print(' '.join(o for o in '$OPS'.split() if get_op(o).tuner))"
 }
-random_ops() { python3 -c "from fuselab.ops import get_op; print(' '.join(o for o in '$OPS'.split() if get_op(o).random_shape))"; }
+random_ops() { python3 -c "from fuselab.ops import get_op; print(' '.join(o for o in '$OPS'.split() if get_op(o).defaults.random_shape))"; }
 
 for s in "$@"; do
   case "$s" in
