@@ -293,5 +293,4 @@ def test_report_sections_run_on_every_rank_their_sweeps_spread_and_rank_0_writes
         "plain.json",
         "swept.json",
         "swept.n.jsonl",
-        "swept.n.jsonl.lock",
-    ]
+    ]  # no lock file left behind

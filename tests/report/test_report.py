@@ -131,6 +131,17 @@ def test_a_failing_section_is_shown_and_the_rest_goes_on(tmp_path):
     assert '<section id="sec-matmul" class="failed">' in (tmp_path / "report.html").read_text()
 
 
+def test_a_second_report_on_the_same_folder_stops_before_writing_and_no_lock_is_left(tmp_path):
+    from fuselab.bench.distributed import LogBusy, LogLock
+
+    with LogLock(tmp_path / "report"), pytest.raises(LogBusy, match="being written by another run"):
+        run_full_report(tmp_path, device="cpu", quick=True, only=["device"], show_progress=False)
+    assert not (tmp_path / "report.md").exists() and not (tmp_path / "results").exists()
+    run_full_report(tmp_path, device="cpu", quick=True, only=["device"], show_progress=False)
+    assert (tmp_path / "report.md").exists()
+    assert list(tmp_path.rglob("*.lock")) == []
+
+
 def test_cli_report_only_one_section(tmp_path, capsys):
     assert main(["report", "--quick", "--device", "cpu", "--out", str(tmp_path), "--only", "device"]) == 0
     md = (tmp_path / "report.md").read_text()

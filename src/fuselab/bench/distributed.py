@@ -328,8 +328,9 @@ class LogLock:
         self._fd = fd
 
     def release(self) -> None:
+        """Drop the lock and remove its file (no stray .lock files are left behind)."""
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            self.path.unlink(missing_ok=True)  # while still held: no other run can be holding this file
             os.close(self._fd)  # closing drops the flock
             self._fd = None
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from fuselab.bench import distributed
 from fuselab.bench.log import (  # noqa: F401  (the log's functions, where sweeps' users have imported them)
@@ -145,7 +145,8 @@ def _run_cases(
     """Run (key, case) pairs in order, appending each row (case, `extra`, results, key) to `path` as it finishes."""
     rows: dict[str, dict] = {}
     live = show_progress and sys.stderr.isatty()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
     last_line = time.perf_counter()
     with Progress(*columns, console=Console(stderr=True), disable=not live, transient=False) as progress:
         task = progress.add_task(description, total=len(todo))

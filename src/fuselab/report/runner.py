@@ -160,6 +160,14 @@ def run_report(
         raise ValueError(f"unknown section(s) {', '.join(unknown)}; sections: {', '.join(names)}")
     console = console or rich.get_console()
     ctx.out.mkdir(parents=True, exist_ok=True)
+    with distributed.LogLock(ctx.out / "report"):  # a second report on the same folder stops before it writes
+        return _run_report(sections, ctx, fresh, only, console)
+
+
+def _run_report(
+    sections: Sequence[Section], ctx: Context, fresh: bool, only: Sequence[str] | None, console: Console
+) -> dict[str, dict]:
+    """run_report's work, under its lock."""
     shown = ctx.show_progress
     ctx.show_progress = shown and _nested_progress_ok()  # the sweeps' own bars, inside the report's
     records: dict[str, dict] = {}
