@@ -124,6 +124,7 @@ def test_check_a_user_function(tmp_path):
         (["bench", f"{USERFN}:add", "--dtype", "int7"], "unknown dtype 'int7'"),
         (["bench", f"{USERFN}:add", "--shape", "12xq"], "bad shape"),
         (["check", "gelu", "--impl", ","], "',' names nothing"),
+        (["bench", "gelu", "--out", "x.txt"], "give FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl"),
         (["check", "gelu", "--shape", "2^36"], "refused before allocating: 68719476736 needs about"),
         (["profile", "gelu", "--impl", "torch", "--shape", "2^36"], "needs about 512 GiB (inputs and outputs)"),
         (["inspect", "gelu", "--impl", "triton", "--shape", "2^36"], "needs about 512 GiB (inputs and outputs)"),

@@ -82,6 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
+    if args.out and args.out.suffix not in (".json", ".jsonl"):
+        raise ValueError(f"--out {args.out}: give FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl")
     for path in (args.out, args.csv, args.plot):
         check_writable(path)
     if args.cuda_graph and not kwargs["device"].startswith("cuda"):
