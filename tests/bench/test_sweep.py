@@ -56,3 +56,25 @@ def test_a_torn_last_line_is_ignored(tmp_path):
     out = tmp_path / "r.jsonl"
     out.write_text(json.dumps({"n": 1, "key": "x", "error": None}) + "\n" + '{"n": 2, "ke')
     assert len(load_records(out)) == 1
+
+
+def test_a_damaged_middle_line_is_reported_and_its_case_runs_again(tmp_path):
+    import warnings
+
+    from fuselab.bench.log import SweepWarning
+
+    out = tmp_path / "r.jsonl"
+    run_sweep(grid(n=[1, 2, 3]), lambda case: {"ok": True}, out, show_progress=False)
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join([lines[0], lines[1][:-5], lines[2]]) + "\n")  # the middle row damaged
+    with pytest.warns(SweepWarning, match=r"r\.jsonl:2: not a JSON row"):
+        assert len(load_records(out)) == 2
+    ran = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SweepWarning)
+        run_sweep(grid(n=[1, 2, 3]), lambda case: ran.append(case["n"]) or {"ok": True}, out, show_progress=False)
+    assert ran == [2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a torn last line stays quiet here (repair_log warns when it cuts one)
+        out.write_text(lines[0] + "\n" + lines[1][:-5])
+        assert len(load_records(out)) == 1

@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 class SweepWarning(UserWarning):
-    """Something about a results log the user should know (a torn last line was cut off)."""
+    """Something about a results log the user should know (a torn last line was cut off, a damaged line left out)."""
 
 
 def case_key(case: Mapping[str, object]) -> str:
@@ -21,19 +21,28 @@ def case_key(case: Mapping[str, object]) -> str:
 
 
 def load_records(path: str | Path) -> list[dict]:
-    """All rows of a JSON-lines results file; lines that are not JSON (a torn last line) are left out."""
+    """All rows of a JSON-lines results file. A torn last line (a run killed mid-write) is left out quietly; a line
+    before it that is not JSON (the file was edited or damaged) is left out with a SweepWarning naming it, so that
+    its case runs again."""
     path = Path(path)
     if not path.exists():
         return []
+    lines = path.read_text().splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     records = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(lines, start=1):
         line = line.strip()
         if not line:
             continue
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+        except json.JSONDecodeError as exc:
+            if number - 1 != last:
+                warnings.warn(
+                    f"{path}:{number}: not a JSON row ({exc.msg}); left out, so that its case runs again",
+                    SweepWarning,
+                    stacklevel=2,
+                )
     return records
 
 
