@@ -82,7 +82,8 @@ def test_bench_a_user_function_writes_json_csv_plot_and_resumes(tmp_path):
     assert all(r["rel_err"] < 1e-6 for r in rows)  # the float32 run against the same function in float64
     assert rows[0]["pct_copy"] == pytest.approx(10 * rows[0]["gbps"])
     assert all(r["pct_copy_same"] == pytest.approx(100 * r["gbps"] / r["copy_same_gbps"]) for r in rows)
-    assert result["meta"]["env"]["torch"]
+    env = result["meta"]["env"]
+    assert env["torch"] and env["revision"] and env["host"] and env["threads"] >= 1 and env["written"]
     assert (tmp_path / "r.csv").read_text().startswith("op,")
     assert (tmp_path / "r.png").stat().st_size > 5000
 

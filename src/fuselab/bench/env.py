@@ -1,11 +1,16 @@
-"""What a result was measured on: device, library versions. Recorded with every result."""
+"""What a result was measured on (device, library versions) and by what (git revision, host, time, threads).
+Recorded with every result."""
 
 from __future__ import annotations
 
+import datetime
 import functools
 import importlib.metadata
 import os
 import platform
+import socket
+import subprocess
+from pathlib import Path
 
 import torch
 
@@ -51,8 +56,6 @@ def environment(device: str = "cuda" if torch.cuda.is_available() else "cpu") ->
 
 def _driver_version() -> str | None:
     try:
-        import subprocess
-
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
             capture_output=True,
@@ -61,4 +64,63 @@ def _driver_version() -> str | None:
         )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
+        return None
+
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository of a source checkout: src/fuselab/bench -> .
+
+
+def revision() -> tuple[str, bool | None]:
+    """(git commit, whether the tree differs from it) of the checkout fuselab runs from: FUSELAB_REVISION where
+    given (a copy without .git, as on the GPU machine; dirty then unknown: None), else git's; ("unknown", None)
+    outside a checkout."""
+    if os.environ.get("FUSELAB_REVISION"):
+        return os.environ["FUSELAB_REVISION"], None
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+        )
+        return head.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", None
+
+
+def now() -> str:
+    """The time in UTC, ISO 8601 to the second."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def provenance(device: str = "cuda" if torch.cuda.is_available() else "cpu") -> dict[str, object]:
+    """`environment(device)` and who measured when: the git revision and whether the tree was dirty, fuselab's
+    version, the host, torch's intra-op threads (as torch.utils.benchmark records them), the SM clock where
+    nvidia-smi reads it, and the time."""
+    from fuselab import __version__
+
+    commit, dirty = revision()
+    out: dict[str, object] = {
+        **environment(device),
+        "revision": commit,
+        "dirty": dirty,
+        "fuselab": __version__,
+        "host": socket.gethostname(),
+        "threads": torch.get_num_threads(),
+        "written": now(),
+    }
+    if torch.device(device).type == "cuda":
+        out["sm_clock_mhz"] = _sm_clock()
+    return out
+
+
+def _sm_clock() -> list[int] | None:
+    """[current, max] SM clock in MHz of the first GPU, or None where nvidia-smi cannot say."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return [int(v) for v in done.stdout.split(",")] if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None

@@ -15,7 +15,7 @@ from rich.console import Console
 from fuselab.bench import distributed
 from fuselab.bench.ceilings import get_ceilings
 from fuselab.bench.dtypes import short_name
-from fuselab.bench.env import environment
+from fuselab.bench.env import provenance
 from fuselab.bench.results import (
     NOISY_LEGEND,
     first_line,
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         title = f"{op.name}: time / best of {', '.join(op.defaults.peers)}"
         print_table(make_table(summary, shown, title=title), console)
     if args.out and args.out.suffix == ".json":
-        meta = {"env": environment(kwargs["device"]), "ceilings": ceilings}
+        meta = {"env": provenance(kwargs["device"]), "ceilings": ceilings}
         if drawn:
             peers = list(op.defaults.peers)
             meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": peers}

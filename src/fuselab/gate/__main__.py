@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
 import os
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from fuselab.bench.env import now as _now
+from fuselab.bench.env import revision as env_revision
 from fuselab.gate.pytest_log import LOG_VARIABLE
 from fuselab.gate.record import GROUPS, Check, GateRecord, gpu_folder, source_digest
 
@@ -25,14 +26,8 @@ ROOT = Path(__file__).resolve().parents[3]  # the repository: src/fuselab/gate -
 
 
 def revision() -> str:
-    """The tree's git commit: FUSELAB_REVISION where given (the GPU machine's copy has no .git), else git's."""
-    if os.environ.get("FUSELAB_REVISION"):
-        return os.environ["FUSELAB_REVISION"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The tree's git commit (fuselab.bench.env.revision: FUSELAB_REVISION where given, else git's)."""
+    return env_revision()[0]
 
 
 @dataclass
@@ -157,10 +152,6 @@ def _say(record: GateRecord, group: str) -> None:
     counts = record.counts().get(group, {})
     print(f"gate {group}: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
           f"{counts.get('skip', 0)} skipped, {counts.get('upstream', 0)} failed in PyTorch's own kernels")  # fmt: skip
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 if __name__ == "__main__":

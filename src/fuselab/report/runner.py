@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fuselab.bench import distributed
-from fuselab.bench.env import environment
+from fuselab.bench.env import provenance
 from fuselab.report.doc import Doc, blocks_to_html, blocks_to_markdown, html_page
 
 
@@ -233,13 +233,15 @@ def header(sections: Sequence[Section], records: dict[str, dict], ctx: Context) 
 
 
 def environment_lines(ctx: Context) -> list[str]:
-    env = environment(ctx.device)
+    env = provenance(ctx.device)
     what = env["gpu"] or f"CPU ({env['cpu'] or 'unknown'})"
     return [
         f"- device: **{what}** (`{ctx.device}`), mode **{ctx.mode}**",
         f"- torch {env['torch']}, Triton {env['triton'] or 'not installed'}, CUDA {env['cuda'] or '-'}, "
         f"Python {env['python']}" + (f", driver {env['driver']}" if env.get("driver") else ""),
-        f"- written {dt.datetime.now().isoformat(timespec='seconds')} by `fuselab report`",
+        f"- written {env['written']} by `fuselab report` {env['fuselab']} at revision {str(env['revision'])[:12]}"
+        + (" (with uncommitted changes)" if env["dirty"] else "")
+        + f", on {env['host']}, {env['threads']} torch threads",
     ]
 
 
@@ -273,7 +275,7 @@ def write_outputs(sections: Sequence[Section], records: dict[str, dict], ctx: Co
     toc = [(_anchor(s.name), s.title, _status(records.get(s.name))) for s in sections]
     page = html_page(title, toc, blocks_to_html(overview.blocks, ctx.out), "\n".join(html_sections))
     (ctx.out / "report.html").write_text(page)
-    summary = {"env": environment(ctx.device), "mode": ctx.mode, "device": ctx.device, "sections": records}
+    summary = {"env": provenance(ctx.device), "mode": ctx.mode, "device": ctx.device, "sections": records}
     (ctx.out / "results.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
 
 
