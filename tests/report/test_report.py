@@ -77,7 +77,7 @@ def test_claims_table_has_verdicts_and_the_five_questions(quick):
     md = (out / "report.md").read_text()
     claims_md = md[md.index("## Claims reproduced") :]
     assert "| # | claim | measured in this run | criterion | verdict |" in claims_md
-    assert re.search(r"✅ held|❌ not held", claims_md)
+    assert re.search(r"✓ held|✗ not held", claims_md)
     for i in range(1, 6):
         assert f"| Q{i} |" in claims_md
     assert md.index("Claims reproduced on this device:") < md.index("## Contents")  # the headline, at the top

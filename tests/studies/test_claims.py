@@ -243,6 +243,6 @@ def test_failed_rows_are_skipped():
 
 
 def test_verdict_marks():
-    assert verdict(True) == "✅ held"
-    assert verdict(False) == "❌ not held"
+    assert verdict(True) == "✓ held"
+    assert verdict(False) == "✗ not held"
     assert verdict(None) == "– n/a"

@@ -437,5 +437,5 @@ def answer_questions(results: Results) -> list[dict]:
 
 def verdict(held: bool | None, noisy: bool = False) -> str:
     """The mark shown in the report; a verdict resting on a noisy timing carries NOISY_MARK."""
-    mark = {True: "✅ held", False: "❌ not held", None: "– n/a"}[held]
+    mark = {True: "✓ held", False: "✗ not held", None: "– n/a"}[held]  # text marks: no emoji font needed
     return f"{mark} {NOISY_MARK}" if noisy and held is not None else mark
