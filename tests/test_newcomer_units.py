@@ -138,6 +138,21 @@ def test_cpu_default_shapes_are_scaled_down_keeping_the_row_width():
     assert cap_numel([(2**26 // 128, 128), (256, 262144), (3, 5)], 2**20) == [(8192, 128), (4, 262144), (3, 5)]
 
 
+def test_a_compute_bound_op_is_scaled_to_the_cpu_by_flops_keeping_its_sequences_long():
+    from fuselab.ops import all_ops
+    from fuselab.ops.choices import CPU_DEFAULT_FLOPS, bench_cases
+
+    for op in [op for op in all_ops() if op.bound == "compute"]:
+        chosen = bench_cases(op, "cpu", None, None)
+        options = op.default_options()
+        assert chosen.shapes and "FLOPs a call" in chosen.notes[0]
+        for shape in chosen.shapes:
+            assert op.flops(shape, **options) <= CPU_DEFAULT_FLOPS
+            assert op.flops((2 * shape[0], *shape[1:]), **options) > CPU_DEFAULT_FLOPS / 2  # not shrunk past need
+            assert min(shape[-2:]) >= 16, shape  # a sequence and a head, not N = 1
+        assert bench_cases(op, "cuda", None, None).shapes is None  # on a GPU: the op's own shapes
+
+
 def test_cuda_graph_on_the_cpu_is_an_error_not_ignored():
     with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device"):
         benchmark(lambda: None, device="cpu", cuda_graph=True)

@@ -212,8 +212,8 @@ def columns(baseline: str, options: list[str], bound: str = "memory", backward: 
         ]
         if bound == "memory"
         else [
-            ("tflops", "TFLOP/s", fmt_fixed(1)),
-            ("sustained_tflops", "back to back", fmt_fixed(1)),
+            ("tflops", "TFLOP/s", fmt_rate),
+            ("sustained_tflops", "back to back", fmt_rate),
             ("pct_peak", "% peak", fmt_fixed(1)),
         ]
     )

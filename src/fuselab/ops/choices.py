@@ -8,11 +8,12 @@ import math
 from dataclasses import dataclass, field
 
 from fuselab.bench.dtypes import short_name
-from fuselab.bench.shapes import format_shape
+from fuselab.bench.shapes import format_shape, scale_shape
 from fuselab.ops.evaluate import draw_op_shapes
 from fuselab.ops.registry import Op, Shape
 
-CPU_DEFAULT_NUMEL = 2**20  # on the CPU, an op's (GPU-sized) bench shapes are scaled down to this many elements
+CPU_DEFAULT_NUMEL = 2**20  # on the CPU, a memory-bound op's (GPU-sized) bench shapes: at most this many elements
+CPU_DEFAULT_FLOPS = 2e8  # and a compute-bound op's: at most this many FLOPs a call (tens of ms at CPU rates)
 CPU_RANDOM_CAP = {"max_bytes": 4 * 2**20, "max_flops": 1e8}  # random draws on the CPU: per call, by the cost model
 
 
@@ -48,10 +49,17 @@ def bench_cases(
             note += f"; {', '.join(compiled)} (one torch.compile per shape) left out: name it with --impl to time it"
         return BenchCases(drawn, impls, drawn=True, notes=[note])
     if shapes is None and cpu:
-        shapes = cap_numel(list(op.defaults.bench_shapes), CPU_DEFAULT_NUMEL)
+        if op.bound == "compute":  # by FLOPs: halving the largest leading dimension keeps (a sequence N) well above 1
+            options = op.default_options()
+            flops = lambda shape: float(op.flops(shape, **options))  # noqa: E731
+            shapes = list(dict.fromkeys(scale_shape(s, CPU_DEFAULT_FLOPS, flops) for s in op.defaults.bench_shapes))
+            limit = f"{CPU_DEFAULT_FLOPS:.0e} FLOPs a call"
+        else:
+            shapes = cap_numel(list(op.defaults.bench_shapes), CPU_DEFAULT_NUMEL)
+            limit = f"{CPU_DEFAULT_NUMEL} elements"
         note = (
-            f"on the CPU, the op's default shapes (sized for a GPU) are scaled down to at most {CPU_DEFAULT_NUMEL} "
-            f"elements: {', '.join(format_shape(s) for s in shapes)}; choose others with --shape"
+            f"on the CPU, the op's default shapes (sized for a GPU) are scaled down to at most {limit}: "
+            f"{', '.join(format_shape(s) for s in shapes)}; choose others with --shape"
         )
         return BenchCases(shapes, impls, notes=[note])
     return BenchCases(shapes, impls)
