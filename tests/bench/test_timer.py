@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fuselab.bench import Measurement, Timing, benchmark, benchmark_side_by_side
+from fuselab.bench.timer import CpuPressure
 
 
 def test_statistics_of_known_samples():
@@ -253,3 +254,28 @@ def test_call_cost_on_the_cpu_times_a_real_call() -> None:
 
     cost = call_cost(lambda: time.sleep(1e-4), device="cpu", budget_ms=20, repeats=2)
     assert cost.host_us >= 100 and cost.end_to_end_us >= cost.host_us and cost.host_bound
+
+
+@pytest.mark.skipif(CpuPressure.stalled_us() is None, reason="no /proc/pressure/cpu (Linux PSI) here")
+def test_a_busy_cpu_is_detected_and_marked_however_steady_the_times_look():
+    """Two processes running matmuls beside a CPU benchmark: tasks wait for a CPU most of the timing, and the
+    Measurement says so (cpu_busy, a warning, the table's noisy mark); a Measurement that saw no such wait does not."""
+    import subprocess
+    import sys
+
+    from fuselab.bench.results import row_is_noisy
+
+    x = torch.randn(512, 512)
+    spin = "import torch\na = torch.randn(600, 600)\nwhile True: a @ a"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(max(2, torch.get_num_threads()))]
+    try:
+        time.sleep(1.0)
+        busy = benchmark(lambda: torch.softmax(x, -1), device="cpu", rep_ms=200)
+    finally:
+        for hog in hogs:
+            hog.kill()
+    assert busy.cpu_busy > 0.5 and busy.busy
+    assert any("the CPU was busy" in w for w in busy.warnings)
+    assert row_is_noisy({**busy.summary(), "error": None})
+    quiet = Measurement([1.0, 1.0, 1.01, 1.0, 1.0], mode="perf_counter", device="cpu", cpu_busy=0.01)
+    assert not quiet.busy and not quiet.warnings and not row_is_noisy({**quiet.summary(), "error": None})

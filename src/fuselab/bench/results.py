@@ -12,13 +12,14 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from fuselab.bench.timer import NOISY_IQR_FRACTION, is_noisy
+from fuselab.bench.timer import CPU_BUSY_FRACTION, NOISY_IQR_FRACTION, is_noisy
 
 Column = tuple[str, str, Callable[[object], str]]  # (field, header, formatter)
 
 NOISY_MARK = "~"
 NOISY_LEGEND = (
-    f"{NOISY_MARK} noisy: IQR over {100 * NOISY_IQR_FRACTION:.0f}% of the median "
+    f"{NOISY_MARK} noisy: IQR over {100 * NOISY_IQR_FRACTION:.0f}% of the median, or the CPU busy with other work "
+    f"(a task waited for a CPU over {100 * CPU_BUSY_FRACTION:.0f}% of the timing) "
     "(rerun with a longer --rep-ms, on a quieter machine)"
 )
 
@@ -48,8 +49,11 @@ def fmt_rate(v: object) -> str:
 
 
 def row_is_noisy(record: dict) -> bool:
-    """A measured row whose IQR is over NOISY_IQR_FRACTION of its median."""
-    return not record.get("error") and is_noisy(record.get("median_ms"), record.get("iqr_ms"))
+    """A measured row whose IQR is over NOISY_IQR_FRACTION of its median, or timed while the CPU was busy."""
+    if record.get("error"):
+        return False
+    busy = record.get("cpu_busy")
+    return is_noisy(record.get("median_ms"), record.get("iqr_ms")) or (busy is not None and busy > CPU_BUSY_FRACTION)
 
 
 def fmt_plain(v: object) -> str:

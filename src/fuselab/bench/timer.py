@@ -29,6 +29,7 @@ Pitfall = Literal["no_warmup", "no_sync"]
 PITFALLS: tuple[str, ...] = ("no_warmup", "no_sync")
 
 NOISY_IQR_FRACTION = 0.1  # warn when IQR / median exceeds this, as torch.utils.benchmark does
+CPU_BUSY_FRACTION = 0.1  # warn when, for more than this share of a CPU timing, some task waited for a CPU
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ class Measurement:
     dispatch cost; on the GPU the call is still running then). rounds: how many turns the repetitions were taken in,
     alternating with the callables compared against (1: all at once).
     mode: "events", "cuda_graph", "perf_counter" or a pitfall name.
+    cpu_busy: on the CPU, the share of the timing during which some task waited for a CPU (Linux's
+    /proc/pressure/cpu; None where it cannot be read): over CPU_BUSY_FRACTION, other work took the CPU and the
+    times are inflated however steady they look.
     """
 
     samples_ms: list[float]
@@ -102,6 +106,7 @@ class Measurement:
     flushed_l2: bool = False
     rounds: int = 1
     notes: list[str] = field(default_factory=list)
+    cpu_busy: float | None = None
 
     def __post_init__(self) -> None:
         if not self.samples_ms:
@@ -149,13 +154,24 @@ class Measurement:
                 f"IQR is {100 * self.iqr_ms / self.median_ms:.0f}% of the median: noisy; "
                 "close other work, repeat longer, or use cuda_graph for tiny kernels"
             )
+        if self.busy:
+            out.append(
+                f"the CPU was busy: for {100 * self.cpu_busy:.0f}% of the timing some task waited for a CPU "
+                "(/proc/pressure/cpu), so these times are inflated; rerun on a quieter machine"
+            )
         if self.mode in PITFALLS:
             out.append(f"measured with pitfall {self.mode!r} on purpose: this number is wrong")
         return out
 
+    @property
+    def busy(self) -> bool:
+        """Whether other work took the CPU while this was timed (cpu_busy over CPU_BUSY_FRACTION)."""
+        return self.cpu_busy is not None and self.cpu_busy > CPU_BUSY_FRACTION
+
     def summary(self) -> dict[str, object]:
         """The statistics without the samples (for tables and result rows)."""
         return {
+            "cpu_busy": self.cpu_busy,
             "median_ms": self.median_ms,
             "mean_ms": self.mean_ms,
             "min_ms": self.min_ms,
@@ -323,7 +339,7 @@ def benchmark_side_by_side(
     plans = {name: plan(fn) for name, fn in fns.items()}
     timed = _repetitions(dev, sync, t.flush_l2)
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    with distributed.timed_region():  # with --isolate on many GPUs: one rank times at a time
+    with distributed.timed_region(), CpuPressure() as pressure:  # --isolate on many GPUs: one rank times at a time
         for turn in range(rounds):
             for name, fn in fns.items():
                 reps, host_ms = plans[name]
@@ -331,6 +347,7 @@ def benchmark_side_by_side(
                 if share:
                     samples[name] += timed(fn, share, host_ms)
     mode = "events" if dev.type == "cuda" else "perf_counter"
+    cpu_busy = pressure.busy if dev.type == "cpu" else None
     flushed = t.flush_l2 and dev.type == "cuda"
     return Measurements(
         (
@@ -344,10 +361,39 @@ def benchmark_side_by_side(
                 flushed_l2=flushed,
                 rounds=rounds,
                 notes=list(notes),
+                cpu_busy=cpu_busy,
             ),
         )
         for name in fns
     )
+
+
+class CpuPressure:
+    """While the block runs: the share of its wall time during which some task waited for a CPU, from Linux's
+    pressure stall information (/proc/pressure/cpu, "some" total in us). `busy` is None where that is not readable
+    (another OS, PSI off)."""
+
+    PATH = "/proc/pressure/cpu"
+
+    def __init__(self) -> None:
+        self.busy: float | None = None
+
+    @classmethod
+    def stalled_us(cls) -> int | None:
+        try:
+            with open(cls.PATH) as f:
+                return int(f.readline().rsplit("total=", 1)[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def __enter__(self) -> CpuPressure:
+        self._start = (self.stalled_us(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stalled, wall = self.stalled_us(), time.perf_counter() - self._start[1]
+        if stalled is not None and self._start[0] is not None and wall > 0:
+            self.busy = (stalled - self._start[0]) / (wall * 1e6)
 
 
 def _device_and_sync(device: str | torch.device | None) -> tuple[torch.device, Callable[[], None]]:
