@@ -276,6 +276,22 @@ def test_add_derived_compares_only_the_same_case():
     assert rows[1]["copy_same_gbps"] == 125.0 and rows[1]["pct_copy_same"] == 80.0
     assert rows[2]["speedup_vs_torch"] is None
     assert rows[2]["pct_copy_same"] is None  # no copy timed at its size
+    assert not any(r.get("warnings") for r in rows)
+
+
+def test_a_rate_past_the_copy_ceiling_is_flagged_on_the_row_and_in_the_table():
+    from fuselab.cli.bench import above_ceiling_lines
+    from fuselab.ops.evaluate import ABOVE_CEILING_NOTE
+
+    rows = [
+        {"impl": "torch", "dtype": "float32", "shape": [8, 128], "median_ms": 1.0, "gbps": 615.0, "bytes": 64},
+        {"impl": "torch", "dtype": "float32", "shape": [9, 128], "median_ms": 1.0, "gbps": 105.0, "bytes": 72},
+    ]
+    add_derived(rows, "torch", 1000.0, peer_fields=("dtype", "shape"), same_size_copy={64: 100.0, 72: 100.0})
+    assert rows[0]["warnings"] == [f"615% of {ABOVE_CEILING_NOTE}"]
+    assert not rows[1].get("warnings")  # 105%: within the timing's own spread
+    (line,) = above_ceiling_lines(rows)
+    assert "torch" in line and "fp32 8x128 615%" in line and "stayed in a cache" in line
 
 
 def test_names_shapes_dtypes_options_are_validated():

@@ -35,7 +35,7 @@ from fuselab.bench.sweep import Status
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.choices import bench_cases, speed_axis
-from fuselab.ops.evaluate import bench_op, shape_ratios
+from fuselab.ops.evaluate import ABOVE_CEILING_NOTE, bench_op, shape_ratios
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         print_table(table, console)
     if any(row_is_noisy(r) for r in measured):
         console.print(NOISY_LEGEND, soft_wrap=True)
-    for line in not_measured_lines(rows):
+    for line in not_measured_lines(rows) + above_ceiling_lines(measured):
         console.print(line, soft_wrap=True)
     ceilings = get_ceilings(kwargs["device"], measure=False)
     summary = None
@@ -184,6 +184,17 @@ def random_draw(args: argparse.Namespace) -> int | None:
     if args.shape:
         raise ValueError("give either --shapes random:N or --shape, not both")
     return n
+
+
+def above_ceiling_lines(rows: list[dict]) -> list[str]:
+    """One line per impl whose rate passed the copy ceiling (ABOVE_CEILING_PCT), naming its cases."""
+    by_impl: dict[str, list[str]] = {}
+    for r in rows:
+        for w in r.get("warnings") or []:
+            if w.endswith(ABOVE_CEILING_NOTE):
+                case = f"{short_name(r['dtype'])} {format_shape(tuple(r['shape']))} {w.split()[0]}"
+                by_impl.setdefault(r["impl"], []).append(case)
+    return [f"[yellow]{impl}[/yellow] at {', '.join(cases)} of {ABOVE_CEILING_NOTE}" for impl, cases in by_impl.items()]
 
 
 def not_measured_lines(rows: list[dict]) -> list[str]:

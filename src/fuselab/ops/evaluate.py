@@ -631,6 +631,13 @@ def sweep_cost(op: Op, timing: Timing | None = None) -> Callable[[dict], float]:
     return cost
 
 
+ABOVE_CEILING_PCT = 110.0  # a rate past this % of the copy ceiling (or of a copy of the same bytes) is flagged
+ABOVE_CEILING_NOTE = (
+    "the copy ceiling: faster than memory allows, so the data stayed in a cache (a small size, or inputs reused) or "
+    "the time is wrong"
+)
+
+
 def add_derived(
     rows: list[dict],
     baseline: str,
@@ -639,7 +646,8 @@ def add_derived(
     same_size_copy: dict[int, float] | None = None,
 ) -> list[dict]:
     """Add pct_copy (GB/s as % of the copy ceiling), speedup_vs_<baseline> (baseline median / this median) and,
-    given same_size_copy ({bytes moved: GB/s of a copy moving as many}), copy_same_gbps and pct_copy_same.
+    given same_size_copy ({bytes moved: GB/s of a copy moving as many}), copy_same_gbps and pct_copy_same. A row
+    past ABOVE_CEILING_PCT of either gets a warning saying so.
 
     peer_fields: the fields that must match for two rows to be the same case run by different impls.
     """
@@ -655,6 +663,9 @@ def add_derived(
         same = (same_size_copy or {}).get(row.get("bytes"))
         row["copy_same_gbps"] = same
         row["pct_copy_same"] = 100 * row["gbps"] / same if same and row.get("gbps") else None
+        above = max(row["pct_copy"] or 0.0, row["pct_copy_same"] or 0.0)
+        if above > ABOVE_CEILING_PCT:
+            row["warnings"] = [*(row.get("warnings") or []), f"{above:.0f}% of {ABOVE_CEILING_NOTE}"]
         reference_ms = base.get(peer(row))
         row[f"speedup_vs_{baseline}"] = reference_ms / row["median_ms"] if reference_ms else None
     return rows
