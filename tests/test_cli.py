@@ -92,6 +92,33 @@ def test_bench_a_user_function_writes_json_csv_plot_and_resumes(tmp_path):
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2
 
 
+def test_bench_compare_against_a_baseline_matches_cases_and_fails_on_a_regression(tmp_path, monkeypatch):
+    """--compare BASELINE: cases matched by their fields (the baseline's rows reversed: never by position); a case
+    past --threshold slower is marked and exits 1, a faster one is not; a missing baseline stops before timing."""
+    monkeypatch.setenv("COLUMNS", "250")  # one line per table row
+    base = tmp_path / "base.json"
+    args = ["bench", f"{USERFN}:scaled_tanh", "--shape", "1000", "--shape", "2^12", "--dtype", "fp32"]
+    args += ["--rep-ms", "5", "--warmup-ms", "1"]
+    assert fuselab(*args, "--out", str(base), cache=tmp_path).returncode == 0
+    data = json.loads(base.read_text())
+    data["records"].reverse()
+    slow, fast = data["records"]  # now 2^12 first
+    slow["median_ms"] /= 10  # the baseline was 10x faster at 2^12: today regressed there
+    fast["median_ms"] *= 10
+    base.write_text(json.dumps(data))
+    out = fuselab(*args, "--compare", str(base), "--threshold", "50", cache=tmp_path)
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    regressed = [line for line in lines if "regressed" in line and "│" in line]
+    assert len(regressed) == 1 and "4096" in regressed[0]
+    assert "1 of 2 cases regressed past 50% slower; 0 new, 0 only in the baseline" in out.stdout
+    slow["median_ms"] *= 100  # now the baseline was slower everywhere
+    base.write_text(json.dumps(data))
+    assert fuselab(*args, "--compare", str(base), cache=tmp_path).returncode == 0
+    missing = fuselab(*args, "--compare", str(tmp_path / "nope.json"), cache=tmp_path)
+    assert missing.returncode == 2 and "no baseline" in missing.stderr
+
+
 def test_a_failing_function_is_an_error_row_not_a_crash(tmp_path):
     out = fuselab(
         "bench",

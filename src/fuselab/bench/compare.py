@@ -154,3 +154,69 @@ def compare_runs(one: list[dict], many: list[dict], walls: Walls | None = None, 
         speedup_wall=speedup_wall,
         speedup_sweep=speedup_sweep,
     )
+
+
+# ---------------------------------------------------------------------------------------------- against a baseline
+
+
+@dataclass(frozen=True)
+class CaseChange:
+    """One case measured now and in a baseline run: its fields, both medians (ms), now / baseline (over 1: slower),
+    and whether that is past the threshold."""
+
+    case: dict
+    baseline_ms: float
+    now_ms: float
+    ratio: float
+    regressed: bool
+
+
+@dataclass(frozen=True)
+class BaselineComparison:
+    """This run's measured cases against a baseline's, matched by case (op, impl, dtype, shape, options, pass,
+    layout), never by position; `threshold` a fraction (0.05: 5% slower is a regression)."""
+
+    changes: list[CaseChange]
+    only_now: int  # cases measured now that the baseline lacks
+    only_baseline: int
+    threshold: float
+
+    @property
+    def regressions(self) -> list[CaseChange]:
+        return [c for c in self.changes if c.regressed]
+
+
+def load_rows(path: Path) -> list[dict]:
+    """A bench result to compare against: FILE.json (`--out`: its records) or a results log FILE.jsonl (the latest
+    row of each case). OSError/ValueError naming the file when it is missing or not one."""
+    from fuselab.bench.log import latest_by_key, load_records
+
+    path = Path(path)
+    if not path.exists():
+        raise OSError(f"no baseline {path}")
+    if path.suffix == ".jsonl":
+        return list(latest_by_key(load_records(path)).values())
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        hint = "give a `fuselab bench --out` file or its .jsonl log"
+        raise ValueError(f"{path} is not JSON ({exc.msg}); {hint}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+        raise ValueError(f"{path} holds no bench records; give a `fuselab bench --out` file or its .jsonl log")
+    return data["records"]
+
+
+def compare_to_baseline(rows: list[dict], baseline: list[dict], threshold: float = 0.05) -> BaselineComparison:
+    """Each case measured in both (rows without an error, matched by their sweep key): now / baseline medians."""
+    if threshold < 0:
+        raise ValueError(f"the threshold is a fraction >= 0, got {threshold}")
+    measured = lambda rs: {r["key"]: r for r in rs if not r.get("error") and r.get("median_ms")}  # noqa: E731
+    now, before = measured(rows), measured(baseline)
+    changes = []
+    for key in now.keys() & before.keys():
+        ratio = now[key]["median_ms"] / before[key]["median_ms"]
+        changes.append(
+            CaseChange(json.loads(key), before[key]["median_ms"], now[key]["median_ms"], ratio, ratio > 1 + threshold)
+        )
+    changes.sort(key=lambda c: -c.ratio)
+    return BaselineComparison(changes, len(now.keys() - before.keys()), len(before.keys() - now.keys()), threshold)

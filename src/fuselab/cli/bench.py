@@ -14,6 +14,7 @@ from rich.console import Console
 
 from fuselab.bench import distributed
 from fuselab.bench.ceilings import get_ceilings
+from fuselab.bench.compare import BaselineComparison, compare_to_baseline, load_rows
 from fuselab.bench.dtypes import short_name
 from fuselab.bench.env import provenance
 from fuselab.bench.results import (
@@ -44,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="results: FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl")
     p.add_argument("--csv", type=Path, help="also write the rows as CSV")
     p.add_argument("--plot", type=Path, help="also plot GB/s against size (PNG)")
+    p.add_argument("--compare", type=Path, metavar="BASELINE", help="compare with an earlier run (its --out .json or "
+                   ".jsonl), case by case; exit 1 on a regression past --threshold")  # fmt: skip
+    p.add_argument("--threshold", type=non_negative(float), default=5.0,
+                   help="with --compare: %% slower that is a regression (default 5)")  # fmt: skip
     p.add_argument("--rep-ms", type=positive(float), default=500.0, help="time to spend repeating each case (ms)")
     p.add_argument("--warmup-ms", type=non_negative(float), default=200.0, help="minimum warm-up per case (ms)")
     p.add_argument(
@@ -82,6 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
+    baseline = load_rows(args.compare) if args.compare else None  # a bad baseline stops before any timing
     if args.out and args.out.suffix not in (".json", ".jsonl"):
         raise ValueError(f"--out {args.out}: give FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl")
     for path in (args.out, args.csv, args.plot):
@@ -149,7 +155,32 @@ def run(args: argparse.Namespace) -> int:
         plot_metric(
             points, args.plot, x=x, y=y, ceiling=ceiling, xlabel=xlabel, ylabel=ylabel, title=op.name, panel="panel"
         )
+    if baseline is not None:
+        compared = compare_to_baseline(rows, baseline, args.threshold / 100)
+        print_comparison(compared, args.compare, console)
+        if compared.regressions:
+            return 1
     return exit_status(rows)
+
+
+def print_comparison(compared: BaselineComparison, path: Path, console: Console) -> None:
+    """The cases against the baseline, slowest change first, regressions marked; then one line of counts."""
+    records = []
+    for c in compared.changes:
+        rest = " ".join(f"{k}={v}" for k, v in c.case.items() if k not in ("op", "impl", "dtype", "shape"))
+        verdict = "[red]regressed[/red]" if c.regressed else ""
+        records.append({**c.case, "also": rest, "baseline_ms": c.baseline_ms, "now_ms": c.now_ms, "ratio": c.ratio,
+                        "verdict": verdict})  # fmt: skip
+    cols = [("impl", "impl", fmt_plain), ("dtype", "dtype", short_name), ("shape", "shape", fmt_plain)]
+    cols += [("also", "case", fmt_plain)]
+    cols += [("baseline_ms", "baseline ms", fmt_float(4)), ("now_ms", "now ms", fmt_float(4))]
+    cols += [("ratio", "now / baseline", fmt_fixed(3)), ("verdict", "", fmt_plain)]
+    if records:
+        print_table(make_table(records, cols, title=f"against {path}"), console)
+    console.print(
+        f"{len(compared.regressions)} of {len(compared.changes)} cases regressed past "
+        f"{100 * compared.threshold:g}% slower; {compared.only_now} new, {compared.only_baseline} only in the baseline"
+    )
 
 
 def exit_status(rows: list[dict]) -> int:
