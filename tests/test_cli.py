@@ -156,6 +156,7 @@ def test_check_a_user_function(tmp_path):
         (["check", "gelu", "--shape", "2^36"], "refused before allocating: 68719476736 needs about"),
         (["profile", "gelu", "--impl", "torch", "--shape", "2^36"], "needs about 512 GiB (inputs and outputs)"),
         (["inspect", "gelu", "--impl", "triton", "--shape", "2^36"], "needs about 512 GiB (inputs and outputs)"),
+        (["inspect", "gelu", "--impl", "torch"], "fuselab inspect: error: gelu-torch-float32: inspect shows Triton"),
     ],
 )
 def test_bad_input_gets_a_clear_error(tmp_path, args, message):

@@ -155,13 +155,13 @@ def test_no_ncu_says_so(monkeypatch):
 
 def test_cli_counters_without_ncu_one_line_nonzero(monkeypatch, capsys):
     monkeypatch.setenv("FUSELAB_NCU", "/nonexistent/ncu")
-    assert main(["profile", "gelu", "--counters", "--device", "cpu"]) == 1
-    out = capsys.readouterr().out.strip()
-    assert out.count("\n") == 0 and "counters" in out and "CUDA GPU" in out
+    assert main(["profile", "gelu", "--counters", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("fuselab profile: error: --counters:") and "CUDA GPU" in err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert main(["profile", "gelu", "--counters", "--device", "cuda"]) == 1
-    out = capsys.readouterr().out.strip()
-    assert out.count("\n") == 0 and "not found" in out
+    assert main(["profile", "gelu", "--counters", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("fuselab profile: error:") and "not found" in err
 
 
 def test_cli_counters_needs_an_op(capsys):

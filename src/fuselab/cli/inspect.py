@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             result = inspect_impl(args.op, impl, dtype=args.dtype, shape=args.shape, arch=args.arch)
         except (ValueError, LookupError, ImportError, RuntimeError) as exc:
-            console.print(f"[red]fuselab inspect {label}: {exc}[/red]")
+            print(f"fuselab inspect: error: {label}: {exc}", file=sys.stderr)  # the CLI's one error style
             status = 2
             continue
         if args.show:

@@ -183,6 +183,7 @@ def _counters(args: argparse.Namespace, console: Console) -> int:
     """`--counters`: the op's impls under ncu, one verdict per kernel; one line and status 1 where ncu cannot run."""
     from fuselab.bench.dtypes import dtype_name
     from fuselab.bench.shapes import format_shape
+    from fuselab.ops.evaluate import Unavailable
     from fuselab.ops.registry import get_op
     from fuselab.profile.counters import CountersUnavailable, counters_unavailable, profile_counters
 
@@ -190,8 +191,7 @@ def _counters(args: argparse.Namespace, console: Console) -> int:
         raise ValueError("--counters profiles a registered op: fuselab profile OP --counters [--impl ...]")
     reason = counters_unavailable(args.device or default_device())
     if reason:
-        console.print(f"fuselab profile --counters: {reason}", highlight=False, soft_wrap=True)
-        return 1
+        raise Unavailable(f"--counters: {reason}")  # one line, `fuselab profile: error: ...`, exit 2
     op = get_op(args.target)
     impls = _impls(args, op)
     shape = args.shape or op.default_profile_shape()
@@ -211,8 +211,7 @@ def _counters(args: argparse.Namespace, console: Console) -> int:
             kernel_regex=args.kernel,
         )
     except CountersUnavailable as exc:
-        console.print(f"fuselab profile --counters: {exc}", highlight=False, soft_wrap=True)
-        return 1
+        raise Unavailable(f"--counters: {exc}") from None
     print(result.text())
     console.print(
         f"wrote {out / 'counters.json'}, {out / 'counters.ncu-rep'} (read via {result.source})", soft_wrap=True
