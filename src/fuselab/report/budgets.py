@@ -18,6 +18,7 @@ under (GPU only), until compile_deadline_s has passed in the op.
 from __future__ import annotations
 
 from fuselab.bench.timer import Timing
+from fuselab.ops.choices import CPU_RANDOM_CAP
 
 QUICK = {
     "timing": Timing(warmup_ms=5.0, min_warmup=1, rep_ms=20.0, min_reps=3, max_reps=30),
@@ -81,8 +82,7 @@ CPU = {
     "every_shape": {
         "n": 12,
         "seed": 16,
-        "max_bytes": 2**23,  # 8 MB moved: 1M fp32 elements in and out
-        "max_flops": 2e8,
+        **CPU_RANDOM_CAP,  # the caps of `fuselab bench OP --shapes random:N` on the CPU
         "dtypes": 1,
         "compiled": False,  # a CPU compile per shape (seconds each) would double the report
         "timing": Timing(warmup_ms=5.0, min_warmup=2, rep_ms=25.0, min_reps=5, max_reps=30),
