@@ -163,3 +163,27 @@ def test_quick_report_on_the_gpu(tmp_path):
     assert facts["gpu"] and facts["lead_ms"] is not None
     gelu = records["gelu"]["results"]["bench"]
     assert any(r["impl"] == "triton" and not r.get("error") for r in gelu)  # timed on the GPU
+
+
+def test_a_compute_bound_plot_holds_each_panel_to_its_dtypes_peak(tmp_path):
+    """The attention plot's ceiling per panel: fp32 data against the fp32/tf32 peak, bf16 data against bf16's."""
+    from fuselab.bench.results import plot_metric
+    from fuselab.ops import get_op
+    from fuselab.report.runner import Context
+    from fuselab.report.sections.ops import _ceiling
+
+    ctx = Context(out=tmp_path, device="cpu", mode="quick", budget={})
+    ctx.results["device"] = {"matmul_tflops": {"bf16": 800.0, "tf32": 400.0, "fp32": 50.0}, "copy_gbps": 4000.0}
+    level = _ceiling(ctx, get_op("attention"))
+    rows = [
+        {"dtype": d, "impl": "triton", "x": n, "tflops": 1.0 + n, "panel": d}
+        for d in ("float32", "bfloat16")
+        for n in (1, 2)
+    ]
+    assert level([r for r in rows if r["dtype"] == "float32"]) == 400.0
+    assert level([r for r in rows if r["dtype"] == "bfloat16"]) == 800.0
+    seen = []
+    plot_metric(rows, tmp_path / "p.png", x="x", y="tflops", ceiling=lambda mine: seen.append(mine[0]["dtype"]) or 1.0,
+                panel="panel")  # fmt: skip
+    assert sorted(seen) == ["bfloat16", "float32"] and (tmp_path / "p.png").stat().st_size > 0
+    assert _ceiling(ctx, get_op("gelu")) == 4000.0

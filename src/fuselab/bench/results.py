@@ -161,7 +161,7 @@ def plot_metric(
     y: str,
     series: str = "impl",
     panel: str | None = "dtype",
-    ceiling: float | None = None,
+    ceiling: float | Callable[[list[dict]], float | None] | None = None,
     ceiling_label: str = "copy ceiling",
     xlabel: str | None = None,
     ylabel: str | None = None,
@@ -169,7 +169,8 @@ def plot_metric(
     logx: bool = True,
     logy: bool = False,
 ) -> Path:
-    """One line per `series` value of `y` against `x`, one panel per `panel` value; failed rows are left out."""
+    """One line per `series` value of `y` against `x`, one panel per `panel` value; failed rows are left out.
+    ceiling: a level drawn on every panel, or a function of a panel's rows giving its own."""
     plt = pyplot()
     rows = [r for r in records if not r.get("error") and r.get(y) is not None and r.get(x) is not None]
     panels = sorted({str(r.get(panel)) for r in rows}) if panel else [""]
@@ -183,8 +184,9 @@ def plot_metric(
         for label in sorted({str(r.get(series)) for r in mine}):
             points = sorted((r[x], r[y]) for r in mine if str(r.get(series)) == label)
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-        if ceiling:
-            ax.axhline(ceiling, color="black", linestyle="--", linewidth=1, label=ceiling_label)
+        level = ceiling(mine) if callable(ceiling) else ceiling  # a function: each panel's own (its dtype's peak)
+        if level:
+            ax.axhline(level, color="black", linestyle="--", linewidth=1, label=ceiling_label)
         if logx:
             ax.set_xscale("log", base=2)
         if logy:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from fuselab.bench.ceilings import peak_tflops
 from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.results import NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
 from fuselab.bench.shapes import format_shape
@@ -227,12 +228,13 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xla
         )
 
 
-def _ceiling(ctx: Context, op: Op) -> float | None:
+def _ceiling(ctx: Context, op: Op) -> float | Callable[[list[dict]], float | None] | None:
+    """The copy ceiling (memory-bound), or per plot panel the matmul peak of its rows' dtype (compute-bound: fp32
+    data against the fp32/tf32 rate, 16-bit data against bf16's)."""
     device = ctx.results.get("device", {})
     if op.bound == "memory":
         return device.get("copy_gbps")
-    rates = device.get("matmul_tflops") or {}
-    return rates.get("bf16") or rates.get("fp32")
+    return lambda rows: peak_tflops(device, rows[0]["dtype"]) if rows else None
 
 
 def _full_table(doc: Doc, op: Op, rows: list[dict], caption: str = "every timing", folded: bool = True) -> None:
