@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call before a landing: the GPU gate on this tree, then the GPU report resumed in the time left.
+#   FUSELAB_REVISION=<commit> CALL_S=570 REPORT=/tmp/report bash scripts/gpu_land.sh
+# To $OUT: gate.json, gate_stdout.log, gatelogs.tgz (the gate's job logs), report.log and report.tgz (REPORT, without
+# lock files: pass it back as REPORT's content next call to resume; done sections are kept). A second call with
+# SKIP_GATE=1 gives all of CALL_S to the report. Built CUDA extensions are kept in $OUT/ext.tgz for the next call
+# (EXT_TGZ=path unpacks one first).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+OUT=${OUT:-/tmp/out}
+REPORT=${REPORT:-/tmp/report}
+export FUSELAB_EXT_DIR=${FUSELAB_EXT_DIR:-/tmp/fuselab-ext}
+mkdir -p "$OUT" "$REPORT"
+[ -n "${EXT_TGZ:-}" ] && [ -f "$EXT_TGZ" ] && tar xzf "$EXT_TGZ" -C "$(dirname "$FUSELAB_EXT_DIR")"
+if [ "${SKIP_GATE:-0}" != 1 ]; then
+  GATE_S=${GATE_S:-470} OUT="$OUT/gate" bash scripts/gpu_gate.sh --pytest-budget-s "${PYTEST_S:-440}" \
+    --job-s "${JOB_S:-380}" > "$OUT/gate_stdout.log" 2>&1
+  echo "gate_rc=$?"
+  cp benchmarks/results/*/gate.json "$OUT/" 2>/dev/null
+  tar czf "$OUT/gatelogs.tgz" -C "$OUT" gate && rm -rf "$OUT/gate"
+  grep -E "^gate |^fuselab gate|^FAIL" "$OUT/gate_stdout.log" | cut -c1-400
+fi
+[ -d "$FUSELAB_EXT_DIR" ] && tar czf "$OUT/ext.tgz" -C "$(dirname "$FUSELAB_EXT_DIR")" "$(basename "$FUSELAB_EXT_DIR")"
+LEFT=$(( ${CALL_S:-570} - $(date +%s) + T0 ))
+echo "report: ${LEFT} s left"
+if [ "$LEFT" -gt 30 ]; then
+  PYTHONPATH=src timeout "$LEFT" python3 -m fuselab report --out "$REPORT" > "$OUT/report.log" 2>&1
+  echo "report_rc=$?"
+fi
+rm -f "$REPORT"/*.lock "$REPORT"/results/*.lock
+tar czf "$OUT/report.tgz" -C "$(dirname "$REPORT")" "$(basename "$REPORT")"
