@@ -279,6 +279,28 @@ def test_add_derived_compares_only_the_same_case():
     assert not any(r.get("warnings") for r in rows)
 
 
+def test_the_reference_in_pieces_equals_the_whole_and_the_error_sums_over_pieces(monkeypatch):
+    from fuselab.ops import evaluate
+
+    gelu, softmax = get_op("gelu"), get_op("softmax")
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(37, 129, generator=gen)
+    out = torch.nn.functional.gelu(x) * (1 + 1e-4 * torch.randn(37, 129, generator=gen))
+    monkeypatch.setattr(evaluate, "REFERENCE_PIECE_BYTES", 5 * 129 * 8)  # 5 rows a piece
+    rows = evaluate.reference_rows(gelu, (x,))
+    assert rows == 5
+    whole = gelu.reference(x.double(), approximate="none")
+    pieces = evaluate.reference_of(gelu, (x,), {"approximate": "none"}, rows)
+    assert pieces.dtype == torch.float32 and relative_error(pieces, whole) < 1e-7
+    assert relative_error(out, whole, rows) == pytest.approx(relative_error(out, whole), rel=1e-9)
+    bad = out.clone()
+    bad[31, 7] = float("nan")  # in the seventh piece
+    assert relative_error(bad, whole, rows) == math.inf
+    assert evaluate.reference_rows(softmax, (torch.randn(1000),)) is None  # a 1-D softmax is one row: whole
+    assert evaluate.reference_rows(softmax, (x,)) == 5
+    assert evaluate.reference_rows(get_op("attention"), (torch.randn(2, 9, 16),) * 3) is None  # not declared
+
+
 def test_a_rate_past_the_copy_ceiling_is_flagged_on_the_row_and_in_the_table():
     from fuselab.cli.bench import above_ceiling_lines
     from fuselab.ops.evaluate import ABOVE_CEILING_NOTE

@@ -87,15 +87,25 @@ def impl_statuses(device: str) -> list[ImplStatus]:
 
 
 def refuse_if_too_big(
-    op: Op, shape: Shape, dtype: torch.dtype, device: str, options: dict | None = None, reference: bool = True
+    op: Op,
+    shape: Shape,
+    dtype: torch.dtype,
+    device: str,
+    options: dict | None = None,
+    reference: bool = True,
+    pieces: bool = False,
 ) -> None:
     """Raise TooBig when a case cannot fit: its inputs and outputs in `dtype`, and (reference) the float64
-    reference's (counted twice, for the temporaries of a reference written op by op), against the device's free
-    memory."""
+    reference's (counted twice, for the temporaries of a reference written op by op; with `pieces`, where the op
+    allows it, `reference_of`'s float32 copy made a piece at a time), against the device's free memory."""
     free = free_bytes(device)
     options = options or {}
     need = op.bytes_moved(shape, dtype, **options)
-    need += 2 * op.bytes_moved(shape, torch.float64, **options) if reference else 0
+    in_pieces = pieces and op.defaults.rows_from is not None and len(shape) >= max(op.defaults.rows_from, 1)
+    if reference and in_pieces:  # reference_of: kept in float32 (or wider), made a piece at a time
+        need += op.bytes_moved(shape, torch.promote_types(dtype, torch.float32), **options)
+    elif reference:
+        need += 2 * op.bytes_moved(shape, torch.float64, **options)
     if free is not None and need > free:
         what = "inputs, outputs and the float64 reference" if reference else "inputs and outputs"
         raise TooBig(
@@ -103,29 +113,65 @@ def refuse_if_too_big(
         )
 
 
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+def relative_error(out: torch.Tensor, ref: torch.Tensor, piece_rows: int | None = None) -> float:
     """||out - ref|| / ||ref|| over finite reference entries (float64).
 
     Non-finite reference entries must be matched exactly (same NaN, same signed inf), else the error is inf.
-    A shape mismatch is inf. An all-zero reference gives the absolute error.
+    A shape mismatch is inf. An all-zero reference gives the absolute error. piece_rows: add it up this many rows
+    (along the first dimension) at a time, so no float64 copy of the whole is made.
     """
     if out.shape != ref.shape:
         return float("inf")
-    out = out.detach().to(torch.float64)
-    ref = ref.detach().to(device=out.device, dtype=torch.float64)
-    finite = torch.isfinite(ref)
-    if not bool(finite.all()):
-        bad = ~finite
-        same_nan = torch.isnan(ref[bad]) & torch.isnan(out[bad])
-        same_inf = ref[bad] == out[bad]
-        if not bool((same_nan | same_inf).all()):
+    if piece_rows is None or out.dim() == 0 or out.shape[0] == 0:
+        pieces = [(out, ref)]
+    else:
+        pieces = [(out[i : i + piece_rows], ref[i : i + piece_rows]) for i in range(0, out.shape[0], piece_rows)]
+    diff2 = norm2 = 0.0
+    for o, r in pieces:
+        o = o.detach().to(torch.float64)
+        r = r.detach().to(device=o.device, dtype=torch.float64)
+        finite = torch.isfinite(r)
+        if not bool(finite.all()):
+            bad = ~finite
+            same_nan = torch.isnan(r[bad]) & torch.isnan(o[bad])
+            same_inf = r[bad] == o[bad]
+            if not bool((same_nan | same_inf).all()):
+                return float("inf")
+            o, r = o[finite], r[finite]
+        if not bool(torch.isfinite(o).all()):
             return float("inf")
-        out, ref = out[finite], ref[finite]
-    if not bool(torch.isfinite(out).all()):
-        return float("inf")
-    diff = torch.linalg.vector_norm(out - ref).item()
-    norm = torch.linalg.vector_norm(ref).item()
+        diff2 += torch.linalg.vector_norm(o - r).item() ** 2
+        norm2 += torch.linalg.vector_norm(r).item() ** 2
+    diff, norm = math.sqrt(diff2), math.sqrt(norm2)
     return diff / norm if norm > 0 else diff
+
+
+REFERENCE_PIECE_BYTES = 2**25  # a reference computed in pieces: about this many float64 input bytes at a time
+
+
+def reference_rows(op: Op, inputs: Sequence[torch.Tensor]) -> int | None:
+    """Rows of the inputs per piece of the reference (`Defaults.rows_from`), or None: all at once."""
+    x, least = inputs[0], op.defaults.rows_from
+    if least is None or x.dim() < max(least, 1) or x.shape[0] == 0:
+        return None
+    row_bytes = sum(t[0].numel() for t in inputs) * 8
+    return max(1, REFERENCE_PIECE_BYTES // max(row_bytes, 1))
+
+
+def reference_of(op: Op, inputs: Sequence[torch.Tensor], options: dict, rows: int | None) -> torch.Tensor:
+    """The op's float64 reference of `inputs`: at once (rows None), or `rows` at a time, kept in float32 or the
+    inputs' dtype if wider (float32 keeps 1e-7 of it, two orders below any tolerance, at half the memory)."""
+    if rows is None:
+        return op.reference(*(x.to(torch.float64) for x in inputs), **options)
+    n = inputs[0].shape[0]
+    keep = torch.promote_types(inputs[0].dtype, torch.float32)
+    ref: torch.Tensor | None = None
+    for i in range(0, n, rows):
+        piece = op.reference(*(x[i : i + rows].to(torch.float64) for x in inputs), **options)
+        if ref is None:
+            ref = torch.empty((n, *piece.shape[1:]), dtype=keep, device=piece.device)
+        ref[i : i + rows] = piece
+    return ref
 
 
 def gradient_error(
@@ -352,8 +398,9 @@ def bench_case(
     if len(results) == len(impls):
         return results
     inputs = tuple(apply_layout(x, layout) for x in op.make_inputs(shape, dtype, device, fresh_seed(), **options))
+    rows = reference_rows(op, inputs)
     try:
-        ref = op.reference(*(x.to(torch.float64) for x in inputs), **options)
+        ref = reference_of(op, inputs, options, rows)
     except torch.OutOfMemoryError:  # a float64 reference too large for the device (attention's N x N scores at 16k)
         ref = None
         torch.cuda.empty_cache()
@@ -364,7 +411,8 @@ def bench_case(
         try:
             fn = prepare(impl, device)
             out = fn(*inputs, **options)
-            results[impl.name] = {"rel_err": relative_error(out, ref) if ref is not None else None}
+            results[impl.name] = {"rel_err": relative_error(out, ref, rows) if ref is not None else None}
+            del out  # before the next impl's output is made
             if ref is None:
                 results[impl.name]["warnings"] = [REFERENCE_TOO_BIG]
             fns[impl.name] = fn
@@ -520,7 +568,7 @@ def bench_op(
             opts = {k: case[k] for k in op.options}
             shape, dtype = tuple(case["shape"]), DTYPES[case["dtype"]]
             try:
-                refuse_if_too_big(op, shape, dtype, device, opts)
+                refuse_if_too_big(op, shape, dtype, device, opts, pieces=True)
             except TooBig as exc:
                 measured[together] = dict.fromkeys(names, exc)
                 raise

@@ -163,6 +163,9 @@ class Defaults:
          "bench_sweeps": [{"shapes": [...], "options": {...}}, ...] (the first is plotted),
          "passes": ("forward", "forward+backward"), "x": "numel", "width" or "axis" (what its plots and tables run
          along)}; what a mode leaves out falls back to these defaults (check_shapes, bench_shapes, fp32).
+    rows_from: for inputs of at least this many dimensions, the reference of a slice along their first dimension is
+        that slice of the reference (GELU: 1, elementwise; softmax: 2, row by row), so the harness may compute it in
+        pieces (bench: a case then needs ~3x its input, not ~9x); None: never.
     """
 
     check_shapes: Sequence[Shape] = ()
@@ -175,6 +178,7 @@ class Defaults:
     baseline: str = "torch"
     peers: tuple[str, ...] = ("torch", "compile")
     report: dict[str, dict] = field(default_factory=dict)
+    rows_from: int | None = None
 
 
 @dataclass

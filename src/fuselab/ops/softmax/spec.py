@@ -97,6 +97,7 @@ SOFTMAX = register_op(
         bytes_moved=bytes_moved,
         flops=flops,
         defaults=Defaults(
+            rows_from=2,  # each row its own softmax (a 1-D input is one row)
             check_shapes=[
                 (0, 7),  # no rows
                 (5, 0),  # empty rows: torch.softmax returns an empty (5, 0) tensor
