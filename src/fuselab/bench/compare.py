@@ -15,6 +15,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fuselab.bench.log import latest_by_key, load_records
+
 CLOSE = 0.02  # a runner-up within 2% is a close call
 
 
@@ -103,7 +105,7 @@ def load_log(path: Path) -> list[dict]:
     log = path.with_suffix(".jsonl")
     if not log.exists():
         raise OSError(f"no log {log} beside {path}: run `fuselab bench ... --out {path}` first")
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return load_records(log)
 
 
 def _peers(row: dict) -> str:
@@ -189,8 +191,6 @@ class BaselineComparison:
 def load_rows(path: Path) -> list[dict]:
     """A bench result to compare against: FILE.json (`--out`: its records) or a results log FILE.jsonl (the latest
     row of each case). OSError/ValueError naming the file when it is missing or not one."""
-    from fuselab.bench.log import latest_by_key, load_records
-
     path = Path(path)
     if not path.exists():
         raise OSError(f"no baseline {path}")

@@ -36,7 +36,7 @@ from fuselab.bench.sweep import Status
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.choices import bench_cases, speed_axis
-from fuselab.ops.evaluate import ABOVE_CEILING_NOTE, bench_op, shape_ratios
+from fuselab.ops.evaluate import ABOVE_CEILING_NOTE, above_ceiling, bench_op, shape_ratios
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -221,10 +221,10 @@ def above_ceiling_lines(rows: list[dict]) -> list[str]:
     """One line per impl whose rate passed the copy ceiling (ABOVE_CEILING_PCT), naming its cases."""
     by_impl: dict[str, list[str]] = {}
     for r in rows:
-        for w in r.get("warnings") or []:
-            if w.endswith(ABOVE_CEILING_NOTE):
-                case = f"{short_name(r['dtype'])} {format_shape(tuple(r['shape']))} {w.split()[0]}"
-                by_impl.setdefault(r["impl"], []).append(case)
+        pct = above_ceiling(r)
+        if pct is not None:
+            case = f"{short_name(r['dtype'])} {format_shape(tuple(r['shape']))} {pct:.0f}%"
+            by_impl.setdefault(r["impl"], []).append(case)
     return [f"[yellow]{impl}[/yellow] at {', '.join(cases)} of {ABOVE_CEILING_NOTE}" for impl, cases in by_impl.items()]
 
 

@@ -686,6 +686,13 @@ ABOVE_CEILING_NOTE = (
 )
 
 
+def above_ceiling(row: dict) -> float | None:
+    """The row's rate as % of the copy ceiling (or of a copy of the same bytes, the larger) where it passes
+    ABOVE_CEILING_PCT, else None."""
+    pct = max(row.get("pct_copy") or 0.0, row.get("pct_copy_same") or 0.0)
+    return pct if pct > ABOVE_CEILING_PCT else None
+
+
 def add_derived(
     rows: list[dict],
     baseline: str,
@@ -711,8 +718,8 @@ def add_derived(
         same = (same_size_copy or {}).get(row.get("bytes"))
         row["copy_same_gbps"] = same
         row["pct_copy_same"] = 100 * row["gbps"] / same if same and row.get("gbps") else None
-        above = max(row["pct_copy"] or 0.0, row["pct_copy_same"] or 0.0)
-        if above > ABOVE_CEILING_PCT:
+        above = above_ceiling(row)
+        if above is not None:
             row["warnings"] = [*(row.get("warnings") or []), f"{above:.0f}% of {ABOVE_CEILING_NOTE}"]
         reference_ms = base.get(peer(row))
         row[f"speedup_vs_{baseline}"] = reference_ms / row["median_ms"] if reference_ms else None
