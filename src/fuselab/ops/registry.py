@@ -382,9 +382,8 @@ def _exported(package: str | None, name: str) -> dict[str, object]:
 _NATIVE: dict[tuple[str, str], str] = {}  # (op, device type) -> its native impl (Op.native_impl)
 
 
-def warn_if_interpreted(op: Op, impl: str) -> bool:
-    """Warn (once per call site) that `impl` of `op` runs under Triton's interpreter on the CPU, when it does; True:
-    the caller need not ask again."""
+def warn_if_interpreted(op: Op, impl: str) -> None:
+    """Warn that `impl` of `op` runs under Triton's interpreter on the CPU, when it does (a drop-in asks once)."""
     if op.get_impl(impl).triton_kernels is not None:
         warnings.warn(
             f"{op.name} impl {impl!r} on the CPU runs under Triton's interpreter: right, but orders of magnitude "
@@ -392,7 +391,6 @@ def warn_if_interpreted(op: Op, impl: str) -> bool:
             UserWarning,
             stacklevel=3,
         )
-    return True
 
 
 def register_op(op: Op) -> Op:

@@ -30,7 +30,8 @@ class GELU(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         name, fn = self._fns["cuda" if x.is_cuda else "cpu"]
         if not x.is_cuda and not self._warned and not torch.compiler.is_compiling():
-            self._warned = warn_if_interpreted(GELU_OP, name)
+            warn_if_interpreted(GELU_OP, name)
+            self._warned = True
         return fn(x, self.approximate)
 
     def extra_repr(self) -> str:

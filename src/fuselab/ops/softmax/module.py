@@ -39,7 +39,8 @@ class Softmax(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         name, fn = self._fns["cuda" if x.is_cuda else "cpu"]
         if not x.is_cuda and not self._warned and not torch.compiler.is_compiling():
-            self._warned = warn_if_interpreted(SOFTMAX, name)
+            warn_if_interpreted(SOFTMAX, name)
+            self._warned = True
         dim = self.dim
         if dim is None:
             dim = 0 if x.dim() in (0, 1, 3) else 1
