@@ -235,8 +235,14 @@ def test_bench_call_cap_leaves_a_slow_impl_out_of_costlier_cases_and_keeps_it_ou
     again = bench_op(op, **kwargs)  # resumed: the skipped rows are run again, and skipped again
     assert [r["status"] for r in again] == [r["status"] for r in rows]
     assert time.perf_counter() - start < 1.0
-    rows = bench_op(op, **{**kwargs, "out": None, "max_call_ms": None, "shapes": [(300,)]})
-    assert all(r["status"] == "ok" for r in rows)
+    uncapped = bench_op(op, **{**kwargs, "out": None, "max_call_ms": None, "shapes": [(300,)]})
+    assert all(r["status"] == "ok" for r in uncapped)
+    second_sweep = {**kwargs, "out": None, "shapes": [(17, 19)]}  # another sweep, as the report's second one
+    alone = {r["impl"]: r["status"] for r in bench_op(op, **second_sweep)}
+    assert alone == {"torch": "ok", "slow": "ok"}  # its own cap has seen no slow call yet
+    after = {r["impl"]: r for r in bench_op(op, **second_sweep, slow_before=rows)}
+    assert after["slow"]["status"] == "skipped" and "already at 101" in after["slow"]["error"]
+    assert after["torch"]["status"] == "ok"
 
 
 def test_a_resumed_bench_times_only_the_impls_its_log_lacks(tmp_path):

@@ -515,6 +515,7 @@ def bench_op(
     passes: Sequence[str] = ("forward",),
     call_cost_ms: float = 100.0,
     max_call_ms: float | None = None,
+    slow_before: Sequence[dict] = (),
 ) -> list[dict]:
     """Sweep impls x dtypes x shapes (x option values) x passes, one row per case, appended to `out` (JSON lines).
 
@@ -530,6 +531,8 @@ def bench_op(
     layout: the inputs' memory layout (`bench_case`); rows of a layout other than contiguous carry it.
     max_call_ms: an impl whose median call took longer at one case is not timed at the sweep's costlier cases of the
     same dtype, options and pass (`CallCap`): their rows are skipped, saying why (None: every case is timed).
+    slow_before: rows of earlier sweeps (of the same op) whose slow calls keep their impls out of this sweep's
+    costlier cases too, as a resumed sweep's own log does.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     timing = Timing.of(timing)
@@ -558,7 +561,7 @@ def bench_op(
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
     cap = CallCap(op, max_call_ms)
     logged = latest_by_key(load_records(Path(out))) if out is not None and Path(out).exists() else {}
-    for row in logged.values():  # a resumed sweep's slow impls stay out
+    for row in [*slow_before, *logged.values()]:  # an earlier sweep's or a resumed sweep's slow impls stay out
         cap.note(row)
     finished = {key for key, row in logged.items() if row.get("error") is None}  # not timed again on resume
 

@@ -44,6 +44,7 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
                 show_progress=ctx.show_progress,
                 passes=plan["passes"],
                 max_call_ms=ctx.budget.get("max_call_ms"),
+                slow_before=[r for rows in sweeps for r in rows],
             )
             for r in rows:
                 r.setdefault("numel", math.prod(r["shape"]))
