@@ -237,6 +237,11 @@ def test_bench_call_cap_leaves_a_slow_impl_out_of_costlier_cases_and_keeps_it_ou
     assert time.perf_counter() - start < 1.0
     uncapped = bench_op(op, **{**kwargs, "out": None, "max_call_ms": None, "shapes": [(300,)]})
     assert all(r["status"] == "ok" for r in uncapped)
+    backwards = bench_op(op, **{**kwargs, "out": None, "shapes": shapes[::-1]})  # timed cheapest first all the same
+    assert {(r["impl"], tuple(r["shape"])): r["status"] for r in backwards} == {
+        (r["impl"], tuple(r["shape"])): r["status"] for r in rows
+    }
+    assert [tuple(r["shape"]) for r in backwards][::2] == shapes
     second_sweep = {**kwargs, "out": None, "shapes": [(17, 19)]}  # another sweep, as the report's second one
     alone = {r["impl"]: r["status"] for r in bench_op(op, **second_sweep)}
     assert alone == {"torch": "ok", "slow": "ok"}  # its own cap has seen no slow call yet

@@ -188,6 +188,27 @@ def test_study_shapes_rule():
         assert math.prod(large) > 100 * math.prod(small) and small[0] % 2 == 1  # odd: a size nobody tuned for
 
 
+def test_affordable_shape_falls_back_to_the_small_shape_for_a_slow_call():
+    """ncu replays every kernel of a call: an impl whose plain call is over the bound at the large shape is profiled at
+    the small one, a fast impl at the large one; the last shape is taken without timing."""
+    import time
+
+    from tests.ops.test_evaluate import make_toy
+
+    op = make_toy()
+
+    @op.impl("slow_when_large")
+    def slow_when_large(x):
+        if x.numel() > 1000:
+            time.sleep(0.05)
+        return x * x
+
+    shapes = [(4099,), (17,)]
+    assert cn.affordable_shape(op, "torch", shapes, "cpu", max_call_ms=20.0) == 0
+    assert cn.affordable_shape(op, "slow_when_large", shapes, "cpu", max_call_ms=20.0) == 1
+    assert cn.affordable_shape(op, "slow_when_large", shapes[1:], "cpu", max_call_ms=0.0) == 0
+
+
 def test_study_sample_naive_against_fused():
     """Real H200 run (the counters study, counters.json): naive GELU's 9 kernels against F.gelu's one, 2^26 fp32."""
     kernels = cn.parse_raw_csv((DATA / "ncu_raw_study_h200.csv").read_text())

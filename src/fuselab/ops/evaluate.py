@@ -547,10 +547,12 @@ def bench_op(
     dtypes = list(dtypes or [torch.float32, torch.bfloat16])
     # Case-major, impl fastest: the log is written in the order the impls were measured.
     laid = {} if layout == "contiguous" else {"layout": layout}
+    cap = CallCap(op, max_call_ms)
+    shapes = cap.cheapest_first(shapes or op.defaults.bench_shapes, dtypes[0], op.resolve_options(options))
     cases = [
         {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **laid, **opts, "pass": pass_}
         for dtype in dtypes
-        for shape in shapes or op.defaults.bench_shapes
+        for shape in shapes
         for opts in option_grid(op, options)
         for pass_ in passes
         for name in names
@@ -559,7 +561,6 @@ def bench_op(
     ceilings = ceilings_mod.get_ceilings(device)
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
-    cap = CallCap(op, max_call_ms)
     logged = latest_by_key(load_records(Path(out))) if out is not None and Path(out).exists() else {}
     for row in [*slow_before, *logged.values()]:  # an earlier sweep's or a resumed sweep's slow impls stay out
         cap.note(row)
@@ -639,6 +640,21 @@ class CallCap:
             tuple(case["shape"]), DTYPES[str(case["dtype"])], {k: case[k] for k in self.op.options if k in case}
         )
         return float(flops if self.op.bound == "compute" else nbytes)
+
+    def cheapest_first(self, shapes: Sequence[Shape], dtype: torch.dtype, options: dict) -> list[Shape]:
+        """`shapes` in the order to time them: as given without a bound; with one, cheapest first (at `dtype` and
+        `options`; ties keep their order), so an impl's slow call is met at the smallest case it can be."""
+        if self.max_ms is None:
+            return list(shapes)
+        case = {"dtype": dtype_name(dtype), **options}
+
+        def cost(shape: Shape) -> float:
+            try:
+                return self._cost({**case, "shape": list(shape)})
+            except Exception:  # a shape the cost model refuses is refused, with the reason, when its turn comes
+                return 0.0
+
+        return sorted(shapes, key=cost)
 
     def note(self, row: dict) -> None:
         """Remember a measured row (a case's fields with status and median_ms) whose call took over the bound."""

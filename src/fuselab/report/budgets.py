@@ -1,11 +1,12 @@
 """What each mode of the report measures in the sections that are not an op's: sizes, dtypes and timing.
 
 quick: tiny sizes, seconds per section (the CPU test). cpu: the default without a GPU, within 5 minutes on 2 cores
-(Triton is checked under its interpreter, never timed). gpu: the full report, within 10 minutes on an H200.
-max_call_ms: an op section's impl whose call took longer at one case of a sweep is not timed at its costlier cases
-(fuselab.ops.evaluate.CallCap; a teaching impl in pure PyTorch would take minutes there). What an op's own section
-measures in each mode is the op's (`Defaults.report`, in its folder). The pitfalls and profile entries of kind "op"
-time a memory-bound op's impl (the first registered that has it).
+(Triton is checked under its interpreter, never timed). gpu: the full report, within 20 minutes on an H200.
+max_call_ms: an impl whose call took longer at one case is not timed at the costlier cases of its section's sweeps
+(op sections, every_shape, call_cost: fuselab.ops.evaluate.CallCap, shapes timed cheapest first; a teaching impl in
+pure PyTorch would take minutes there), nor profiled under ncu at the large study shape (counters). What an op's
+own section measures in each mode is the op's (`Defaults.report`, in its folder). The pitfalls and profile entries of
+kind "op" time a memory-bound op's impl (the first registered that has it).
 
 every_shape (every op, its own `random_shape`): n shapes drawn with a fixed seed; on the CPU capped at max_bytes moved
 and max_flops per call (a draw above has its first dimension cut); dtypes: how many of the op's report dtypes (None:
@@ -101,7 +102,7 @@ CPU = {
 }
 
 GPU = {
-    "timing": Timing(warmup_ms=100.0, rep_ms=200.0, min_reps=10, max_reps=1000),
+    "timing": Timing(warmup_ms=50.0, rep_ms=100.0, min_reps=10, max_reps=1000),
     "max_call_ms": 100.0,
     "ceilings_refresh": True,
     "pitfalls": [
@@ -122,12 +123,12 @@ GPU = {
     "runahead": {"steps": 20, "layers": 4},
     "inspect": "all",  # every impl that declares kernels
     "every_shape": {
-        "n": 64,
+        "n": 32,
         "seed": 16,
-        "max_bytes": None,  # the op's own draw, as `fuselab bench OP --shapes random:64 --seed 16`
+        "max_bytes": None,  # the op's own draw, as `fuselab bench OP --shapes random:32 --seed 16`
         "max_flops": None,
         "dtypes": None,
-        "compiled": True,
+        "compiled": False,  # one torch.compile per shape and pass: some 10 s each for attention, 32 of them
         "timing": Timing(warmup_ms=20.0, rep_ms=50.0, min_reps=10, max_reps=500),
     },
     "call_cost": {
@@ -138,7 +139,7 @@ GPU = {
         "call_cost_ms": 50.0,
         "compiled": False,  # the op's compiled impl: a compile per size; the compile modes below cover torch.compile
         "compile_modes": ("max-autotune-no-cudagraphs", "reduce-overhead"),
-        "compile_deadline_s": 60.0,
+        "compile_deadline_s": 30.0,
         "timing": Timing(warmup_ms=20.0, rep_ms=50.0, min_reps=10, max_reps=500),
     },
 }

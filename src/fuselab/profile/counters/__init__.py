@@ -32,7 +32,13 @@ from fuselab.profile.counters.ncu import (
     run_ncu,
 )
 from fuselab.profile.counters.roofline import dram_peak_gbps, plot_rooflines, roofline_points
-from fuselab.profile.counters.study import CountersResult, profile_counters, run_cases, study_shapes
+from fuselab.profile.counters.study import (
+    CountersResult,
+    affordable_shape,
+    profile_counters,
+    run_cases,
+    study_shapes,
+)
 from fuselab.profile.counters.verdicts import Kernel, assess_case, bytes_line, split_by_marker, verdict
 
 __all__ = [
@@ -42,6 +48,7 @@ __all__ = [
     "CountersResult",
     "CountersUnavailable",
     "Kernel",
+    "affordable_shape",
     "assess_case",
     "bytes_line",
     "counters_unavailable",

@@ -1,10 +1,12 @@
-"""Running cases end to end: profile_counters and run_cases (one ncu run, each case assessed), their result, and
-study_shapes (a large and a small shape for any op)."""
+"""Running cases end to end: profile_counters and run_cases (one ncu run, each case assessed), their result,
+study_shapes (a large and a small shape for any op) and affordable_shape (which of them an impl
+is profiled at)."""
 
 from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,3 +104,29 @@ def study_shapes(op: Op) -> list[tuple[int, ...]]:
     i = next((i for i, n in enumerate(large) if n >= 256), 0)
     small = (*large[:i], large[i] // 256 + 1, *large[i + 1 :])
     return [large, small]
+
+
+def affordable_shape(op: Op, impl: str, shapes: Sequence[tuple[int, ...]], device: str, max_call_ms: float) -> int:
+    """The index of the first of `shapes` at which one plain call of `impl` (float32, default options) takes at most
+    `max_call_ms`, else the last one's: ncu replays each kernel of a call many times over, so a call of seconds (a
+    teaching impl's Python loop over blocks launches thousands of kernels) would hold it for hours. A call over the
+    bound is timed a second time (the first may have compiled) before the next shape is tried."""
+    import torch
+
+    fn, options = op.get_impl(impl).fn, op.default_options()
+    on_gpu = torch.device(device).type == "cuda"
+    for i, shape in enumerate(shapes[:-1]):
+        inputs = op.make_inputs(tuple(shape), torch.float32, device, 0, **options)
+        for _ in range(2):
+            if on_gpu:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            fn(*inputs, **options)
+            if on_gpu:
+                torch.cuda.synchronize(device)
+            if (time.perf_counter() - start) * 1e3 <= max_call_ms:
+                return i
+        del inputs
+        if on_gpu:
+            torch.cuda.empty_cache()
+    return len(shapes) - 1

@@ -107,6 +107,7 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
         timing=budget["timing"],
         show_progress=ctx.show_progress,
         call_cost_ms=budget["call_cost_ms"],
+        max_call_ms=ctx.budget.get("max_call_ms"),
     )
     rows = [call_cost_row(r) for r in bench]
     rows += _compiled_rows(ctx, op, budget, shapes, dtype, options)

@@ -14,9 +14,12 @@ from fuselab.report.sections._common import g3
 
 
 def counters_section(ctx: Context, doc: Doc) -> dict:
+    import torch
+
     from fuselab.profile.counters import (
         Case,
         CountersUnavailable,
+        affordable_shape,
         counters_unavailable,
         dram_peak_gbps,
         plot_rooflines,
@@ -28,13 +31,17 @@ def counters_section(ctx: Context, doc: Doc) -> dict:
     if reason:
         doc.text(f"Skipped: {reason}.")
         return {"skipped": reason}
-    pick = 0 if ctx.mode == "gpu" else 1  # the large shape on the full GPU report, the small one otherwise
-    cases = [
-        Case(op.name, name, study_shapes(op)[pick], "float32")
-        for op in all_ops()
-        for name, impl in op.impls.items()
-        if not impl.compiled  # torch.compile under ncu compiles again, slowly; its kernels are in `fuselab bench`
-    ]
+    cases = []
+    for op in all_ops():
+        shapes = study_shapes(op)[0 if ctx.mode == "gpu" else 1 :]  # the large shape on the full GPU report
+        for name, impl in op.impls.items():
+            if impl.compiled:  # torch.compile under ncu compiles again, slowly; its kernels are in `fuselab bench`
+                continue
+            if impl.unavailable(ctx.device, torch.float32):  # ncu's child reports it; nothing to time here
+                cases.append(Case(op.name, name, shapes[-1], "float32"))
+                continue
+            pick = affordable_shape(op, name, shapes, ctx.device, ctx.budget["max_call_ms"])
+            cases.append(Case(op.name, name, shapes[pick], "float32"))
     try:
         result = run_cases(cases, out_dir=ctx.out / "counters")
     except CountersUnavailable as exc:
@@ -54,13 +61,15 @@ def counters_section(ctx: Context, doc: Doc) -> dict:
         shape = format_shape(tuple(rows[0]["shape"]))
         table = []
         for r in rows:
+            at = "" if r["shape"] == rows[0]["shape"] else f" at {format_shape(tuple(r['shape']))}"
+            label = r["impl"] + at  # an impl too slow for ncu at the op's large shape is profiled at its small one
             if r.get("error"):
-                table.append([r["impl"], "", "", "", "", "", f"failed: {r['error']}"])
+                table.append([label, "", "", "", "", "", f"failed: {r['error']}"])
                 continue
             longest = max(r["kernels"], key=lambda k: k["duration_ns"])
             table.append(
                 [
-                    r["impl"],
+                    label,
                     r["n_kernels"],
                     f"{g3(r['dram_read'] / 1e6)} / {g3(r['dram_write'] / 1e6)}",
                     f"{r['bytes_ratio']:.2f}x",

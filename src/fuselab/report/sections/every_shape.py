@@ -86,6 +86,7 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
         timing=budget["timing"],
         show_progress=ctx.show_progress,
         call_cost_ms=0.0,
+        max_call_ms=ctx.budget.get("max_call_ms"),
     )
     summary = shape_ratios(op, rows)
     peers = [p for p in op.defaults.peers if p in op.impls]
