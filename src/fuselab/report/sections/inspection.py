@@ -1,10 +1,13 @@
-"""The inspect section: registers, spills, shared memory and load widths of the compiled fused kernels."""
+"""The inspect section: a table of the compiled fused kernels, one row each: registers, spills, shared memory and
+the widest global load and store."""
 
 from __future__ import annotations
 
 import torch
 
+from fuselab.bench.memory import format_bytes
 from fuselab.ops.registry import all_ops
+from fuselab.profile.asm import GlobalAccess, KernelAsm
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 
@@ -35,7 +38,9 @@ def inspect_section(ctx: Context, doc: Doc) -> dict:
         "themselves are not kept here: `fuselab inspect OP --impl IMPL --out DIR` writes them."
         + ("" if ctx.on_gpu else " Without a GPU the Triton kernels are compiled for sm_90 as the JIT would.")
     )
-    items = []
+    items: list[dict] = []
+    rows: list[list[str]] = []
+    notes: list[str] = []
     which = ctx.budget["inspect"]
     chosen = [
         (op.name, name)
@@ -54,7 +59,47 @@ def inspect_section(ctx: Context, doc: Doc) -> dict:
             doc.code(error, caption=f"{op_name} / {impl}: could not inspect", folded=True)
             continue
         items.append({**inspection.to_json(), "summary": inspection.summary()})
-        doc.code(inspection.summary(), caption=f"{op_name} / {impl}")
+        rows += [kernel_row(op_name, impl, k) for k in inspection.kernels]
+        notes += [f"{op_name} / {impl}: {n}" for n in inspection.notes]
+    if rows:
+        doc.table(HEADERS, rows, caption="one row per compiled kernel (float32)")
+    if notes:
+        doc.text("\n".join(f"- {n}" for n in notes))
     if all("error" in i for i in items):
         raise RuntimeError("no kernel could be inspected: " + "; ".join(i["error"] for i in items))
     return {"items": items}
+
+
+HEADERS = ["op / impl", "kernel", "warps", "registers", "spills", "shared", "widest load", "widest store"]
+
+
+def kernel_row(op_name: str, impl: str, kernel: KernelAsm) -> list[str]:
+    """A kernel's line of the table: registers per thread, spilled bytes, shared memory, and the widest global load
+    and store with its bytes per thread (8 or more: vectorized)."""
+    r = kernel.resources
+    spilled = (r.spill_stores or 0) + (r.spill_loads or 0)
+    spills = "" if r.spill_stores is None else "none" if spilled == 0 else f"{r.spill_stores} B / {r.spill_loads} B"
+    return [
+        f"{op_name} / {impl}",
+        short_kernel_name(kernel.name),
+        "" if kernel.num_warps is None else str(kernel.num_warps),
+        "" if r.registers is None else str(r.registers),
+        f"**{spills}**" if spilled else spills,
+        "" if r.shared_bytes is None else format_bytes(r.shared_bytes),
+        widest(kernel.loads),
+        widest(kernel.stores),
+    ]
+
+
+def short_kernel_name(name: str, width: int = 48) -> str:
+    """A kernel's (demangled) name without its argument list, cut to `width` characters."""
+    name = name.split("(")[0]
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def widest(accesses: list[GlobalAccess]) -> str:
+    """The widest global access form and its bytes per thread ("ld.global.v4.b32 (16 B)"), or "none"."""
+    if not accesses:
+        return "none"
+    a = accesses[0]
+    return f"`{a.instr}` ({a.bytes} B)" if a.bytes else f"`{a.instr}`"
