@@ -56,6 +56,25 @@ def test_reference_is_softmax_of_scores_with_top_left_mask() -> None:
     torch.testing.assert_close(out[0, 0, 2], torch.softmax(s, -1) @ v[0, 0, :3])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_made_a_block_of_queries_at_a_time_is_the_same(monkeypatch, causal: bool) -> None:
+    """Past REFERENCE_SCORES the scores are made some queries at a time (here 5 of 37, the last block 2): the output
+    and its gradients are those of the reference made at once, GQA and Nq != Nk included."""
+    from fuselab.ops.attention import spec
+
+    q, k, v = inputs((2, 4, 2, 37, 29, 16), torch.float64, "cpu")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    whole = reference(*leaves, causal=causal, scale=0.3)
+    grads = torch.autograd.grad(whole.sum(), leaves)
+    monkeypatch.setattr(spec, "REFERENCE_SCORES", 2 * 4 * 29 * 5)
+    blocked = reference(*leaves, causal=causal, scale=0.3)
+    torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
+    for g, g_whole in zip(torch.autograd.grad(blocked.sum(), leaves), grads, strict=True):
+        torch.testing.assert_close(g, g_whole, rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(spec, "REFERENCE_SCORES", 1)  # one query at a time
+    torch.testing.assert_close(reference(q, k, v, causal=causal, scale=0.3), whole.detach(), rtol=1e-12, atol=1e-12)
+
+
 def test_cost_model_follows_the_papers() -> None:
     assert flops((2, 3, 100, 16)) == 4 * 2 * 3 * 100 * 100 * 16
     assert flops((2, 3, 100, 16), causal=True) == 2 * 2 * 3 * 100 * 100 * 16

@@ -105,14 +105,34 @@ def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.
 def reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
 ) -> torch.Tensor:
-    """Attention in float64, written out: softmax(q k^T * scale, top-left causal mask) v. Shapes as the module doc."""
+    """Attention in float64, written out: softmax(q k^T * scale, top-left causal mask) v. Shapes as the module doc.
+
+    The scores are made REFERENCE_SCORES queries' worth at a time (each query's row is its own softmax), so the
+    reference needs about its inputs and output in float64 beside 256 MiB of scores, not all N x N of them at once
+    (34 GB at (1, 32, 16384, 64))."""
     check_qkv(q, k, v, impl="attention reference")
     q, k, v = q.double(), k.double(), v.double()
     k, v = repeat_kv(q, k, v)
-    s = torch.matmul(q, k.transpose(-1, -2)) * default_scale(q.shape[-1], scale)
+    scale = default_scale(q.shape[-1], scale)
+    nq, nk = q.shape[-2], k.shape[-2]
+    block = max(1, REFERENCE_SCORES // max(1, q[..., 0, 0].numel() * nk))
+    if block >= nq:
+        return _attend(q, k, v, 0, causal, scale)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    for start in range(0, nq, block):
+        out[..., start : start + block, :] = _attend(q[..., start : start + block, :], k, v, start, causal, scale)
+    return out
+
+
+REFERENCE_SCORES = 2**25  # float64 scores the reference holds at a time: 256 MiB
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, causal: bool, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) v for queries first, first + 1, ... (the top-left causal mask keeps key j <= query i)."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if causal:
-        nq, nk = q.shape[-2], k.shape[-2]
-        keep = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril()
+        rows = torch.arange(first, first + q.shape[-2], device=q.device)
+        keep = rows[:, None] >= torch.arange(k.shape[-2], device=q.device)[None, :]
         s = s.masked_fill(~keep, float("-inf"))
     return torch.matmul(torch.softmax(s, dim=-1), v)
 
