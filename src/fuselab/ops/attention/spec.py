@@ -115,7 +115,7 @@ def reference(
     k, v = repeat_kv(q, k, v)
     scale = default_scale(q.shape[-1], scale)
     nq, nk = q.shape[-2], k.shape[-2]
-    block = max(1, REFERENCE_SCORES // max(1, q[..., 0, 0].numel() * nk))
+    block = max(1, REFERENCE_SCORES // max(1, math.prod(q.shape[:-2]) * nk))
     if block >= nq:
         return _attend(q, k, v, 0, causal, scale)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
