@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from fuselab.bench.shapes import format_shape
 from fuselab.bench.timer import CPU_BUSY_FRACTION, NOISY_IQR_FRACTION, is_noisy
 
 Column = tuple[str, str, Callable[[object], str]]  # (field, header, formatter)
@@ -59,8 +60,10 @@ def row_is_noisy(record: dict) -> bool:
 def fmt_plain(v: object) -> str:
     if v is None:
         return ""
+    if isinstance(v, list | tuple) and all(isinstance(x, int) for x in v):
+        return format_shape(tuple(v))
     if isinstance(v, list | tuple):
-        return "x".join(str(x) for x in v)
+        return ", ".join(str(x) for x in v)
     return str(v)
 
 

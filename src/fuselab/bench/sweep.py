@@ -33,6 +33,7 @@ from fuselab.bench.log import (  # noqa: F401  (the log's functions, where sweep
     load_records,
     repair_log,
 )
+from fuselab.bench.shapes import format_shape
 
 Case = dict[str, object]
 MAX_ERROR_CHARS = 2000
@@ -185,7 +186,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _short(case: Mapping[str, object]) -> str:
     parts = [
-        "x".join(str(d) for d in v) if isinstance(v, list) and all(isinstance(d, int) for d in v) else str(v)
+        format_shape(tuple(v)) if isinstance(v, list) and all(isinstance(d, int) for d in v) else str(v)
         for v in case.values()
         if not isinstance(v, dict)
     ]

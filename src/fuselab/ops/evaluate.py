@@ -671,7 +671,7 @@ class CallCap:
         if seen is None or self._cost(case) <= seen[0]:
             return None
         _, ms, shape = seen
-        return (f"not timed: {ms:.0f} ms a call already at {'x'.join(map(str, shape))}, a smaller case, over the "
+        return (f"not timed: {ms:.0f} ms a call already at {format_shape(tuple(shape))}, a smaller case, over the "
                 f"{self.max_ms:g} ms a call this sweep allows")  # fmt: skip
 
 
