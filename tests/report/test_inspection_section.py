@@ -29,8 +29,17 @@ def test_a_kernel_row_gives_registers_spills_shared_memory_and_the_widest_access
         resources=Resources(registers=255, spill_stores=24, spill_loads=16),
     )
     row = kernel_row("gelu", "cuda", spilling)
-    assert row[1] == "void gelu_kernel<float>" and row[2] == "" and row[4] == "**24 B / 16 B**"
+    assert row[1] == "gelu_kernel<float>" and row[2] == "" and row[4] == "**24 B / 16 B**"
     assert row[5] == "" and row[6] == "none" and row[7] == "none"
+
+
+def test_kernel_names_lose_return_type_anonymous_namespaces_and_arguments():
+    from fuselab.report.sections.inspection import short_kernel_name
+
+    name = "void fuselab::gelu::(anonymous namespace)::gelu_kernel<float, (fuselab::gelu::Form)1>(float const*, long)"
+    assert short_kernel_name(name) == "gelu_kernel<float, (Form)1>"
+    assert short_kernel_name("attention_fwd_kernel") == "attention_fwd_kernel"
+    assert short_kernel_name("k<" + "x" * 80 + ">()", width=20) == "k<" + "x" * 17 + "…"
 
 
 def test_the_section_draws_one_table_row_per_kernel(tmp_path):

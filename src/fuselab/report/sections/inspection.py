@@ -3,6 +3,8 @@ the widest global load and store."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from fuselab.bench.memory import format_bytes
@@ -91,9 +93,17 @@ def kernel_row(op_name: str, impl: str, kernel: KernelAsm) -> list[str]:
     ]
 
 
-def short_kernel_name(name: str, width: int = 48) -> str:
-    """A kernel's (demangled) name without its argument list, cut to `width` characters."""
-    name = name.split("(")[0]
+def short_kernel_name(name: str, width: int = 56) -> str:
+    """A kernel's (demangled) name without its return type, namespaces and argument list, cut to `width` characters:
+    "void fuselab::(anonymous namespace)::k<float, (fuselab::Form)1>(float const*, long)" -> "k<float, (Form)1>"."""
+    name = re.sub(r"\b[A-Za-z_]\w*::", "", name.removeprefix("void ").replace("(anonymous namespace)::", ""))
+    if name.endswith(")"):  # the argument list: from the parenthesis that closes the name's last one
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
