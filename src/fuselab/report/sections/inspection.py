@@ -38,7 +38,13 @@ def inspect_section(ctx: Context, doc: Doc) -> dict:
         "What the fused kernels compile to: registers per thread, spills, shared memory, and the widest global "
         "load and store (`ld.global.v4.b32` moves 16 bytes per thread: vectorized; `.b32` only 4). The PTX and SASS "
         "themselves are not kept here: `fuselab inspect OP --impl IMPL --out DIR` writes them."
-        + ("" if ctx.on_gpu else " Without a GPU the Triton kernels are compiled for sm_90 as the JIT would.")
+        + (
+            ""
+            if ctx.on_gpu
+            else " Without a GPU the Triton kernels are compiled for sm_90 as the JIT would, with the launch "
+            "parameters the CPU run chose: an impl whose plans differ under the interpreter (attention's 16 x 16 "
+            "tiles, one warp) shows those, not a GPU's."
+        )
     )
     items: list[dict] = []
     rows: list[list[str]] = []
