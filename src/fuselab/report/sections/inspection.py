@@ -42,8 +42,8 @@ def inspect_section(ctx: Context, doc: Doc) -> dict:
             ""
             if ctx.on_gpu
             else " Without a GPU the Triton kernels are compiled for sm_90 as the JIT would, with the launch "
-            "parameters the CPU run chose: an impl whose plans differ under the interpreter (attention's 16 x 16 "
-            "tiles, one warp) shows those, not a GPU's."
+            "parameters the CPU run chose: an impl whose plans differ under the interpreter (smaller tiles, fewer "
+            "warps) shows those, not a GPU's."
         )
     )
     items: list[dict] = []
