@@ -2,9 +2,9 @@
 # One device call before a landing: the GPU gate on this tree, then the GPU report resumed in the time left.
 #   FUSELAB_REVISION=<commit> CALL_S=570 REPORT=/tmp/report bash scripts/gpu_land.sh
 # To $OUT: gate.json, gate_stdout.log, gatelogs.tgz (the gate's job logs), report.log and report.tgz (REPORT, without
-# lock files: pass it back as REPORT's content next call to resume; done sections are kept). A second call with
-# SKIP_GATE=1 gives all of CALL_S to the report. Built CUDA extensions are kept in $OUT/ext.tgz for the next call
-# (EXT_TGZ=path unpacks one first).
+# lock files: REPORT_TGZ=path (a carried copy of the last call's report.tgz) unpacks it into REPORT first, so the report
+# resumes; done sections are kept). A second call with SKIP_GATE=1 gives all of CALL_S to the report. Built CUDA
+# extensions are kept in $OUT/ext.tgz for the next call (EXT_TGZ=path unpacks one first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -13,6 +13,9 @@ REPORT=${REPORT:-/tmp/report}
 export FUSELAB_EXT_DIR=${FUSELAB_EXT_DIR:-/tmp/fuselab-ext}
 mkdir -p "$OUT" "$REPORT"
 [ -n "${EXT_TGZ:-}" ] && [ -f "$EXT_TGZ" ] && tar xzf "$EXT_TGZ" -C "$(dirname "$FUSELAB_EXT_DIR")"
+if [ -n "${REPORT_TGZ:-}" ] && [ -f "$REPORT_TGZ" ]; then  # the archive holds one folder, REPORT's name of its call
+  tmp=$(mktemp -d) && tar xzf "$REPORT_TGZ" -C "$tmp" && cp -r "$tmp"/*/. "$REPORT"/ && rm -rf "$tmp"
+fi
 if [ "${SKIP_GATE:-0}" != 1 ]; then
   GATE_S=${GATE_S:-470} OUT="$OUT/gate" bash scripts/gpu_gate.sh --pytest-budget-s "${PYTEST_S:-440}" \
     --job-s "${JOB_S:-380}" > "$OUT/gate_stdout.log" 2>&1
