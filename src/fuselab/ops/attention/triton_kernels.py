@@ -45,66 +45,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _fwd_step(
-    acc,
-    l_i,
-    m_i,
-    start_n,
-    q,
-    k_base,
-    v_base,
-    kv_offs_k,
-    kv_offs_v,
-    stride_kn,
-    stride_vn,
-    offs_m,
-    offs_n,
-    d_mask,
-    NK,
-    qk_scale,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """One iteration of _fwd_inner: the block starting at start_n."""
-    k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kn + kv_offs_k
-    v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vn + kv_offs_v
-    if MASKED:
-        in_n = (start_n + offs_n) < NK
-        kt = tl.load(k_ptrs, mask=in_n[None, :] & d_mask[:, None], other=0.0)
-    elif EVEN_D:
-        kt = tl.load(k_ptrs)
-    else:
-        kt = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
-    qk = tl.dot(q, kt, input_precision=PREC)
-    if MASKED:
-        keep = in_n[None, :]
-        if CAUSAL:
-            keep = keep & ((start_n + offs_n)[None, :] <= offs_m[:, None])
-        qk = tl.where(keep, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        qk = qk - m_new[:, None]
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        qk = qk * qk_scale - m_new[:, None]
-    p = tl.math.exp2(qk)
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    if MASKED:
-        v = tl.load(v_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
-    elif EVEN_D:
-        v = tl.load(v_ptrs)
-    else:
-        v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
-    m_i = m_new
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _fwd_inner(
     acc,
     l_i,
@@ -131,29 +71,38 @@ def _fwd_inner(
 ):
     """Stream key/value blocks [lo, hi) past one query tile; MASKED blocks mask keys >= NK (and j > i if CAUSAL)."""
     for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
-        acc, l_i, m_i = _fwd_step(
-            acc,
-            l_i,
-            m_i,
-            start_n,
-            q,
-            k_base,
-            v_base,
-            kv_offs_k,
-            kv_offs_v,
-            stride_kn,
-            stride_vn,
-            offs_m,
-            offs_n,
-            d_mask,
-            NK,
-            qk_scale,
-            BLOCK_N,
-            MASKED,
-            CAUSAL,
-            EVEN_D,
-            PREC,
-        )
+        k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kn + kv_offs_k
+        v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vn + kv_offs_v
+        if MASKED:
+            in_n = (start_n + offs_n) < NK
+            kt = tl.load(k_ptrs, mask=in_n[None, :] & d_mask[:, None], other=0.0)
+        elif EVEN_D:
+            kt = tl.load(k_ptrs)
+        else:
+            kt = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
+        qk = tl.dot(q, kt, input_precision=PREC)
+        if MASKED:
+            keep = in_n[None, :]
+            if CAUSAL:
+                keep = keep & ((start_n + offs_n)[None, :] <= offs_m[:, None])
+            qk = tl.where(keep, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_new[:, None]
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_new[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASKED:
+            v = tl.load(v_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
+        elif EVEN_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -289,65 +238,6 @@ def attention_bwd_delta_kernel(
 
 
 @triton.jit
-def _dkdv_step(
-    dk,
-    dv,
-    start_m,
-    k,
-    v,
-    q_base,
-    do_base,
-    lse_base,
-    delta_base,
-    q_offs,
-    do_offs,
-    sqn,
-    sdn,
-    offs_n,
-    rows,
-    d_mask,
-    NQ,
-    qk_scale,
-    BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """One iteration of _dkdv_inner: the block starting at start_m."""
-    q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn + q_offs
-    do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn + do_offs
-    offs_m = start_m + rows
-    if MASKED:
-        in_m = offs_m < NQ
-        q = tl.load(q_ptrs, mask=in_m[:, None] & d_mask[None, :], other=0.0)
-        do = tl.load(do_ptrs, mask=in_m[:, None] & d_mask[None, :], other=0.0)
-        lse = tl.load(lse_base + offs_m, mask=in_m, other=0.0)
-        delta = tl.load(delta_base + offs_m, mask=in_m, other=0.0)
-    else:
-        if EVEN_D:
-            q = tl.load(q_ptrs)
-            do = tl.load(do_ptrs)
-        else:
-            q = tl.load(q_ptrs, mask=d_mask[None, :], other=0.0)
-            do = tl.load(do_ptrs, mask=d_mask[None, :], other=0.0)
-        lse = tl.load(lse_base + offs_m)
-        delta = tl.load(delta_base + offs_m)
-    st = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BLOCK_N, BLOCK_M) = S^T
-    pt = tl.math.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
-    if MASKED:
-        keep = in_m[None, :]
-        if CAUSAL:
-            keep = keep & (offs_m[None, :] >= offs_n[:, None])
-        pt = tl.where(keep, pt, 0.0)
-    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
-    dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
-    dst = pt * (dpt - delta[None, :])
-    dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PREC)
-    return dk, dv
-
-
-@triton.jit
 def _dkdv_inner(
     dk,
     dv,
@@ -376,31 +266,35 @@ def _dkdv_inner(
 ):
     """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi)."""
     for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
-        dk, dv = _dkdv_step(
-            dk,
-            dv,
-            start_m,
-            k,
-            v,
-            q_base,
-            do_base,
-            lse_base,
-            delta_base,
-            q_offs,
-            do_offs,
-            sqn,
-            sdn,
-            offs_n,
-            rows,
-            d_mask,
-            NQ,
-            qk_scale,
-            BLOCK_M,
-            MASKED,
-            CAUSAL,
-            EVEN_D,
-            PREC,
-        )
+        q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn + q_offs
+        do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn + do_offs
+        offs_m = start_m + rows
+        if MASKED:
+            in_m = offs_m < NQ
+            q = tl.load(q_ptrs, mask=in_m[:, None] & d_mask[None, :], other=0.0)
+            do = tl.load(do_ptrs, mask=in_m[:, None] & d_mask[None, :], other=0.0)
+            lse = tl.load(lse_base + offs_m, mask=in_m, other=0.0)
+            delta = tl.load(delta_base + offs_m, mask=in_m, other=0.0)
+        else:
+            if EVEN_D:
+                q = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
+            else:
+                q = tl.load(q_ptrs, mask=d_mask[None, :], other=0.0)
+                do = tl.load(do_ptrs, mask=d_mask[None, :], other=0.0)
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        st = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BLOCK_N, BLOCK_M) = S^T
+        pt = tl.math.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
+        if MASKED:
+            keep = in_m[None, :]
+            if CAUSAL:
+                keep = keep & (offs_m[None, :] >= offs_n[:, None])
+            pt = tl.where(keep, pt, 0.0)
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
+        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dst = pt * (dpt - delta[None, :])
+        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PREC)
     return dk, dv
 
 
@@ -513,57 +407,6 @@ def attention_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_step(
-    dq,
-    start_n,
-    q,
-    do,
-    lse,
-    delta,
-    k_base,
-    v_base,
-    k_offs,
-    v_offs,
-    skn,
-    svn,
-    offs_m,
-    offs_n,
-    d_mask,
-    NK,
-    qk_scale,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """One iteration of _dq_inner: the block starting at start_n."""
-    k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + k_offs
-    v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + v_offs
-    if MASKED:
-        in_n = (start_n + offs_n) < NK
-        k = tl.load(k_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
-        v = tl.load(v_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
-    elif EVEN_D:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    else:
-        k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
-        v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC)
-    p = tl.math.exp2(s * qk_scale - lse[:, None])
-    if MASKED:
-        keep = in_n[None, :]
-        if CAUSAL:
-            keep = keep & ((start_n + offs_n)[None, :] <= offs_m[:, None])
-        p = tl.where(keep, p, 0.0)
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-    ds = p * (dp - delta[:, None])
-    dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
-    return dq
-
-
-@triton.jit
 def _dq_inner(
     dq,
     q,
@@ -591,30 +434,28 @@ def _dq_inner(
 ):
     """Accumulate one query block's dQ (unscaled) over key blocks [lo, hi)."""
     for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
-        dq = _dq_step(
-            dq,
-            start_n,
-            q,
-            do,
-            lse,
-            delta,
-            k_base,
-            v_base,
-            k_offs,
-            v_offs,
-            skn,
-            svn,
-            offs_m,
-            offs_n,
-            d_mask,
-            NK,
-            qk_scale,
-            BLOCK_N,
-            MASKED,
-            CAUSAL,
-            EVEN_D,
-            PREC,
-        )
+        k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + k_offs
+        v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + v_offs
+        if MASKED:
+            in_n = (start_n + offs_n) < NK
+            k = tl.load(k_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC)
+        p = tl.math.exp2(s * qk_scale - lse[:, None])
+        if MASKED:
+            keep = in_n[None, :]
+            if CAUSAL:
+                keep = keep & ((start_n + offs_n)[None, :] <= offs_m[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
     return dq
 
 
