@@ -112,7 +112,8 @@ def test_bench_compare_against_a_baseline_matches_cases_and_fails_on_a_regressio
     regressed = [line for line in lines if "regressed" in line and "│" in line]
     assert len(regressed) == 1 and "4096" in regressed[0]
     assert "1 of 2 cases regressed past 50% slower; 0 new, 0 only in the baseline" in out.stdout
-    slow["median_ms"] *= 100  # now the baseline was slower everywhere
+    slow["median_ms"] *= 10_000  # now the baseline was 1000x slower everywhere (a busy CPU cannot undo that)
+    fast["median_ms"] *= 100
     base.write_text(json.dumps(data))
     assert fuselab(*args, "--compare", str(base), cache=tmp_path).returncode == 0
     missing = fuselab(*args, "--compare", str(tmp_path / "nope.json"), cache=tmp_path)
