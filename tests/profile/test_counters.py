@@ -209,6 +209,22 @@ def test_affordable_shape_falls_back_to_the_small_shape_for_a_slow_call():
     assert cn.affordable_shape(op, "slow_when_large", shapes[1:], "cpu", max_call_ms=0.0) == 0
 
 
+def test_affordable_shape_hands_a_refusing_impl_to_ncu():
+    """An impl that raises Unavailable at call time (SDPA forced to cuDNN, in float32: the H200 report's counters
+    section failed on it, 2026-12-01) gets the last shape, where ncu's child reports the refusal as a row."""
+    from fuselab.ops.evaluate import Unavailable
+    from tests.ops.test_evaluate import make_toy
+
+    op = make_toy()
+
+    @op.impl("refuses")
+    def refuses(x):
+        raise Unavailable("no kernel for float32 here")
+
+    assert op.get_impl("refuses").unavailable("cpu", None) is None  # asked first, it says it can run
+    assert cn.affordable_shape(op, "refuses", [(4099,), (17,)], "cpu", max_call_ms=20.0) == 1
+
+
 def test_study_sample_naive_against_fused():
     """Real H200 run (the counters study, counters.json): naive GELU's 9 kernels against F.gelu's one, 2^26 fp32."""
     kernels = cn.parse_raw_csv((DATA / "ncu_raw_study_h200.csv").read_text())

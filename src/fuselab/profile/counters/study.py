@@ -110,8 +110,11 @@ def affordable_shape(op: Op, impl: str, shapes: Sequence[tuple[int, ...]], devic
     """The index of the first of `shapes` at which one plain call of `impl` (float32, default options) takes at most
     `max_call_ms`, else the last one's: ncu replays each kernel of a call many times over, so a call of seconds (a
     teaching impl's Python loop over blocks launches thousands of kernels) would hold it for hours. A call over the
-    bound is timed a second time (the first may have compiled) before the next shape is tried."""
+    bound is timed a second time (the first may have compiled) before the next shape is tried. An impl that refuses
+    the call (Unavailable: cuDNN has no float32 attention) gets the last shape: ncu's child reports its refusal."""
     import torch
+
+    from fuselab.ops.evaluate import Unavailable
 
     fn, options = op.get_impl(impl).fn, op.default_options()
     on_gpu = torch.device(device).type == "cuda"
@@ -121,7 +124,10 @@ def affordable_shape(op: Op, impl: str, shapes: Sequence[tuple[int, ...]], devic
             if on_gpu:
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
-            fn(*inputs, **options)
+            try:
+                fn(*inputs, **options)
+            except Unavailable:
+                return len(shapes) - 1
             if on_gpu:
                 torch.cuda.synchronize(device)
             if (time.perf_counter() - start) * 1e3 <= max_call_ms:
