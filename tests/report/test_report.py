@@ -187,3 +187,20 @@ def test_a_compute_bound_plot_holds_each_panel_to_its_dtypes_peak(tmp_path):
                 panel="panel")  # fmt: skip
     assert sorted(seen) == ["bfloat16", "float32"] and (tmp_path / "p.png").stat().st_size > 0
     assert _ceiling(ctx, get_op("gelu")) == 4000.0
+
+
+def test_every_timing_table_names_the_pass_where_both_ran(tmp_path):
+    """The H200 report's attention timings listed each shape twice, forward and forward + backward, with nothing to
+    tell them apart: the table has a pass column when both passes ran, none when one did."""
+    from fuselab.ops import get_op
+    from fuselab.report.doc import Doc
+    from fuselab.report.sections.ops import _full_table
+
+    row = {"impl": "triton", "dtype": "bfloat16", "shape": [1, 2, 33, 64], "causal": True, "median_ms": 1.0}
+    both = [{**row, "pass": "forward"}, {**row, "pass": "forward+backward", "median_ms": 3.0}]
+    doc = Doc(tmp_path)
+    _full_table(doc, get_op("attention"), both)
+    _full_table(doc, get_op("attention"), both[:1])
+    two, one = doc.blocks
+    assert two["headers"][3] == "pass" and [r[3] for r in two["rows"]] == ["forward", "forward+backward"]
+    assert "pass" not in one["headers"] and len(one["headers"]) == len(two["headers"]) - 1

@@ -241,11 +241,13 @@ def _ceiling(ctx: Context, op: Op) -> float | Callable[[list[dict]], float | Non
 def _full_table(doc: Doc, op: Op, rows: list[dict], caption: str = "every timing", folded: bool = True) -> None:
     rate, unit, pct, _ = _speed(op)
     memory = op.bound == "memory"
+    passes = len({r.get("pass", "forward") for r in rows}) > 1  # a column only where forward and backward both ran
     table = [
         [
             r["impl"],
             r["dtype"],
             format_shape(tuple(r["shape"])),
+            *([r.get("pass", "forward")] if passes else []),
             *[r.get(k) for k in op.options],
             ms(r.get("median_ms")),
             ms(r.get("iqr_ms")),
@@ -263,6 +265,7 @@ def _full_table(doc: Doc, op: Op, rows: list[dict], caption: str = "every timing
         "impl",
         "dtype",
         "shape",
+        *(["pass"] if passes else []),
         *op.options,
         "median",
         "IQR",
