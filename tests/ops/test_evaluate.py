@@ -339,3 +339,24 @@ def test_names_shapes_dtypes_options_are_validated():
         parse_dtype("int8")
     with pytest.raises(ValueError, match="no option"):
         op.resolve_options({"approximate": "tanh"})
+
+
+def test_summary_of_cases_some_passed_some_not_run():
+    """The H200 report showed sdpa-cudnn bf16 as 'unavailable' beside its errors: cuDNN refused the first check shape
+    and passed the others. A group with a pass and no failure is a pass that counts the cases not run; a failure
+    wins over both; a group with no case run keeps its status."""
+    from fuselab.ops.evaluate import summarize_checks
+
+    def case(status, shape, err=None, reason=None):
+        return {"impl": "i", "dtype": "bfloat16", "shape": shape, "status": status, "rel_err": err, "reason": reason}
+
+    refused = case("unavailable", [2, 1, 16], reason="no kernel for d=16")
+    (mixed,) = summarize_checks([refused, case("pass", [3, 65], 1e-3), case("pass", [5, 7], 2e-3)])
+    assert mixed["status"] == "pass" and mixed["rel_err"] == 2e-3 and mixed["cases"] == 3
+    assert mixed["reason"] == "1 of 3 cases unavailable: no kernel for d=16"
+    (failed,) = summarize_checks([refused, case("pass", [3, 65], 1e-3), case("FAIL", [5, 7], 9.0, "over")])
+    assert failed["status"] == "FAIL" and failed["reason"] == "over"
+    (none_run,) = summarize_checks([refused, {**refused, "shape": [3, 3]}])
+    assert none_run["status"] == "unavailable" and none_run["reason"] == "no kernel for d=16"
+    (passed,) = summarize_checks([case("pass", [3, 65], 1e-3)])
+    assert passed["status"] == "pass" and passed["reason"] is None

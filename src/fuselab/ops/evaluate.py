@@ -337,22 +337,28 @@ def check_op(
 
 
 def summarize_checks(rows: list[dict]) -> list[dict]:
-    """One row per impl, dtype and option values: the worst errors, FAIL if any case failed."""
+    """One row per impl, dtype and option values: the worst errors; FAIL if any case failed, else pass if any passed
+    (the reason then counts the cases not run, e.g. "2 of 5 cases unavailable: ..."), else the first case's status."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         key = tuple((k, row[k]) for k in row if k not in _PER_CASE)
         groups.setdefault(key, []).append(row)
     out = []
     for members in groups.values():
-        first = members[0]
-        worst = [m for m in members if m["status"] == "FAIL"] or members
-        summary = {k: v for k, v in first.items() if k not in _PER_CASE}
+        summary = {k: v for k, v in members[0].items() if k not in _PER_CASE}
         summary["cases"] = len(members)
         for err in ("rel_err", "grad_rel_err"):
             values = [m[err] for m in members if m.get(err) is not None]
             summary[err] = max(values) if values else None
-        summary["status"] = worst[0]["status"]
-        summary["reason"] = worst[0].get("reason")
+        failed = [m for m in members if m["status"] == "FAIL"]
+        not_run = [m for m in members if m["status"] not in ("pass", "FAIL")]
+        if failed or len(not_run) in (0, len(members)):
+            worst = (failed or members)[0]
+            summary["status"], summary["reason"] = worst["status"], worst.get("reason")
+        else:
+            first = not_run[0]
+            summary["status"] = "pass"
+            summary["reason"] = f"{len(not_run)} of {len(members)} cases {first['status']}: {first.get('reason')}"
         out.append(summary)
     return out
 
