@@ -169,18 +169,20 @@ def test_bad_input_gets_a_clear_error(tmp_path, args, message):
 def test_bench_speed_axis_is_what_varies():
     """Sizes that differ in element count are plotted against it; a sweep at one element count (softmax's widths)
     against the last dimension instead of a single column of points."""
+    from fuselab.bench.record import Case, Row, Status
     from fuselab.ops import get_op
     from fuselab.ops.choices import speed_axis
 
     op = get_op("softmax")
-    sizes = [{"numel": n, "shape": [n], "dtype": "float32"} for n in (16, 64)]
+    sizes = [Row(Case.of("softmax", "torch", "float32", (n,)), numel=n) for n in (16, 64)]
     points, _, label = speed_axis(sizes, op)
     assert label == "elements" and [p["x"] for p in points] == [16, 64]
-    widths = [{"numel": 4096, "shape": [4096 // w, w]} for w in (128, 512)] + [{"error": "oom", "shape": [1, 7]}]
+    widths = [Row(Case.of("softmax", "torch", "float32", (4096 // w, w)), numel=4096) for w in (128, 512)]
+    widths.append(Row(Case.of("softmax", "torch", "float32", (1, 7)), status=Status.ERROR, error="oom"))
     points, _x, label = speed_axis(widths, op)
     assert label == "last dimension" and [p["x"] for p in points] == [128, 512, 7]
     attention = get_op("attention")  # an op with its own axis (N) and panels (head dim)
-    rows = [{"shape": [8, 16, n, 64], "dtype": "bfloat16", "causal": True, "pass": "forward"} for n in (512, 2048)]
+    rows = [Row(Case.of("attention", "sdpa", "bfloat16", (8, 16, n, 64), {"causal": True})) for n in (512, 2048)]
     points, _, label = speed_axis(rows, attention)
     assert label == "N" and [p["x"] for p in points] == [512, 2048]
     assert points[0]["panel"] == "bf16 causal=True d=64"

@@ -120,12 +120,11 @@ def test_rates_keep_the_decimals_small_values_need():
 
 
 def test_unmeasured_rows_print_one_line_each_without_the_exception_path():
+    from fuselab.bench.record import Case, Row, Status
     from fuselab.cli.bench import not_measured_lines
 
-    rows = [
-        {"impl": "cuda", "dtype": d, "status": "unavailable", "error": "cuda runs on cuda only, not on cpu"}
-        for d in ("float32", "bfloat16")
-    ]
+    why = "cuda runs on cuda only, not on cpu"
+    rows = [Row(Case.of("gelu", "cuda", d, (7,)), status=Status.UNAVAILABLE, error=why) for d in ("fp32", "bf16")]
     assert not_measured_lines(rows) == [
         "[yellow]cuda[/yellow] (fp32, bf16; 2 cases) unavailable: cuda runs on cuda only, not on cpu"
     ]

@@ -80,20 +80,21 @@ def test_layouts_keep_shape_and_values(layout: str, shape: tuple[int, ...]) -> N
 
 
 def test_ratios_and_summary() -> None:
+    from fuselab.bench.record import Case, Row
+
+    def row(impl: str, width: int, median_ms: float) -> Row:
+        return Row(Case.of("x", impl, "float32", (3, width)), median_ms=median_ms)
+
     rows = []
     for i, width in enumerate((100, 200, 300, 400, 500, 600)):
-        case = {"op": "x", "dtype": "float32", "shape": [3, width]}
-        rows += [
-            {**case, "impl": "torch", "median_ms": 1.0, "error": None},
-            {**case, "impl": "compile", "median_ms": 0.5 if i == 0 else 2.0, "error": None},
-            {**case, "impl": "mine", "median_ms": 1.0 + 0.1 * i, "error": None},
-        ]
-    rows.append({"op": "x", "dtype": "float32", "shape": [3, 700], "impl": "mine", "median_ms": 1.0, "error": None})
-    sh.add_ratios(rows, ("torch", "compile"), ("op", "dtype", "shape"))
-    mine = [r for r in rows if r["impl"] == "mine"]
-    assert mine[0]["ratio"] == pytest.approx(2.0) and mine[0]["best_peer"] == "compile"
-    assert mine[1]["ratio"] == pytest.approx(1.1) and mine[1]["best_peer"] == "torch"
-    assert mine[-1]["ratio"] is None  # no peer timed that case
+        rows += [row("torch", width, 1.0), row("compile", width, 0.5 if i == 0 else 2.0)]
+        rows.append(row("mine", width, 1.0 + 0.1 * i))
+    rows.append(row("mine", 700, 1.0))
+    rows = sh.add_ratios(rows, ("torch", "compile"))
+    mine = [r for r in rows if r.case.impl == "mine"]
+    assert mine[0].ratio == pytest.approx(2.0) and mine[0].best_peer == "compile"
+    assert mine[1].ratio == pytest.approx(1.1) and mine[1].best_peer == "torch"
+    assert mine[-1].ratio is None  # no peer timed that case
     (summary,) = [s for s in sh.summarize(rows) if s["impl"] == "mine"]
     ratios = np.array([2.0, 1.1, 1.2, 1.3, 1.4, 1.5])
     assert summary["shapes"] == 6 and summary["worst"] == pytest.approx(2.0)

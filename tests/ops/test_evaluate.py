@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fuselab.bench.dtypes import parse_dtype
+from fuselab.bench.record import Case, Row
 from fuselab.ops.evaluate import Unavailable, add_derived, bench_op, check_op, gradient_error, relative_error
 from fuselab.ops.registry import Defaults, Op, UnknownName, get_op, parse_shape
 
@@ -114,8 +115,8 @@ def test_an_impl_is_unavailable_in_the_dtypes_it_does_not_compute_in(tmp_path):
     timing = {"warmup_ms": 1, "rep_ms": 2, "min_reps": 3}
     rows = bench_op(op, impls=["torch", "half_only"], dtypes=[torch.float32], device="cpu", timing=timing,
                     out=tmp_path / "r.jsonl", show_progress=False)  # fmt: skip
-    by_impl = {r["impl"]: r for r in rows}
-    assert by_impl["torch"]["median_ms"] > 0 and "not float32" in by_impl["half_only"]["error"]
+    by_impl = {r.case.impl: r for r in rows}
+    assert by_impl["torch"].median_ms > 0 and "not float32" in by_impl["half_only"].error
 
 
 def test_a_case_the_impl_has_no_kernel_for_is_unavailable_not_failed():
@@ -148,15 +149,15 @@ def test_bench_rows_carry_speed_errors_and_environment(tmp_path):
         timing=timing,
         show_progress=False,
     )
-    by_impl = {r["impl"]: r for r in rows}
-    assert by_impl["torch"]["median_ms"] > 0 and by_impl["torch"]["gbps"] > 0
-    assert by_impl["torch"]["speedup_vs_torch"] == pytest.approx(1.0)
-    assert by_impl["torch"]["torch"] == torch.__version__ and "triton" in by_impl["torch"]
-    assert by_impl["compiled"]["compile_s"] > 0 and by_impl["compiled"]["compile_graphs"] == 1
-    same = by_impl["torch"]["copy_same_gbps"]  # a copy of the same bytes, timed after the sweep
-    assert same > 0 and by_impl["compiled"]["copy_same_gbps"] == same
-    assert by_impl["torch"]["pct_copy_same"] == pytest.approx(100 * by_impl["torch"]["gbps"] / same)
-    assert "cuda only" in by_impl["gpu_only"]["error"]
+    by_impl = {r.case.impl: r for r in rows}
+    assert by_impl["torch"].median_ms > 0 and by_impl["torch"].gbps > 0
+    assert by_impl["torch"].speedup == pytest.approx(1.0) and by_impl["torch"].baseline == "torch"
+    assert by_impl["torch"].torch == torch.__version__ and "triton" in by_impl["torch"].to_json()
+    assert by_impl["compiled"].compile_s > 0 and by_impl["compiled"].compile_graphs == 1
+    same = by_impl["torch"].copy_same_gbps  # a copy of the same bytes, timed after the sweep
+    assert same > 0 and by_impl["compiled"].copy_same_gbps == same
+    assert by_impl["torch"].pct_copy_same == pytest.approx(100 * by_impl["torch"].gbps / same)
+    assert "cuda only" in by_impl["gpu_only"].error
 
 
 def test_bench_times_the_impls_of_one_case_back_to_back(tmp_path):
@@ -171,7 +172,7 @@ def test_bench_times_the_impls_of_one_case_back_to_back(tmp_path):
     expected = [(d, list(s), i) for d in ("float32", "bfloat16") for s in shapes for i in impls]
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(r["dtype"], r["shape"], r["impl"]) for r in logged] == expected
-    assert [(r["dtype"], r["shape"], r["impl"]) for r in rows] == expected
+    assert [(r.case.dtype, list(r.case.shape), r.case.impl) for r in rows] == expected
 
 
 def test_bench_impls_of_a_case_take_turns_on_one_input(tmp_path):
@@ -194,9 +195,9 @@ def test_bench_impls_of_a_case_take_turns_on_one_input(tmp_path):
     # call_cost_ms=0: the call-cost measurement would call the impls again after the timed rounds
     rows = bench_op(op, impls=["first", "broken", "second"], dtypes=[torch.float32], device="cpu", timing=timing,
                     rounds=3, show_progress=False, call_cost_ms=0)  # fmt: skip
-    by_impl = {r["impl"]: r for r in rows}
-    assert by_impl["first"]["rounds"] == 3 and by_impl["first"]["n"] == 6 and by_impl["second"]["n"] == 6
-    assert "RuntimeError" in by_impl["broken"]["error"] and by_impl["second"]["error"] is None
+    by_impl = {r.case.impl: r for r in rows}
+    assert by_impl["first"].rounds == 3 and by_impl["first"].n == 6 and by_impl["second"].n == 6
+    assert "RuntimeError" in by_impl["broken"].error and by_impl["second"].error is None
     assert len({ptr for _, ptr in seen}) == 1
     timed = [name for name, _ in seen[-12:]]
     assert timed == ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2
@@ -224,30 +225,26 @@ def test_bench_call_cap_leaves_a_slow_impl_out_of_costlier_cases_and_keeps_it_ou
     kwargs = dict(impls=["torch", "slow"], dtypes=[torch.float32], shapes=shapes, device="cpu", out=log, timing=timing,
                   rounds=1, show_progress=False, call_cost_ms=0, max_call_ms=2.0)  # fmt: skip
     rows = bench_op(op, **kwargs)
-    slow = {tuple(r["shape"]): r for r in rows if r["impl"] == "slow"}
-    assert slow[(64,)]["status"] == "ok" and slow[(101,)]["status"] == "ok" and slow[(101,)]["median_ms"] > 2.0
-    assert slow[(11, 10)]["status"] == "skipped" and slow[(300,)]["status"] == "skipped"
-    assert (
-        "ms a call already at 101" in slow[(300,)]["error"] and "2 ms a call this sweep allows" in slow[(300,)]["error"]
-    )
-    assert all(r["status"] == "ok" for r in rows if r["impl"] == "torch")
+    slow = {r.case.shape: r for r in rows if r.case.impl == "slow"}
+    assert slow[(64,)].status == "ok" and slow[(101,)].status == "ok" and slow[(101,)].median_ms > 2.0
+    assert slow[(11, 10)].status == "skipped" and slow[(300,)].status == "skipped"
+    assert "ms a call already at 101" in slow[(300,)].error and "2 ms a call this sweep allows" in slow[(300,)].error
+    assert all(r.status == "ok" for r in rows if r.case.impl == "torch")
     start = time.perf_counter()
     again = bench_op(op, **kwargs)  # resumed: the skipped rows are run again, and skipped again
-    assert [r["status"] for r in again] == [r["status"] for r in rows]
+    assert [r.status for r in again] == [r.status for r in rows]
     assert time.perf_counter() - start < 1.0
     uncapped = bench_op(op, **{**kwargs, "out": None, "max_call_ms": None, "shapes": [(300,)]})
-    assert all(r["status"] == "ok" for r in uncapped)
+    assert all(r.status == "ok" for r in uncapped)
     backwards = bench_op(op, **{**kwargs, "out": None, "shapes": shapes[::-1]})  # timed cheapest first all the same
-    assert {(r["impl"], tuple(r["shape"])): r["status"] for r in backwards} == {
-        (r["impl"], tuple(r["shape"])): r["status"] for r in rows
-    }
-    assert [tuple(r["shape"]) for r in backwards][::2] == shapes
+    assert {r.case: r.status for r in backwards} == {r.case: r.status for r in rows}
+    assert [r.case.shape for r in backwards][::2] == shapes
     second_sweep = {**kwargs, "out": None, "shapes": [(17, 19)]}  # another sweep, as the report's second one
-    alone = {r["impl"]: r["status"] for r in bench_op(op, **second_sweep)}
+    alone = {r.case.impl: r.status for r in bench_op(op, **second_sweep)}
     assert alone == {"torch": "ok", "slow": "ok"}  # its own cap has seen no slow call yet
-    after = {r["impl"]: r for r in bench_op(op, **second_sweep, slow_before=rows)}
-    assert after["slow"]["status"] == "skipped" and "already at 101" in after["slow"]["error"]
-    assert after["torch"]["status"] == "ok"
+    after = {r.case.impl: r for r in bench_op(op, **second_sweep, slow_before=rows)}
+    assert after["slow"].status == "skipped" and "already at 101" in after["slow"].error
+    assert after["torch"].status == "ok"
 
 
 def test_a_resumed_bench_times_only_the_impls_its_log_lacks(tmp_path):
@@ -271,23 +268,26 @@ def test_a_resumed_bench_times_only_the_impls_its_log_lacks(tmp_path):
     calls["first"] = 0
     rows = bench_op(op, impls=["first", "second"], **kwargs)
     assert calls["first"] == 0 and calls["second"] > 0  # the logged impl is not timed again beside the new one
-    assert [(r["impl"], r["status"]) for r in rows] == [("first", "ok"), ("second", "ok")] * 2
+    assert [(r.case.impl, r.status) for r in rows] == [("first", "ok"), ("second", "ok")] * 2
+
+
+def _row(impl, dtype, shape, median_ms, gbps, nbytes):
+    return Row(Case.of("toy", impl, dtype, shape), median_ms=median_ms, gbps=gbps, bytes=nbytes)
 
 
 def test_add_derived_compares_only_the_same_case():
     rows = [
-        {"impl": "torch", "dtype": "float32", "shape": [8], "median_ms": 2.0, "gbps": 50.0},
-        {"impl": "fast", "dtype": "float32", "shape": [8], "median_ms": 1.0, "gbps": 100.0},
-        {"impl": "fast", "dtype": "bfloat16", "shape": [8], "median_ms": 1.0, "gbps": 100.0},
+        _row("torch", "float32", (8,), 2.0, 50.0, 64),
+        _row("fast", "float32", (8,), 1.0, 100.0, 64),
+        _row("fast", "bfloat16", (8,), 1.0, 100.0, 32),
+        _row("fast", "float32", (9,), 1.0, 100.0, 72),
     ]
-    for row in rows:
-        row["bytes"] = 64 if row["dtype"] == "float32" else 32
-    add_derived(rows, "torch", 200.0, peer_fields=("dtype", "shape"), same_size_copy={64: 125.0})
-    assert rows[1]["speedup_vs_torch"] == 2.0 and rows[1]["pct_copy"] == 50.0
-    assert rows[1]["copy_same_gbps"] == 125.0 and rows[1]["pct_copy_same"] == 80.0
-    assert rows[2]["speedup_vs_torch"] is None
-    assert rows[2]["pct_copy_same"] is None  # no copy timed at its size
-    assert not any(r.get("warnings") for r in rows)
+    rows = add_derived(rows, "torch", 200.0, same_size_copy={64: 125.0})
+    assert rows[1].speedup == 2.0 and rows[1].pct_copy == 50.0 and rows[1].field("speedup_vs_torch") == 2.0
+    assert rows[1].copy_same_gbps == 125.0 and rows[1].pct_copy_same == 80.0
+    assert rows[2].speedup is None and rows[3].speedup is None  # another dtype, another shape
+    assert rows[2].pct_copy_same is None  # no copy timed at its size
+    assert not any(r.warnings for r in rows)
 
 
 def test_the_reference_in_pieces_equals_the_whole_and_the_error_sums_over_pieces(monkeypatch):
@@ -316,13 +316,10 @@ def test_a_rate_past_the_copy_ceiling_is_flagged_on_the_row_and_in_the_table():
     from fuselab.cli.bench import above_ceiling_lines
     from fuselab.ops.evaluate import ABOVE_CEILING_NOTE
 
-    rows = [
-        {"impl": "torch", "dtype": "float32", "shape": [8, 128], "median_ms": 1.0, "gbps": 615.0, "bytes": 64},
-        {"impl": "torch", "dtype": "float32", "shape": [9, 128], "median_ms": 1.0, "gbps": 105.0, "bytes": 72},
-    ]
-    add_derived(rows, "torch", 1000.0, peer_fields=("dtype", "shape"), same_size_copy={64: 100.0, 72: 100.0})
-    assert rows[0]["warnings"] == [f"615% of {ABOVE_CEILING_NOTE}"]
-    assert not rows[1].get("warnings")  # 105%: within the timing's own spread
+    rows = [_row("torch", "float32", (8, 128), 1.0, 615.0, 64), _row("torch", "float32", (9, 128), 1.0, 105.0, 72)]
+    rows = add_derived(rows, "torch", 1000.0, same_size_copy={64: 100.0, 72: 100.0})
+    assert rows[0].warnings == (f"615% of {ABOVE_CEILING_NOTE}",)
+    assert not rows[1].warnings  # 105%: within the timing's own spread
     (line,) = above_ceiling_lines(rows)
     assert "torch" in line and "fp32 8x128 615%" in line and "stayed in a cache" in line
 

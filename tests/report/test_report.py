@@ -192,12 +192,13 @@ def test_a_compute_bound_plot_holds_each_panel_to_its_dtypes_peak(tmp_path):
 def test_every_timing_table_names_the_pass_where_both_ran(tmp_path):
     """The H200 report's attention timings listed each shape twice, forward and forward + backward, with nothing to
     tell them apart: the table has a pass column when both passes ran, none when one did."""
+    from fuselab.bench.record import Case, Row
     from fuselab.ops import get_op
     from fuselab.report.doc import Doc
     from fuselab.report.sections.ops import _full_table
 
-    row = {"impl": "triton", "dtype": "bfloat16", "shape": [1, 2, 33, 64], "causal": True, "median_ms": 1.0}
-    both = [{**row, "pass": "forward"}, {**row, "pass": "forward+backward", "median_ms": 3.0}]
+    case = Case.of("attention", "triton", "bfloat16", (1, 2, 33, 64), {"causal": True})
+    both = [Row(case, median_ms=1.0), Row(dataclasses.replace(case, pass_="forward+backward"), median_ms=3.0)]
     doc = Doc(tmp_path)
     _full_table(doc, get_op("attention"), both)
     _full_table(doc, get_op("attention"), both[:1])

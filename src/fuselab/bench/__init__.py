@@ -3,6 +3,7 @@
 from fuselab.bench.ceilings import get_ceilings, measure_ceilings
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
+from fuselab.bench.record import Case, Row, Status
 from fuselab.bench.sweep import grid, load_records, run_sweep
 from fuselab.bench.timer import (
     PITFALLS,
@@ -18,8 +19,11 @@ from fuselab.bench.timer import (
 __all__ = [
     "PITFALLS",
     "CallCost",
+    "Case",
     "Measurement",
     "Measurements",
+    "Row",
+    "Status",
     "Timing",
     "WatchedCompile",
     "benchmark",

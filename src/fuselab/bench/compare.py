@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fuselab.bench.log import latest_by_key, load_records
+from fuselab.bench.record import Case, Row
 
 CLOSE = 0.02  # a runner-up within 2% is a close call
 
@@ -163,10 +164,10 @@ def compare_runs(one: list[dict], many: list[dict], walls: Walls | None = None, 
 
 @dataclass(frozen=True)
 class CaseChange:
-    """One case measured now and in a baseline run: its fields, both medians (ms), now / baseline (over 1: slower),
+    """One case measured now and in a baseline run: the case, both medians (ms), now / baseline (over 1: slower),
     and whether that is past the threshold."""
 
-    case: dict
+    case: Case
     baseline_ms: float
     now_ms: float
     ratio: float
@@ -188,14 +189,14 @@ class BaselineComparison:
         return [c for c in self.changes if c.regressed]
 
 
-def load_rows(path: Path) -> list[dict]:
+def load_rows(path: Path) -> list[Row]:
     """A bench result to compare against: FILE.json (`--out`: its records) or a results log FILE.jsonl (the latest
     row of each case). OSError/ValueError naming the file when it is missing or not one."""
     path = Path(path)
     if not path.exists():
         raise OSError(f"no baseline {path}")
     if path.suffix == ".jsonl":
-        return list(latest_by_key(load_records(path)).values())
+        return [Row.from_json(r) for r in latest_by_key(load_records(path)).values()]
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -203,20 +204,19 @@ def load_rows(path: Path) -> list[dict]:
         raise ValueError(f"{path} is not JSON ({exc.msg}); {hint}") from None
     if not isinstance(data, dict) or not isinstance(data.get("records"), list):
         raise ValueError(f"{path} holds no bench records; give a `fuselab bench --out` file or its .jsonl log")
-    return data["records"]
+    return [Row.from_json(r) for r in data["records"]]
 
 
-def compare_to_baseline(rows: list[dict], baseline: list[dict], threshold: float = 0.05) -> BaselineComparison:
-    """Each case measured in both (rows without an error, matched by their sweep key): now / baseline medians."""
+def compare_to_baseline(rows: list[Row], baseline: list[Row], threshold: float = 0.05) -> BaselineComparison:
+    """Each case measured in both (rows without an error, matched by their case): now / baseline medians."""
     if threshold < 0:
         raise ValueError(f"the threshold is a fraction >= 0, got {threshold}")
-    measured = lambda rs: {r["key"]: r for r in rs if not r.get("error") and r.get("median_ms")}  # noqa: E731
+    measured = lambda rs: {r.case: r for r in rs if r.measured and r.median_ms}  # noqa: E731
     now, before = measured(rows), measured(baseline)
     changes = []
-    for key in now.keys() & before.keys():
-        ratio = now[key]["median_ms"] / before[key]["median_ms"]
-        changes.append(
-            CaseChange(json.loads(key), before[key]["median_ms"], now[key]["median_ms"], ratio, ratio > 1 + threshold)
-        )
+    for case in now.keys() & before.keys():
+        then_ms, now_ms = before[case].median_ms, now[case].median_ms
+        ratio = now_ms / then_ms
+        changes.append(CaseChange(case, then_ms, now_ms, ratio, ratio > 1 + threshold))
     changes.sort(key=lambda c: -c.ratio)
     return BaselineComparison(changes, len(now.keys() - before.keys()), len(before.keys() - now.keys()), threshold)

@@ -11,13 +11,21 @@ import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from fuselab.bench.record import Case
+
 
 class SweepWarning(UserWarning):
     """Something about a results log the user should know (a torn last line was cut off, a damaged line left out)."""
 
 
-def case_key(case: Mapping[str, object]) -> str:
-    return json.dumps(case, sort_keys=True, default=str)
+def case_fields(case: Case | Mapping[str, object]) -> dict[str, object]:
+    """A case's flat JSON fields (a Case's `to_json`, a study's dict as it is)."""
+    return case.to_json() if isinstance(case, Case) else dict(case)
+
+
+def case_key(case: Case | Mapping[str, object]) -> str:
+    """The log's key of a case: its JSON fields, keys sorted."""
+    return json.dumps(case_fields(case), sort_keys=True, default=str)
 
 
 def load_records(path: str | Path) -> list[dict]:

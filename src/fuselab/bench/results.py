@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from fuselab.bench.record import Record, as_json, value
 from fuselab.bench.shapes import format_shape
 from fuselab.bench.timer import CPU_BUSY_FRACTION, NOISY_IQR_FRACTION, is_noisy
 
@@ -49,12 +50,13 @@ def fmt_rate(v: object) -> str:
     return f"{v:.3g}"
 
 
-def row_is_noisy(record: dict) -> bool:
+def row_is_noisy(record: Record) -> bool:
     """A measured row whose IQR is over NOISY_IQR_FRACTION of its median, or timed while the CPU was busy."""
-    if record.get("error"):
+    if value(record, "error"):
         return False
-    busy = record.get("cpu_busy")
-    return is_noisy(record.get("median_ms"), record.get("iqr_ms")) or (busy is not None and busy > CPU_BUSY_FRACTION)
+    busy = value(record, "cpu_busy")
+    median, iqr = value(record, "median_ms"), value(record, "iqr_ms")
+    return is_noisy(median, iqr) or (busy is not None and busy > CPU_BUSY_FRACTION)  # type: ignore[operator, arg-type]
 
 
 def fmt_plain(v: object) -> str:
@@ -68,7 +70,7 @@ def fmt_plain(v: object) -> str:
 
 
 def make_table(
-    records: Sequence[dict], columns: Sequence[Column], title: str = "", *, mark_noisy: str | None = None
+    records: Sequence[Record], columns: Sequence[Column], title: str = "", *, mark_noisy: str | None = None
 ) -> Table:
     """A rich Table of the given columns; a row with an error shows its first line in place of the measurements.
 
@@ -80,16 +82,16 @@ def make_table(
     for _, header, _ in columns:
         table.add_column(header, no_wrap=True)
     for record in records:
-        if record.get("error"):
-            cells = [fmt(record.get(field)) for field, _, fmt in columns[:3]]
-            status = record.get("status") or "error"
-            cells.append(f"[red]{status}: {first_line(record['error'])[:100]}[/red]")
+        if value(record, "error"):
+            cells = [fmt(value(record, field)) for field, _, fmt in columns[:3]]
+            status = value(record, "status") or "error"
+            cells.append(f"[red]{status}: {first_line(value(record, 'error'))[:100]}[/red]")
             cells += [""] * (len(columns) - len(cells))
             table.add_row(*cells[: len(columns)])
         else:
             cells = []
             for field, _, fmt in columns:
-                cell = fmt(record.get(field))
+                cell = fmt(value(record, field))
                 if field == mark_noisy and cell and row_is_noisy(record):
                     cell += NOISY_MARK
                 cells.append(cell)
@@ -113,16 +115,18 @@ def print_table(table: Table, console: Console | None = None) -> None:
     console.print(table)
 
 
-def write_json(records: Sequence[dict], path: str | Path, meta: dict | None = None) -> Path:
+def write_json(records: Sequence[Record], path: str | Path, meta: dict | None = None) -> Path:
     """{"meta": ..., "records": [...]} with indentation, for committing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": meta or {}, "records": list(records)}, indent=1, default=str) + "\n")
+    body = {"meta": meta or {}, "records": [as_json(r) for r in records]}
+    path.write_text(json.dumps(body, indent=1, default=str) + "\n")
     return path
 
 
-def write_csv(records: Sequence[dict], path: str | Path) -> Path:
+def write_csv(records: Sequence[Record], path: str | Path) -> Path:
     """Flat columns; nested values (lists, dicts) are written as JSON."""
+    records = [as_json(r) for r in records]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fields: list[str] = []
@@ -157,14 +161,14 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
 
 
 def plot_metric(
-    records: Iterable[dict],
+    records: Iterable[Record],
     path: str | Path,
     *,
     x: str,
     y: str,
     series: str = "impl",
     panel: str | None = "dtype",
-    ceiling: float | Callable[[list[dict]], float | None] | None = None,
+    ceiling: float | Callable[[list[Record]], float | None] | None = None,
     ceiling_label: str = "copy ceiling",
     xlabel: str | None = None,
     ylabel: str | None = None,
@@ -175,17 +179,17 @@ def plot_metric(
     """One line per `series` value of `y` against `x`, one panel per `panel` value; failed rows are left out.
     ceiling: a level drawn on every panel, or a function of a panel's rows giving its own."""
     plt = pyplot()
-    rows = [r for r in records if not r.get("error") and r.get(y) is not None and r.get(x) is not None]
-    panels = sorted({str(r.get(panel)) for r in rows}) if panel else [""]
+    rows = [r for r in records if not value(r, "error") and value(r, y) is not None and value(r, x) is not None]
+    panels = sorted({str(value(r, panel)) for r in rows}) if panel else [""]
     cols = min(4, max(1, len(panels)))  # panels wrap onto rows of at most four
     nrows = -(-max(1, len(panels)) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 4.2 * nrows), squeeze=False)
     for ax in axes.flat[len(panels or [""]) :]:
         ax.set_visible(False)
     for ax, name in zip(axes.flat, panels or [""], strict=False):
-        mine = [r for r in rows if not panel or str(r.get(panel)) == name]
-        for label in sorted({str(r.get(series)) for r in mine}):
-            points = sorted((r[x], r[y]) for r in mine if str(r.get(series)) == label)
+        mine = [r for r in rows if not panel or str(value(r, panel)) == name]
+        for label in sorted({str(value(r, series)) for r in mine}):
+            points = sorted((value(r, x), value(r, y)) for r in mine if str(value(r, series)) == label)
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
         level = ceiling(mine) if callable(ceiling) else ceiling  # a function: each panel's own (its dtype's peak)
         if level:

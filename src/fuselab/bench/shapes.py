@@ -11,11 +11,13 @@ a non-contiguous tensor holding the same values (transposed, sliced, expanded).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from fuselab.bench.record import Row
 
 Shape = tuple[int, ...]
 
@@ -217,38 +219,34 @@ def apply_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- summary
 
 
-def _case(row: dict, fields: Iterable[str]) -> str:
-    return repr([row.get(k) for k in fields])
-
-
-def add_ratios(rows: list[dict], peers: Sequence[str], case_fields: Sequence[str]) -> list[dict]:
-    """Give each row `best_peer` and `ratio` = its median / the fastest peer's median on the same case (None when no
-    peer was timed there). case_fields: the fields that make two rows the same case run by different impls."""
+def add_ratios(rows: Sequence[Row], peers: Sequence[str]) -> list[Row]:
+    """The rows with `best_peer` and `ratio` = their median / the fastest peer's median on the same case (None when
+    no peer was timed there)."""
     best: dict[str, tuple[float, str]] = {}
     for r in rows:
-        if r.get("impl") in peers and not r.get("error") and r.get("median_ms"):
-            key = _case(r, case_fields)
-            if key not in best or r["median_ms"] < best[key][0]:
-                best[key] = (r["median_ms"], r["impl"])
+        if r.case.impl in peers and r.measured and r.median_ms:
+            key = r.case.peer_key
+            if key not in best or r.median_ms < best[key][0]:
+                best[key] = (r.median_ms, r.case.impl)
+    out = []
     for r in rows:
-        peer = best.get(_case(r, case_fields))
-        ok = peer and not r.get("error") and r.get("median_ms")
-        r["best_peer"] = peer[1] if ok else None
-        r["ratio"] = r["median_ms"] / peer[0] if ok else None
-    return rows
+        peer = best.get(r.case.peer_key)
+        ok = peer is not None and r.measured and bool(r.median_ms)
+        out.append(r.updated(best_peer=peer[1] if ok else None, ratio=r.median_ms / peer[0] if ok else None))
+    return out
 
 
-def summarize(rows: Sequence[dict], group_fields: Sequence[str] = ("impl", "dtype"), worst: int = 5) -> list[dict]:
+def summarize(rows: Sequence[Row], group_fields: Sequence[str] = ("impl", "dtype"), worst: int = 5) -> list[dict]:
     """Per group (impl, dtype): shapes timed, worst ratio, 95th percentile, geometric mean, and the `worst` worst
     shapes with their ratios. Rows need `ratio` (`add_ratios`); rows without one are left out."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[Row]] = {}
     for r in rows:
-        if r.get("ratio") is not None:
-            groups.setdefault(tuple(r.get(k) for k in group_fields), []).append(r)
+        if r.ratio is not None:
+            groups.setdefault(tuple(r.field(k) for k in group_fields), []).append(r)
     out = []
     for key, members in groups.items():
-        ratios = np.array([m["ratio"] for m in members], dtype=np.float64)
-        ranked = sorted(members, key=lambda m: m["ratio"], reverse=True)[:worst]
+        ratios = np.array([m.ratio for m in members], dtype=np.float64)
+        ranked = sorted(members, key=lambda m: m.ratio or 0.0, reverse=True)[:worst]
         out.append(
             {
                 **dict(zip(group_fields, key, strict=True)),
@@ -256,29 +254,29 @@ def summarize(rows: Sequence[dict], group_fields: Sequence[str] = ("impl", "dtyp
                 "worst": float(ratios.max()),
                 "p95": float(np.percentile(ratios, 95)),
                 "geomean": float(np.exp(np.log(ratios).mean())),
-                "worst_shapes": [{"shape": m.get("shape"), "ratio": m["ratio"]} for m in ranked],
+                "worst_shapes": [{"shape": list(m.case.shape), "ratio": m.ratio} for m in ranked],
             }
         )
     return out
 
 
-def x_axis(rows: Sequence[dict]) -> tuple[str, str]:
+def x_axis(rows: Sequence[Row]) -> tuple[str, str]:
     """(field, label) to plot ratios against: the width (last dimension) when some shape has two or more
     dimensions, else the element count."""
-    if any(len(r.get("shape") or []) >= 2 for r in rows):
+    if any(len(r.case.shape) >= 2 for r in rows):
         return "width", "width (last dimension)"
     return "numel", "elements"
 
 
-def _x(row: dict, field: str, axis: tuple[str, Callable[[Shape], float]] | None) -> float:
-    shape = tuple(row.get("shape") or ())
+def _x(row: Row, field: str, axis: tuple[str, Callable[[Shape], float]] | None) -> float:
+    shape = row.case.shape
     if axis is not None:
         return axis[1](shape)
     return (shape or (1,))[-1] if field == "width" else math.prod(shape)
 
 
 def plot_ratios(
-    rows: Sequence[dict], path: str | Path, title: str = "", axis: tuple[str, Callable[[Shape], float]] | None = None
+    rows: Sequence[Row], path: str | Path, title: str = "", axis: tuple[str, Callable[[Shape], float]] | None = None
 ) -> Path:
     """Ratio to the best peer against width or size, one point per shape, one panel per dtype, one colour per impl;
     a line at 1 (as fast as the best peer). axis: (label, shape -> x) to plot against instead (an op's own axis)."""
@@ -286,15 +284,15 @@ def plot_ratios(
 
     plt = pyplot()
     field, label = ("axis", axis[0]) if axis else x_axis(rows)
-    rows = [r for r in rows if r.get("ratio") is not None]
-    dtypes = sorted({str(r.get("dtype")) for r in rows}) or [""]
+    rows = [r for r in rows if r.ratio is not None]
+    dtypes = sorted({r.case.dtype for r in rows}) or [""]
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.2), squeeze=False)
     for ax, dtype in zip(axes[0], dtypes, strict=True):
-        mine = [r for r in rows if str(r.get("dtype")) == dtype]
-        for impl in sorted({str(r["impl"]) for r in mine}):
-            pts = [r for r in mine if str(r["impl"]) == impl]
+        mine = [r for r in rows if r.case.dtype == dtype]
+        for impl in sorted({r.case.impl for r in mine}):
+            pts = [r for r in mine if r.case.impl == impl]
             xs = [_x(r, field, axis) for r in pts]
-            ax.scatter(xs, [r["ratio"] for r in pts], s=12, label=impl)
+            ax.scatter(xs, [r.ratio for r in pts], s=12, label=impl)
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xlabel(label)

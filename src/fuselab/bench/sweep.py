@@ -17,17 +17,17 @@ import itertools
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from enum import Enum
 from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from fuselab.bench import distributed
+from fuselab.bench import distributed, record
 from fuselab.bench.log import (  # noqa: F401  (the log's functions, where sweeps' users have imported them)
     SweepWarning,
     append_record,
+    case_fields,
     case_key,
     latest_by_key,
     load_records,
@@ -35,31 +35,12 @@ from fuselab.bench.log import (  # noqa: F401  (the log's functions, where sweep
 )
 from fuselab.bench.shapes import format_shape
 
-Case = dict[str, object]
+Case = Mapping[str, object] | record.Case  # a study's dict of JSON values, or an op's typed Case
 MAX_ERROR_CHARS = 2000
 PROGRESS_EVERY_S = 1.0  # without a terminal, a line per finished case, at most one a second (and the last)
 
 
-class Status(str, Enum):
-    """What became of a case: its row's `status` (a str, so it is written to JSON as its value)."""
-
-    OK = "ok"  # measured
-    ERROR = "error"  # it raised (out of memory, a compile error, a wrong result type)
-    UNAVAILABLE = "unavailable"  # cannot run here (no GPU, no Triton, no nvcc)
-    SKIPPED = "skipped"  # not worth running here (a Triton kernel under the CPU interpreter)
-    REFUSED = "refused"  # would not fit in memory
-
-    @property
-    def measured(self) -> bool:
-        return self is Status.OK
-
-    @property
-    def on_purpose(self) -> bool:
-        """Not run, and not a failure: the row says why."""
-        return self in (Status.UNAVAILABLE, Status.SKIPPED, Status.REFUSED)
-
-    def __str__(self) -> str:
-        return self.value
+Status = record.Status
 
 
 class NotRun(Exception):
@@ -154,7 +135,7 @@ def _run_cases(
         for i, (key, case) in enumerate(todo, 1):
             progress.update(task, description=f"{description}: {_short(case)}")
             start = time.perf_counter()
-            row = {**case, **extra, **_run_one(run_case, case), "key": key}
+            row = {**case_fields(case), **extra, **_run_one(run_case, case), "key": key}
             rows[key] = row
             if path is not None:
                 append_record(path, row)
@@ -184,10 +165,10 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _short(case: Mapping[str, object]) -> str:
+def _short(case: Case) -> str:
     parts = [
         format_shape(tuple(v)) if isinstance(v, list) and all(isinstance(d, int) for d in v) else str(v)
-        for v in case.values()
+        for v in case_fields(case).values()
         if not isinstance(v, dict)
     ]
     return " ".join(parts)[:70]

@@ -17,6 +17,7 @@ from fuselab.bench.ceilings import get_ceilings
 from fuselab.bench.compare import BaselineComparison, compare_to_baseline, load_rows
 from fuselab.bench.dtypes import short_name
 from fuselab.bench.env import provenance
+from fuselab.bench.record import Row, Status
 from fuselab.bench.results import (
     NOISY_LEGEND,
     first_line,
@@ -32,7 +33,6 @@ from fuselab.bench.results import (
     write_json,
 )
 from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratios
-from fuselab.bench.sweep import Status
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.choices import bench_cases, speed_axis
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 0
-    measured = [r for r in rows if not r.get("error")]
+    measured = [r for r in rows if r.measured]
     if measured:
         cols = columns(op.defaults.baseline, list(op.options), op.bound, args.backward)
         cols += [("rank", "rank", fmt_plain)] if distributed.active() else []
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     summary = None
     if drawn:
         by = (*op.options, *(["pass"] if args.backward else []))
-        summary = shape_ratios(op, rows, by)
+        rows, summary = shape_ratios(op, rows, by)
         shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in by], *SUMMARY_COLUMNS[2:]]
         title = f"{op.name}: time / best of {', '.join(op.defaults.peers)}"
         print_table(make_table(summary, shown, title=title), console)
@@ -167,9 +167,10 @@ def print_comparison(compared: BaselineComparison, path: Path, console: Console)
     """The cases against the baseline, slowest change first, regressions marked; then one line of counts."""
     records = []
     for c in compared.changes:
-        rest = " ".join(f"{k}={v}" for k, v in c.case.items() if k not in ("op", "impl", "dtype", "shape"))
+        fields = c.case.to_json()
+        rest = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("op", "impl", "dtype", "shape"))
         verdict = "[red]regressed[/red]" if c.regressed else ""
-        records.append({**c.case, "also": rest, "baseline_ms": c.baseline_ms, "now_ms": c.now_ms, "ratio": c.ratio,
+        records.append({**fields, "also": rest, "baseline_ms": c.baseline_ms, "now_ms": c.now_ms, "ratio": c.ratio,
                         "verdict": verdict})  # fmt: skip
     cols = [("impl", "impl", fmt_plain), ("dtype", "dtype", short_name), ("shape", "shape", fmt_plain)]
     cols += [("also", "case", fmt_plain)]
@@ -183,11 +184,11 @@ def print_comparison(compared: BaselineComparison, path: Path, console: Console)
     )
 
 
-def exit_status(rows: list[dict]) -> int:
+def exit_status(rows: list[Row]) -> int:
     """0 when a case was measured or every one was skipped on purpose; 1 when nothing was measured otherwise."""
-    if any(not r.get("error") for r in rows):
+    if any(r.measured for r in rows):
         return 0
-    return 0 if all(Status(r.get("status", "error")) is Status.SKIPPED for r in rows) else 1
+    return 0 if all(r.status is Status.SKIPPED for r in rows) else 1
 
 
 def fmt_worst(worst: list[dict]) -> str:
@@ -217,26 +218,26 @@ def random_draw(args: argparse.Namespace) -> int | None:
     return n
 
 
-def above_ceiling_lines(rows: list[dict]) -> list[str]:
+def above_ceiling_lines(rows: list[Row]) -> list[str]:
     """One line per impl whose rate passed the copy ceiling (ABOVE_CEILING_PCT), naming its cases."""
     by_impl: dict[str, list[str]] = {}
     for r in rows:
         pct = above_ceiling(r)
         if pct is not None:
-            case = f"{short_name(r['dtype'])} {format_shape(tuple(r['shape']))} {pct:.0f}%"
-            by_impl.setdefault(r["impl"], []).append(case)
+            case = f"{short_name(r.case.dtype)} {format_shape(r.case.shape)} {pct:.0f}%"
+            by_impl.setdefault(r.case.impl, []).append(case)
     return [f"[yellow]{impl}[/yellow] at {', '.join(cases)} of {ABOVE_CEILING_NOTE}" for impl, cases in by_impl.items()]
 
 
-def not_measured_lines(rows: list[dict]) -> list[str]:
+def not_measured_lines(rows: list[Row]) -> list[str]:
     """One line per impl, status and reason for the rows that were not measured, with their dtypes and case count."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
+    groups: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
-        if r.get("error"):
-            groups.setdefault((r["impl"], r.get("status") or "error", first_line(r["error"])), []).append(r)
+        if r.error:
+            groups.setdefault((r.case.impl, str(r.status), first_line(r.error)), []).append(r)
     lines = []
     for (impl, status, reason), members in groups.items():
-        dtypes = ", ".join(dict.fromkeys(short_name(r.get("dtype")) for r in members))
+        dtypes = ", ".join(dict.fromkeys(short_name(r.case.dtype) for r in members))
         cases = f"{len(members)} case{'s' if len(members) > 1 else ''}"
         style = "yellow" if status in ("skipped", "unavailable") else "red"
         lines.append(f"[{style}]{impl}[/{style}] ({dtypes}; {cases}) {status}: {reason}")

@@ -226,12 +226,12 @@ def bench_rows(op: Op, log: Log, device: str = "cuda") -> list[Check]:
         return [Check("bench", op.name, "fail", None, f"{type(exc).__name__}: {exc}"[:400])]
     seconds = (time.perf_counter() - start) / max(len(rows), 1)
     for r in rows:
-        options = " ".join(f"{k}={r[k]}" for k in op.options if k in r)
-        name = f"{op.name} {r['impl']} bf16 {format_shape(shape)} {r['pass']}" + (f" {options}" if options else "")
-        status = str(r.get("status"))
+        options = " ".join(f"{k}={v}" for k, v in r.case.options)
+        name = f"{op.name} {r.case.impl} bf16 {format_shape(shape)} {r.case.pass_}" + (f" {options}" if options else "")
+        status = str(r.status)
         if status == "ok":
-            outcome, detail = "pass", f"median {r['median_ms']:.4g} ms"
+            outcome, detail = "pass", f"median {r.median_ms:.4g} ms"
         else:  # unavailable here (an impl without a backward, in the backward pass) is listed; an error fails
-            outcome, detail = ("skip" if status in ("unavailable", "skipped") else "fail"), str(r.get("error"))
-        checks.append(Check("bench", name, outcome, r.get("median_ms"), detail[:400], seconds))
+            outcome, detail = ("skip" if status in ("unavailable", "skipped") else "fail"), str(r.error)
+        checks.append(Check("bench", name, outcome, r.median_ms, detail[:400], seconds))
     return checks

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from fuselab.bench.dtypes import short_name
+from fuselab.bench.record import Row
 from fuselab.bench.shapes import format_shape, scale_shape
 from fuselab.ops.evaluate import draw_op_shapes
 from fuselab.ops.registry import Op, Shape
@@ -82,22 +83,23 @@ def cap_numel(shapes: list[Shape], max_numel: int) -> list[Shape]:
     return out
 
 
-def speed_axis(rows: list[dict], op: Op) -> tuple[list[dict], str, str]:
-    """(rows, x field, x label) for the speed plot: the op's own axis (attention: N), else the element count where it
-    varies across the rows, else the last dimension (softmax sweeps the row width at a fixed element count). Each row
-    gets `x` and `panel` (dtype, option values, pass, and the op's panel of its shape: one plot per panel)."""
+def speed_axis(rows: list[Row], op: Op) -> tuple[list[dict], str, str]:
+    """(points, x field, x label) for the speed plot: the op's own axis (attention: N), else the element count where
+    it varies across the rows, else the last dimension (softmax sweeps the row width at a fixed element count). Each
+    point is a row's JSON form with `x` and `panel` (dtype, option values, pass, and the op's panel of its shape: one
+    plot per panel)."""
 
-    def panel(r: dict) -> str:
-        parts = [short_name(r.get("dtype")), *(f"{k}={r.get(k)}" for k in op.options), r.get("pass") or ""]
+    def panel(r: Row) -> str:
+        parts = [short_name(r.case.dtype), *(f"{k}={r.field(k)}" for k in op.options), r.case.pass_ or ""]
         if op.defaults.panel is not None:
-            parts.append(op.defaults.panel(tuple(r.get("shape") or ())))
+            parts.append(op.defaults.panel(r.case.shape))
         return " ".join(p for p in parts if p and p != "forward")
 
     if op.defaults.axis is not None:
         label, value = op.defaults.axis
-        xs = [value(tuple(r.get("shape") or ())) for r in rows]
-    elif len({r.get("numel") for r in rows if not r.get("error")}) > 1:
-        label, xs = "elements", [r.get("numel") for r in rows]
+        xs = [value(r.case.shape) for r in rows]
+    elif len({r.numel for r in rows if r.measured}) > 1:
+        label, xs = "elements", [r.numel for r in rows]
     else:
-        label, xs = "last dimension", [(r.get("shape") or [1])[-1] for r in rows]
-    return [{**r, "x": x, "panel": panel(r)} for r, x in zip(rows, xs, strict=True)], "x", label
+        label, xs = "last dimension", [(r.case.shape or (1,))[-1] for r in rows]
+    return [{**r.to_json(), "x": x, "panel": panel(r)} for r, x in zip(rows, xs, strict=True)], "x", label

@@ -6,6 +6,7 @@ limit?" through the harness (fuselab.bench), one JSON row per case.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -21,12 +22,13 @@ import torch
 from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
-from fuselab.bench.dtypes import DTYPES, dtype_name
+from fuselab.bench.dtypes import dtype_name
 from fuselab.bench.env import environment
 from fuselab.bench.log import latest_by_key, load_records
 from fuselab.bench.memory import format_bytes, free_bytes
+from fuselab.bench.record import Case, Row
 from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, format_shape, size_ladder, summarize
-from fuselab.bench.sweep import NotRun, Status, case_key, grid, run_sweep
+from fuselab.bench.sweep import NotRun, Status, run_sweep
 from fuselab.bench.timer import Timing, benchmark, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape, all_ops
@@ -298,24 +300,26 @@ def check_op(
     dtypes = list(dtypes or op.dtypes)
     seed = fresh_seed() if seed is None else seed
     shapes = shapes or op.defaults.check_shapes
-    cases = grid(impl=names, dtype=[dtype_name(d) for d in dtypes], shape=[list(s) for s in shapes])
-    laid = {} if layout == "contiguous" else {"layout": layout}
-    cases = [{**c, **laid, **opts} for c in cases for opts in option_grid(op, options)]
+    cases = [
+        Case.of(op.name, name, dtype, shape, opts, layout=layout, pass_=None)
+        for name in names
+        for dtype in dtypes
+        for shape in shapes
+        for opts in option_grid(op, options)
+    ]
 
-    def run(case: dict) -> dict:
-        impl = op.get_impl(case["impl"])
-        dtype = DTYPES[case["dtype"]]
+    def run(case: Case) -> dict:
+        impl, dtype, shape, opts = op.get_impl(case.impl), case.torch_dtype, case.shape, case.option_values
         reason = impl.unavailable(device, dtype)
         if not reason and device == "cpu" and "triton" in impl.name and dtype != torch.float32:
             reason = "the Triton interpreter is checked in float32 only"
         tolerance = op.tolerance[dtype] * impl.tolerance_scale
         if reason:
             return {"status": "unavailable", "reason": reason, "tolerance": tolerance}
-        opts = {k: case[k] for k in op.options}
-        case_seed = seed + len(case["shape"]) * 7919 + sum(case["shape"])
+        case_seed = seed + len(shape) * 7919 + sum(shape)
         try:
-            refuse_if_too_big(op, tuple(case["shape"]), dtype, device, opts)
-            row = check_case(op, impl, tuple(case["shape"]), dtype, device, opts, case_seed, grad, layout)
+            refuse_if_too_big(op, shape, dtype, device, opts)
+            row = check_case(op, impl, shape, dtype, device, opts, case_seed, grad, layout)
         except TooBig as exc:  # refused before it allocates
             return {"status": "refused", "reason": str(exc), "tolerance": tolerance}
         except NotRun as exc:  # the impl says it cannot run this case here (a forced backend without a kernel)
@@ -323,7 +327,7 @@ def check_op(
         except Exception as exc:
             return {"status": "FAIL", "reason": f"{type(exc).__name__}: {exc}"[:500], "tolerance": tolerance}
         over = [
-            f"{what} relative error {e:.2g} over the {case['dtype']} tolerance {tolerance:g}"
+            f"{what} relative error {e:.2g} over the {case.dtype} tolerance {tolerance:g}"
             for what, e in (("output", row["rel_err"]), ("gradient", row["grad_rel_err"]))
             if e is not None and not e <= tolerance
         ]
@@ -521,9 +525,9 @@ def bench_op(
     passes: Sequence[str] = ("forward",),
     call_cost_ms: float = 100.0,
     max_call_ms: float | None = None,
-    slow_before: Sequence[dict] = (),
-) -> list[dict]:
-    """Sweep impls x dtypes x shapes (x option values) x passes, one row per case, appended to `out` (JSON lines).
+    slow_before: Sequence[Row] = (),
+) -> list[Row]:
+    """Sweep impls x dtypes x shapes (x option values) x passes, one Row per case, appended to `out` (JSON lines).
 
     The impls of one case are timed together on the same input, taking turns over `rounds` rounds, so the ratios
     between them are not at the mercy of what drifts (clocks under a power limit, temperature). A resumed sweep times
@@ -552,11 +556,10 @@ def bench_op(
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     dtypes = list(dtypes or [torch.float32, torch.bfloat16])
     # Case-major, impl fastest: the log is written in the order the impls were measured.
-    laid = {} if layout == "contiguous" else {"layout": layout}
     cap = CallCap(op, max_call_ms)
     shapes = cap.cheapest_first(shapes or op.defaults.bench_shapes, dtypes[0], op.resolve_options(options))
     cases = [
-        {"op": op.name, "impl": name, "dtype": dtype_name(dtype), "shape": list(shape), **laid, **opts, "pass": pass_}
+        Case.of(op.name, name, dtype, shape, opts, layout=layout, pass_=pass_)
         for dtype in dtypes
         for shape in shapes
         for opts in option_grid(op, options)
@@ -568,45 +571,43 @@ def bench_op(
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
     logged = latest_by_key(load_records(Path(out))) if out is not None and Path(out).exists() else {}
-    for row in [*slow_before, *logged.values()]:  # an earlier sweep's or a resumed sweep's slow impls stay out
+    logged_rows = [Row.from_json(r, op.options) for r in logged.values()]
+    for row in [*slow_before, *logged_rows]:  # an earlier sweep's or a resumed sweep's slow impls stay out
         cap.note(row)
-    finished = {key for key, row in logged.items() if row.get("error") is None}  # not timed again on resume
+    finished = {row.case.key for row in logged_rows if row.error is None}  # not timed again on resume
 
-    def run(case: dict) -> dict:
-        together = case_key({k: v for k, v in case.items() if k != "impl"})
+    def run(case: Case) -> dict:
+        together = case.peer_key
         if together not in measured:
-            opts = {k: case[k] for k in op.options}
-            shape, dtype = tuple(case["shape"]), DTYPES[case["dtype"]]
             try:
-                refuse_if_too_big(op, shape, dtype, device, opts, pieces=True)
+                refuse_if_too_big(op, case.shape, case.torch_dtype, device, case.option_values, pieces=True)
             except TooBig as exc:
                 measured[together] = dict.fromkeys(names, exc)
                 raise
-            capped = {n: cap.reason({**case, "impl": n}) for n in names}
+            capped = {n: cap.reason(case.with_impl(n)) for n in names}
             measured[together] = {n: Skipped(why) for n, why in capped.items() if why}
-            pending = [n for n in names if not capped[n] and case_key({**case, "impl": n}) not in finished]
+            pending = [n for n in names if not capped[n] and case.with_impl(n).key not in finished]
             measured[together] |= bench_case(
                 op,
                 [op.get_impl(n) for n in pending],
-                shape,
-                dtype,
+                case.shape,
+                case.torch_dtype,
                 device,
-                opts,
+                case.option_values,
                 timing,
                 rounds,
-                backward=case["pass"] == "forward+backward",
+                backward=case.backward,
                 call_cost_ms=call_cost_ms,
                 layout=layout,
             )
             for name, result in measured[together].items():
                 if isinstance(result, dict):
-                    cap.note({**case, "impl": name, **result, "status": Status.OK})
-        result = measured[together][case["impl"]]
+                    cap.note(Row.from_json({**case.with_impl(name).to_json(), **result}, op.options))
+        result = measured[together][case.impl]
         if isinstance(result, Exception):
             raise result
         return {**result, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
 
-    together = lambda case: case_key({k: v for k, v in case.items() if k != "impl"})  # noqa: E731
     rows = run_sweep(
         cases,
         run,
@@ -614,18 +615,23 @@ def bench_op(
         description=f"bench {op.name}",
         show_progress=show_progress,
         cost=sweep_cost(op, timing),
-        group=together,
+        group=lambda case: case.peer_key,
     )
+    typed = [Row.from_json(r, op.options) for r in rows]
     same_size = {}
     if op.bound == "memory":  # a copy of the same bytes, timed once per size: what such a size can reach
-        sizes = sorted({r["bytes"] for r in rows if not r.get("error") and r.get("bytes")})
+        sizes = sorted({r.bytes for r in typed if r.measured and r.bytes})
         same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing) for b in sizes}
-    rows = add_derived(rows, op.defaults.baseline, copy_gbps, peer_fields(op), same_size)
-    for row in rows:
-        peak = ceilings_mod.peak_tflops(ceilings, row["dtype"])
-        if not row.get("error") and peak and row.get("tflops") is not None:
-            row["pct_peak"] = 100 * row["tflops"] / peak
-    return rows
+    typed = add_derived(typed, op.defaults.baseline, copy_gbps, same_size)
+    return [with_peak(r, ceilings) for r in typed]
+
+
+def with_peak(row: Row, ceilings: dict | None) -> Row:
+    """The row with pct_peak: its TFLOP/s as % of the measured matmul rate of its dtype."""
+    peak = ceilings_mod.peak_tflops(ceilings, row.case.dtype)
+    if not row.measured or not peak or row.tflops is None:
+        return row
+    return row.updated(pct_peak=100 * row.tflops / peak)
 
 
 class CallCap:
@@ -638,13 +644,11 @@ class CallCap:
         self.op, self.max_ms = op, max_ms
         self.over: dict[tuple[str, str], tuple[float, float, list[int]]] = {}  # (impl, kind): (cost, ms, shape)
 
-    def _kind(self, case: dict) -> str:
-        return repr([case.get(k) for k in peer_fields(self.op) if k != "shape"])
+    def _kind(self, case: Case) -> str:
+        return dataclasses.replace(case, impl="", shape=()).key  # the same op, dtype, layout, options and pass
 
-    def _cost(self, case: dict) -> float:
-        nbytes, flops = self.op.case_cost(
-            tuple(case["shape"]), DTYPES[str(case["dtype"])], {k: case[k] for k in self.op.options if k in case}
-        )
+    def _cost(self, case: Case) -> float:
+        nbytes, flops = self.op.case_cost(case.shape, case.torch_dtype, case.option_values)
         return float(flops if self.op.bound == "compute" else nbytes)
 
     def cheapest_first(self, shapes: Sequence[Shape], dtype: torch.dtype, options: dict) -> list[Shape]:
@@ -652,28 +656,27 @@ class CallCap:
         `options`; ties keep their order), so an impl's slow call is met at the smallest case it can be."""
         if self.max_ms is None:
             return list(shapes)
-        case = {"dtype": dtype_name(dtype), **options}
 
         def cost(shape: Shape) -> float:
             try:
-                return self._cost({**case, "shape": list(shape)})
+                return self._cost(Case.of(self.op.name, "", dtype, shape, options))
             except Exception:  # a shape the cost model refuses is refused, with the reason, when its turn comes
                 return 0.0
 
         return sorted(shapes, key=cost)
 
-    def note(self, row: dict) -> None:
-        """Remember a measured row (a case's fields with status and median_ms) whose call took over the bound."""
-        ms = row.get("median_ms")
-        if self.max_ms is None or row.get("status") != Status.OK or not isinstance(ms, float) or ms <= self.max_ms:
+    def note(self, row: Row) -> None:
+        """Remember a measured row whose call took over the bound."""
+        ms = row.median_ms
+        if self.max_ms is None or row.status is not Status.OK or not isinstance(ms, float) or ms <= self.max_ms:
             return
-        key, cost = (str(row["impl"]), self._kind(row)), self._cost(row)
+        key, cost = (row.case.impl, self._kind(row.case)), self._cost(row.case)
         if key not in self.over or cost < self.over[key][0]:
-            self.over[key] = (cost, ms, list(row["shape"]))
+            self.over[key] = (cost, ms, list(row.case.shape))
 
-    def reason(self, case: dict) -> str | None:
+    def reason(self, case: Case) -> str | None:
         """Why `case` is not timed (None: it is)."""
-        seen = self.over.get((str(case["impl"]), self._kind(case)))
+        seen = self.over.get((case.impl, self._kind(case)))
         if seen is None or self._cost(case) <= seen[0]:
             return None
         _, ms, shape = seen
@@ -681,21 +684,15 @@ class CallCap:
                 f"{self.max_ms:g} ms a call this sweep allows")  # fmt: skip
 
 
-def peer_fields(op: Op) -> tuple[str, ...]:
-    """The fields of a bench row that make it one case, whichever impl ran it."""
-    return ("op", "dtype", "shape", "layout", *op.options, "pass")
-
-
-def sweep_cost(op: Op, timing: Timing | None = None) -> Callable[[dict], float]:
+def sweep_cost(op: Op, timing: Timing | None = None) -> Callable[[Case], float]:
     """A case's estimated seconds, for spreading a sweep over GPUs: its impl's timing budget (none for a check), a
     compile if the impl is compiled, and its bytes and FLOPs (see fuselab.bench.distributed.case_cost)."""
     timing_s = (timing.warmup_ms + timing.rep_ms) / 1e3 if timing else 0.0
 
-    def cost(case: dict) -> float:
-        impl = op.impls.get(str(case.get("impl")))
+    def cost(case: Case) -> float:
+        impl = op.impls.get(case.impl)
         try:
-            shape, dtype = tuple(case["shape"]), DTYPES[str(case["dtype"])]
-            nbytes, flops = op.case_cost(shape, dtype, {k: case[k] for k in op.options if k in case})
+            nbytes, flops = op.case_cost(case.shape, case.torch_dtype, case.option_values)
         except Exception:  # a cost model that cannot say: size counts for nothing
             nbytes, flops = 0, 0
         compiled = int(bool(impl and impl.compiled))
@@ -711,44 +708,40 @@ ABOVE_CEILING_NOTE = (
 )
 
 
-def above_ceiling(row: dict) -> float | None:
+def above_ceiling(row: Row) -> float | None:
     """The row's rate as % of the copy ceiling (or of a copy of the same bytes, the larger) where it passes
     ABOVE_CEILING_PCT, else None."""
-    pct = max(row.get("pct_copy") or 0.0, row.get("pct_copy_same") or 0.0)
+    pct = max(row.pct_copy or 0.0, row.pct_copy_same or 0.0)
     return pct if pct > ABOVE_CEILING_PCT else None
 
 
 def add_derived(
-    rows: list[dict],
+    rows: Sequence[Row],
     baseline: str,
     copy_gbps: float | None,
-    peer_fields: Sequence[str],
     same_size_copy: dict[int, float] | None = None,
-) -> list[dict]:
-    """Add pct_copy (GB/s as % of the copy ceiling), speedup_vs_<baseline> (baseline median / this median) and,
-    given same_size_copy ({bytes moved: GB/s of a copy moving as many}), copy_same_gbps and pct_copy_same. A row
-    past ABOVE_CEILING_PCT of either gets a warning saying so.
-
-    peer_fields: the fields that must match for two rows to be the same case run by different impls.
-    """
-
-    def peer(row: dict) -> str:
-        return repr([row.get(k) for k in peer_fields])
-
-    base = {peer(r): r["median_ms"] for r in rows if r["impl"] == baseline and not r.get("error")}
+) -> list[Row]:
+    """The rows with pct_copy (GB/s as % of the copy ceiling), speedup against `baseline` (its median / this median
+    on the same case) and, given same_size_copy ({bytes moved: GB/s of a copy moving as many}), copy_same_gbps and
+    pct_copy_same. A row past ABOVE_CEILING_PCT of either gets a warning saying so."""
+    base = {r.case.peer_key: r.median_ms for r in rows if r.case.impl == baseline and r.measured}
+    out = []
     for row in rows:
-        if row.get("error"):
+        if not row.measured:
+            out.append(row)
             continue
-        row["pct_copy"] = 100 * row["gbps"] / copy_gbps if copy_gbps and row.get("gbps") else None
-        same = (same_size_copy or {}).get(row.get("bytes"))
-        row["copy_same_gbps"] = same
-        row["pct_copy_same"] = 100 * row["gbps"] / same if same and row.get("gbps") else None
+        same = (same_size_copy or {}).get(row.bytes) if row.bytes else None
+        row = row.updated(
+            pct_copy=100 * row.gbps / copy_gbps if copy_gbps and row.gbps else None,
+            copy_same_gbps=same,
+            pct_copy_same=100 * row.gbps / same if same and row.gbps else None,
+        )
         above = above_ceiling(row)
         if above is not None:
-            row["warnings"] = [*(row.get("warnings") or []), f"{above:.0f}% of {ABOVE_CEILING_NOTE}"]
-        reference_ms = base.get(peer(row))
-        row[f"speedup_vs_{baseline}"] = reference_ms / row["median_ms"] if reference_ms else None
-    return rows
+            row = row.updated(warnings=(*row.warnings, f"{above:.0f}% of {ABOVE_CEILING_NOTE}"))
+        reference_ms = base.get(row.case.peer_key)
+        out.append(row.updated(baseline=baseline, speedup=reference_ms / row.median_ms if reference_ms else None))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- every shape
@@ -793,12 +786,12 @@ def draw_op_shapes(
     return draw_shapes(op.defaults.random_shape, n, seed, load=load)
 
 
-def shape_ratios(op: Op, rows: list[dict], by: Sequence[str] = ()) -> list[dict]:
-    """Give each bench row its ratio to the fastest of the op's peers on the same case (`add_ratios`: `ratio`,
-    `best_peer`), and return per impl, dtype and the fields `by` the worst ratio, the 95th percentile, the geometric
-    mean and the five worst shapes (`summarize`)."""
-    add_ratios(rows, op.defaults.peers, peer_fields(op))
-    return summarize(rows, ("impl", "dtype", *by))
+def shape_ratios(op: Op, rows: Sequence[Row], by: Sequence[str] = ()) -> tuple[list[Row], list[dict]]:
+    """The bench rows with their ratio to the fastest of the op's peers on the same case (`add_ratios`: `ratio`,
+    `best_peer`), and per impl, dtype and the fields `by` the worst ratio, the 95th percentile, the geometric mean
+    and the five worst shapes (`summarize`)."""
+    rows = add_ratios(rows, op.defaults.peers)
+    return rows, summarize(rows, ("impl", "dtype", *by))
 
 
 # ---------------------------------------------------------------------------------------------- the cost of a call
@@ -828,15 +821,20 @@ def ladder_shapes(
     return [s for s in shapes if max_flops is None or op.case_cost(s, dtype, opts)[1] <= max_flops]
 
 
-def call_cost_row(row: dict) -> dict:
+def call_cost_row(row: Row) -> dict:
     """A bench row (bench_op with call_cost_ms > 0) as a cost-of-a-call row: device time per call in us beside the
     host's and the end-to-end time of back-to-back calls."""
-    keep = ("op", "impl", "dtype", "shape", "numel", "bytes", "flops", "host_us", "e2e_us", "host_bound", "error")
-    out = {k: row.get(k) for k in keep}
+    out = {
+        "op": row.case.op,
+        "impl": row.case.impl,
+        "dtype": row.case.dtype,
+        "shape": list(row.case.shape),
+        **{k: row.field(k) for k in ("numel", "bytes", "flops", "host_us", "e2e_us", "host_bound", "error")},
+    }
     out["mode"] = "eager"
-    out["device_us"] = row["median_ms"] * 1e3 if row.get("median_ms") is not None else None
-    if row.get("error"):
-        out["status"] = row.get("status")
+    out["device_us"] = row.median_ms * 1e3 if row.median_ms is not None else None
+    if row.error:
+        out["status"] = str(row.status)
     return out
 
 

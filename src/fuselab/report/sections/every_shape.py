@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.memory import format_bytes
+from fuselab.bench.record import Status
 from fuselab.bench.shapes import format_shape, plot_ratios
 from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
 from fuselab.ops.registry import Op
@@ -88,9 +89,9 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
         call_cost_ms=0.0,
         max_call_ms=ctx.budget.get("max_call_ms"),
     )
-    summary = shape_ratios(op, rows)
+    rows, summary = shape_ratios(op, rows)
     peers = [p for p in op.defaults.peers if p in op.impls]
-    timed_peers = sorted({r["best_peer"] for r in rows if r.get("best_peer")})
+    timed_peers = sorted({r.best_peer for r in rows if r.best_peer})
     opts = ", ".join(f"{k}={v}" for k, v in options.items())
     doc.text(
         f"{len(shapes)} shapes drawn ({', '.join(dtypes)}{', ' + opts if opts else ''}); peers: "
@@ -122,11 +123,11 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
     notes = unavailable_notes(rows)
     if notes:
         doc.text("Not timed here:\n\n" + notes)
-    failed = [r for r in rows if r.get("error") and r.get("status") == "error"]
+    failed = [r for r in rows if r.error and r.status is Status.ERROR]
     if failed:
-        doc.text(f"{len(failed)} case(s) failed, e.g. `{failed[0]['impl']}` at "
-                 f"{format_shape(tuple(failed[0]['shape']))}: {first_line(failed[0]['error'])}")  # fmt: skip
-    if any(r.get("ratio") is not None for r in rows):
+        doc.text(f"{len(failed)} case(s) failed, e.g. `{failed[0].case.impl}` at "
+                 f"{format_shape(failed[0].case.shape)}: {first_line(failed[0].error)}")  # fmt: skip
+    if any(r.ratio is not None for r in rows):
         label = op.defaults.axis[0] if op.defaults.axis else None
         path = plot_ratios(rows, ctx.plot(f"{NAME}_{op.name}.png"), title=op.name, axis=op.defaults.axis)
         doc.image(path, f"{op.name}: time / best peer against {label or 'size'}, one point per shape and impl.")
@@ -138,8 +139,12 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
         "impls": impls,
         "not_timed": left,
         "summary": summary,
-        "rows": [{k: r.get(k) for k in ROW_FIELDS} for r in rows],
+        "rows": [{k: _json(r.field(k)) for k in ROW_FIELDS} for r in rows],
     }
+
+
+def _json(v: object) -> object:
+    return list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Status) else v
 
 
 def left_out(op: Op, names: Sequence[str]) -> str:

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 
 from fuselab.bench.ceilings import peak_tflops
 from fuselab.bench.dtypes import DTYPES
+from fuselab.bench.record import Record, Row, value
 from fuselab.bench.results import NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
 from fuselab.bench.shapes import format_shape
-from fuselab.bench.sweep import Status
 from fuselab.ops.evaluate import bench_op, check_op, summarize_checks
 from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
@@ -46,11 +46,6 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
                 max_call_ms=ctx.budget.get("max_call_ms"),
                 slow_before=[r for rows in sweeps for r in rows],
             )
-            for r in rows:
-                r.setdefault("numel", math.prod(r["shape"]))
-                r["width"] = r["shape"][-1] if r["shape"] else 1
-                if op.defaults.axis is not None:
-                    r["axis"] = op.defaults.axis[1](tuple(r["shape"]))
             sweeps.append(rows)
         if not ctx.on_gpu and any("triton" in name for name in op.impls):
             doc.text("On the CPU, Triton runs under its interpreter: it is checked for correctness above, never timed.")
@@ -65,12 +60,22 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
         return {
             "check": summary,
             "check_failed": sum(r["status"] == "FAIL" for r in check),
-            "bench": [slim(r) for r in every],
+            "bench": [slim(plot_point(op, r)) for r in every],
             "bound": op.bound,
         }
 
     section.__name__ = f"{op.name}_section"
     return section
+
+
+def plot_point(op: Op, row: Row) -> dict:
+    """A row's JSON form with what its tables and plots run along: numel, width (the last dimension) and the op's
+    own axis where it has one."""
+    shape = row.case.shape
+    out = {**row.to_json(), "numel": row.numel or math.prod(shape), "width": shape[-1] if shape else 1}
+    if op.defaults.axis is not None:
+        out["axis"] = op.defaults.axis[1](shape)
+    return out
 
 
 def bench_impls(ctx: Context, op: Op, compiled: bool = True) -> list[str]:
@@ -152,36 +157,39 @@ def _speed(op: Op) -> tuple[str, str, str, str]:
     return "gbps", "GB/s", "pct_copy", "the copy ceiling"
 
 
-def _cell(r: dict | None, op: Op) -> str:
+def _cell(r: Row | None, op: Op) -> str:
     rate, unit, pct, _ = _speed(op)
     if r is None:
         return ""
-    if r.get("error"):
-        status = Status(r.get("status", "error"))
-        return str(status) if status.on_purpose else "failed"
-    share = f" ({r[pct]:.0f}%)" if r.get(pct) is not None else ""
+    if r.error:
+        return str(r.status) if r.status.on_purpose else "failed"
+    share = r.field(pct)
+    share_text = f" ({share:.0f}%)" if share is not None else ""
     mark = NOISY_MARK if row_is_noisy(r) else ""
-    return f"{ms(r['median_ms'])}{mark} · {g3(r.get(rate), unit)}{share}"
+    return f"{ms(r.median_ms)}{mark} · {g3(r.field(rate), unit)}{share_text}"
 
 
-def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[dict], *, x: str, xlabel: str) -> None:
+def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[Row], *, x: str, xlabel: str) -> None:
     """Per dtype (and option values) a table of time · rate against `x`; what could not run; every timing (folded);
     the plots of rate and time against `x`."""
     rate, unit, _pct, of = _speed(op)
 
-    def variant_of(r: dict) -> tuple:
-        panel = op.defaults.panel(tuple(r["shape"])) if op.defaults.panel else ""
-        return (r["dtype"], *[f"{k}={r.get(k)}" for k in op.options], r.get("pass", "forward"), panel)
+    def variant_of(r: Row) -> tuple:
+        panel = op.defaults.panel(r.case.shape) if op.defaults.panel else ""
+        return (r.case.dtype, *[f"{k}={r.field(k)}" for k in op.options], r.case.pass_ or "forward", panel)
 
-    ok = [{**r, "panel": " ".join(str(v) for v in variant_of(r) if v)} for r in rows if not r.get("error")]
+    def x_of(r: Row) -> object:
+        return plot_point(op, r)[x]
+
+    ok = [{**plot_point(op, r), "panel": " ".join(str(v) for v in variant_of(r) if v)} for r in rows if r.measured]
 
     variants = dict.fromkeys(variant_of(r) for r in rows)
     for variant in variants:
         mine = [r for r in rows if variant_of(r) == variant]
-        xs = sorted({r[x] for r in mine})
-        impls = list(dict.fromkeys(r["impl"] for r in mine))
+        xs = sorted({x_of(r) for r in mine})
+        impls = list(dict.fromkeys(r.case.impl for r in mine))
         table = [
-            [impl, *[_cell(next((r for r in mine if r["impl"] == impl and r[x] == v), None), op) for v in xs]]
+            [impl, *[_cell(next((r for r in mine if r.case.impl == impl and x_of(r) == v), None), op) for v in xs]]
             for impl in impls
         ]
         label = ", ".join(str(v) for v in variant if v)
@@ -238,26 +246,26 @@ def _ceiling(ctx: Context, op: Op) -> float | Callable[[list[dict]], float | Non
     return lambda rows: peak_tflops(device, rows[0]["dtype"]) if rows else None
 
 
-def _full_table(doc: Doc, op: Op, rows: list[dict], caption: str = "every timing", folded: bool = True) -> None:
+def _full_table(doc: Doc, op: Op, rows: list[Row], caption: str = "every timing", folded: bool = True) -> None:
     rate, unit, pct, _ = _speed(op)
     memory = op.bound == "memory"
-    passes = len({r.get("pass", "forward") for r in rows}) > 1  # a column only where forward and backward both ran
+    passes = len({r.case.pass_ for r in rows}) > 1  # a column only where forward and backward both ran
     table = [
         [
-            r["impl"],
-            r["dtype"],
-            format_shape(tuple(r["shape"])),
-            *([r.get("pass", "forward")] if passes else []),
-            *[r.get(k) for k in op.options],
-            ms(r.get("median_ms")),
-            ms(r.get("iqr_ms")),
-            g3(r.get(rate)),
-            g3(r.get(pct)),
-            *([g3(r.get("pct_copy_same"))] if memory else []),
-            g3(r.get(f"speedup_vs_{op.defaults.baseline}")),
-            g3(r.get("rel_err")),
-            g3(r.get("compile_s")),
-            first_line(r.get("error")) or "; ".join([*(r.get("warnings") or [])][:2]),
+            r.case.impl,
+            r.case.dtype,
+            format_shape(r.case.shape),
+            *([r.case.pass_] if passes else []),
+            *[r.field(k) for k in op.options],
+            ms(r.median_ms),
+            ms(r.iqr_ms),
+            g3(r.field(rate)),
+            g3(r.field(pct)),
+            *([g3(r.pct_copy_same)] if memory else []),
+            g3(r.speedup),
+            g3(r.rel_err),
+            g3(r.compile_s),
+            first_line(r.error) or "; ".join(r.warnings[:2]),
         ]
         for r in rows
     ]
@@ -280,15 +288,16 @@ def _full_table(doc: Doc, op: Op, rows: list[dict], caption: str = "every timing
     doc.table(headers, table, caption=caption, folded=folded)
 
 
-def _extra_table(doc: Doc, op: Op, rows: list[dict]) -> None:
-    options = ", ".join(f"{k}={rows[0].get(k)}" for k in op.options) if rows else ""
+def _extra_table(doc: Doc, op: Op, rows: list[Row]) -> None:
+    options = ", ".join(f"{k}={rows[0].field(k)}" for k in op.options) if rows else ""
     _full_table(doc, op, rows, caption=f"{op.name} at {options}", folded=False)
 
 
-def unavailable_notes(rows: Sequence[dict]) -> str:
+def unavailable_notes(rows: Sequence[Record]) -> str:
     """One bullet per impl that could not run, with its reason."""
     seen: dict[str, str] = {}
     for r in rows:
-        if r.get("error") and r["impl"] not in seen:
-            seen[r["impl"]] = first_line(r["error"]).removeprefix("Unavailable: ")
+        impl = str(value(r, "impl"))
+        if value(r, "error") and impl not in seen:
+            seen[impl] = first_line(value(r, "error")).removeprefix("Unavailable: ")
     return "\n".join(f"- `{impl}`: {reason}" for impl, reason in seen.items())
