@@ -174,4 +174,4 @@ def test_a_failed_check_names_the_seed_and_command_that_reproduce_it(monkeypatch
     assert check.outcome == "fail"
     seed = int(re.search(r"--seed (\d+) --layout transposed\)", check.detail).group(1))
     (row,) = check_op(op, impls=["wrong"], device="cpu", seed=seed, layout="transposed", show_progress=False)
-    assert row["rel_err"] == pytest.approx(check.figure)  # the same inputs again
+    assert row.rel_err == pytest.approx(check.figure)  # the same inputs again

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fuselab.bench.dtypes import parse_dtype
-from fuselab.bench.record import Case, Row
+from fuselab.bench.record import Case, CheckRow, Row
 from fuselab.ops.evaluate import Unavailable, add_derived, bench_op, check_op, gradient_error, relative_error
 from fuselab.ops.registry import Defaults, Op, UnknownName, get_op, parse_shape
 
@@ -79,7 +79,7 @@ def test_gradient_error_measures_against_the_op_scale_where_the_gradient_cancels
 def test_an_impl_is_held_to_its_tolerance_scale():
     op = get_op("gelu")
     rows = check_op(op, impls=["naive", "torch"], dtypes=[torch.float32], shapes=[(17,)], show_progress=False)
-    tolerance = {r["impl"]: r["tolerance"] for r in rows}
+    tolerance = {r.case.impl: r.tolerance for r in rows}
     scale = op.get_impl("naive").tolerance_scale
     fp32 = op.tolerance[torch.float32]
     assert scale > 1 and tolerance == {"naive": scale * fp32, "torch": fp32}
@@ -87,31 +87,31 @@ def test_an_impl_is_held_to_its_tolerance_scale():
 
 def test_a_check_over_its_tolerance_says_by_how_much():
     rows = check_op(make_toy(), impls=["wrong"], dtypes=[torch.float32], device="cpu", show_progress=False)
-    assert rows and all(r["status"] == "FAIL" for r in rows)
-    assert all(re.search(r"output relative error \S+ over the float32 tolerance 1e-06", r["reason"]) for r in rows)
+    assert rows and all(r.status == "FAIL" for r in rows)
+    assert all(re.search(r"output relative error \S+ over the float32 tolerance 1e-06", r.reason) for r in rows)
 
 
 def test_check_passes_right_impls_fails_wrong_and_unwritten_ones_and_explains_unavailable():
     rows = check_op(make_toy(), dtypes=[torch.float32], device="cpu", show_progress=False)
     status = {}
     for row in rows:
-        status.setdefault(row["impl"], set()).add(row["status"])
+        status.setdefault(row.case.impl, set()).add(str(row.status))
     assert status["torch"] == {"pass"} and status["compiled"] == {"pass"}
     assert status["wrong"] == {"FAIL"}
     assert status["lazy"] == {"FAIL"}  # the poisoned allocator shows the unwritten output
     assert status["gpu_only"] == {"unavailable"} and status["missing_lib"] == {"unavailable"}
-    reasons = {r["impl"]: r.get("reason") for r in rows}
+    reasons = {r.case.impl: r.reason for r in rows}
     assert "cuda only" in reasons["gpu_only"] and "libfoo" in reasons["missing_lib"]
-    assert all(r["rel_err"] < 1e-6 for r in rows if r["impl"] == "torch")
+    assert all(r.rel_err < 1e-6 for r in rows if r.case.impl == "torch")
 
 
 def test_an_impl_is_unavailable_in_the_dtypes_it_does_not_compute_in(tmp_path):
     op = make_toy()
     rows = check_op(op, impls=["half_only"], dtypes=[torch.float32, torch.float16], device="cpu", show_progress=False)
-    by_dtype = {r["dtype"]: r for r in rows}
-    assert by_dtype["float32"]["status"] == "unavailable"
-    assert "float16, bfloat16 only, not float32" in by_dtype["float32"]["reason"]
-    assert by_dtype["float16"]["status"] == "pass"  # not refused: the impl is run, and right, in what it declares
+    by_dtype = {r.case.dtype: r for r in rows}
+    assert by_dtype["float32"].status == "unavailable"
+    assert "float16, bfloat16 only, not float32" in by_dtype["float32"].reason
+    assert by_dtype["float16"].status == "pass"  # not refused: the impl is run, and right, in what it declares
     timing = {"warmup_ms": 1, "rep_ms": 2, "min_reps": 3}
     rows = bench_op(op, impls=["torch", "half_only"], dtypes=[torch.float32], device="cpu", timing=timing,
                     out=tmp_path / "r.jsonl", show_progress=False)  # fmt: skip
@@ -122,19 +122,19 @@ def test_an_impl_is_unavailable_in_the_dtypes_it_does_not_compute_in(tmp_path):
 def test_a_case_the_impl_has_no_kernel_for_is_unavailable_not_failed():
     rows = check_op(make_toy(), impls=["no_kernel_past_1000"], dtypes=[torch.float32], device="cpu",
                     show_progress=False)  # fmt: skip
-    by_shape = {tuple(r["shape"]): r for r in rows}
-    assert by_shape[(1,)]["status"] == "pass" and by_shape[(3, 17)]["status"] == "pass"
-    assert by_shape[(1023,)]["status"] == "unavailable" and "no kernel for 1023" in by_shape[(1023,)]["reason"]
+    by_shape = {r.case.shape: r for r in rows}
+    assert by_shape[(1,)].status == "pass" and by_shape[(3, 17)].status == "pass"
+    assert by_shape[(1023,)].status == "unavailable" and "no kernel for 1023" in by_shape[(1023,)].reason
 
 
 def test_check_uses_fresh_inputs_unless_seeded():
     op = make_toy()
     a = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", show_progress=False)
     b = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", show_progress=False)
-    assert [r["seed"] for r in a] != [r["seed"] for r in b]
+    assert [r.seed for r in a] != [r.seed for r in b]
     c = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", seed=5, show_progress=False)
     d = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", seed=5, show_progress=False)
-    assert [r["seed"] for r in c] == [r["seed"] for r in d]
+    assert [r.seed for r in c] == [r.seed for r in d]
 
 
 def test_bench_rows_carry_speed_errors_and_environment(tmp_path):
@@ -345,15 +345,17 @@ def test_summary_of_cases_some_passed_some_not_run():
     from fuselab.ops.evaluate import summarize_checks
 
     def case(status, shape, err=None, reason=None):
-        return {"impl": "i", "dtype": "bfloat16", "shape": shape, "status": status, "rel_err": err, "reason": reason}
+        return CheckRow(Case.of("toy", "i", "bf16", shape, pass_=None), status, rel_err=err, reason=reason)
 
-    refused = case("unavailable", [2, 1, 16], reason="no kernel for d=16")
-    (mixed,) = summarize_checks([refused, case("pass", [3, 65], 1e-3), case("pass", [5, 7], 2e-3)])
-    assert mixed["status"] == "pass" and mixed["rel_err"] == 2e-3 and mixed["cases"] == 3
-    assert mixed["reason"] == "1 of 3 cases unavailable: no kernel for d=16"
-    (failed,) = summarize_checks([refused, case("pass", [3, 65], 1e-3), case("FAIL", [5, 7], 9.0, "over")])
-    assert failed["status"] == "FAIL" and failed["reason"] == "over"
-    (none_run,) = summarize_checks([refused, {**refused, "shape": [3, 3]}])
-    assert none_run["status"] == "unavailable" and none_run["reason"] == "no kernel for d=16"
-    (passed,) = summarize_checks([case("pass", [3, 65], 1e-3)])
-    assert passed["status"] == "pass" and passed["reason"] is None
+    refused = case("unavailable", (2, 1, 16), reason="no kernel for d=16")
+    (mixed,) = summarize_checks([refused, case("pass", (3, 65), 1e-3), case("pass", (5, 7), 2e-3)])
+    assert mixed.status == "pass" and mixed.rel_err == 2e-3 and mixed.cases == 3
+    assert mixed.reason == "1 of 3 cases unavailable: no kernel for d=16"
+    (failed,) = summarize_checks([refused, case("pass", (3, 65), 1e-3), case("FAIL", (5, 7), 9.0, "over")])
+    assert failed.status == "FAIL" and failed.reason == "over"
+    (none_run,) = summarize_checks([refused, case("unavailable", (3, 3), reason="no kernel for d=16")])
+    assert none_run.status == "unavailable" and none_run.reason == "no kernel for d=16"
+    (passed,) = summarize_checks([case("pass", (3, 65), 1e-3), case("pass", (3, 65), 1e-3)])
+    assert passed.status == "pass" and passed.reason is None and passed.cases == 2
+    other_dtype = CheckRow(Case.of("toy", "i", "fp32", (3,), pass_=None), "pass", rel_err=1e-7)
+    assert len(summarize_checks([refused, other_dtype])) == 2  # one summary per impl and dtype

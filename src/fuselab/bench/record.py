@@ -256,20 +256,108 @@ class Row:
         return cls(case=case, extra=data, **values)  # type: ignore[arg-type]
 
 
-Record = Row | Mapping[str, object]  # what tables, plots and files take: a Row, or a study's dict
+class Verdict(str, Enum):
+    """A correctness check's outcome: its row's `status`."""
+
+    PASS = "pass"
+    FAIL = "FAIL"  # error over the tolerance, or it raised
+    UNAVAILABLE = "unavailable"  # cannot run here (no GPU, a dtype it does not compute in, no kernel for the case)
+    REFUSED = "refused"  # would not fit in memory
+
+    @property
+    def ran(self) -> bool:
+        return self in (Verdict.PASS, Verdict.FAIL)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """What a correctness check of one Case found: relative errors of the output and of the gradients (None: no
+    backward) against the float64 reference, the tolerance they are held to, the verdict and why (a failure's or
+    a refusal's reason), the seed of the inputs, and where it ran."""
+
+    case: Case
+    status: Verdict
+    rel_err: float | None = None
+    grad_rel_err: float | None = None
+    tolerance: float | None = None
+    reason: str | None = None
+    seed: int | None = None
+    device: str | None = None
+    rank: int | None = None
+    host: str | None = None
+    gpu_index: int | None = None
+    gpu_name: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Verdict(self.status))
+
+    def field(self, name: str) -> object:
+        if name in _CHECK_FIELDS:
+            return getattr(self, name)
+        return self.case.to_json().get(name)
+
+    def to_json(self) -> dict[str, object]:
+        fields = {name: getattr(self, name) for name in _CHECK_FIELDS}
+        fields["status"] = str(self.status)
+        return {**self.case.to_json(), **{k: v for k, v in fields.items() if v is not None}}
+
+
+@dataclass(frozen=True)
+class CheckSummary:
+    """The checks of one impl, dtype, layout and option values: how many cases, the worst errors, and one verdict
+    (FAIL if any failed, else pass if any passed, with `reason` counting the cases not run; else the first's)."""
+
+    impl: str
+    dtype: str
+    options: tuple[tuple[str, object], ...]
+    layout: str
+    cases: int
+    rel_err: float | None
+    grad_rel_err: float | None
+    tolerance: float | None
+    status: Verdict
+    reason: str | None
+
+    def field(self, name: str) -> object:
+        return getattr(self, name) if name in _SUMMARY_FIELDS else dict(self.options).get(name)
+
+    def to_json(self) -> dict[str, object]:
+        out = {name: getattr(self, name) for name in _SUMMARY_FIELDS if name != "options"}
+        return {**out, **dict(self.options), "status": str(self.status)}
+
+
+Record = Row | CheckRow | CheckSummary | Mapping[str, object]  # what tables, plots and files take
 
 
 def value(record: Record, name: str) -> object:
-    """A record's value by field name: `Row.field`, or a dict's entry (None where there is none)."""
-    return record.field(name) if isinstance(record, Row) else record.get(name)
+    """A record's value by field name: a record's `field`, or a study's dict's entry (None where there is none)."""
+    return record.get(name) if isinstance(record, Mapping) else record.field(name)
 
 
 def as_json(record: Record) -> dict[str, object]:
-    """A record's JSON form: `Row.to_json`, or the dict as it is."""
-    return record.to_json() if isinstance(record, Row) else dict(record)
+    """A record's JSON form: its `to_json`, or a study's dict as it is."""
+    return dict(record) if isinstance(record, Mapping) else record.to_json()
 
 
+_CHECK_FIELDS = tuple(f.name for f in dataclasses.fields(CheckRow) if f.name != "case")
+_SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(CheckSummary))
 _ROW_FIELDS = tuple(f.name for f in dataclasses.fields(Row) if f.name not in ("case", "extra", "speedup", "baseline"))
 
 
-__all__ = ["CONTIGUOUS", "PASSES", "Case", "Record", "Row", "Shape", "Status", "as_json", "value"]
+__all__ = [
+    "CONTIGUOUS",
+    "PASSES",
+    "Case",
+    "CheckRow",
+    "CheckSummary",
+    "Record",
+    "Row",
+    "Shape",
+    "Status",
+    "Verdict",
+    "as_json",
+    "value",
+]

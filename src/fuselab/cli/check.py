@@ -14,6 +14,7 @@ from rich.console import Console
 
 from fuselab.bench import distributed
 from fuselab.bench.dtypes import short_name
+from fuselab.bench.record import Verdict
 from fuselab.bench.results import fmt_float, fmt_plain, make_table, print_table
 from fuselab.bench.shapes import LAYOUTS
 from fuselab.cli._args import add_op_arguments, check_writable, resolve
@@ -35,12 +36,12 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out)
     rows = check_op(op, seed=args.seed, layout=args.layout, **kwargs)
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
-        return 1 if any(r["status"] == "FAIL" for r in rows) else 0
+        return 1 if any(r.status is Verdict.FAIL for r in rows) else 0
     console = Console(highlight=False)
-    refused = [r for r in rows if r["status"] == "refused"]
-    if refused and not any(r["status"] in ("pass", "FAIL") for r in rows):
-        raise TooBig(f"no case could be checked; refused before allocating: {refused[0]['reason']}")
-    available = [r for r in rows if r["status"] not in ("unavailable", "refused")]
+    refused = [r for r in rows if r.status is Verdict.REFUSED]
+    if refused and not any(r.status.ran for r in rows):
+        raise TooBig(f"no case could be checked; refused before allocating: {refused[0].reason}")
+    available = [r for r in rows if r.status.ran]
     shown = available if args.all else summarize_checks(available)
     columns = [
         ("impl", "impl", fmt_plain),
@@ -52,23 +53,23 @@ def run(args: argparse.Namespace) -> int:
         ("tolerance", "tolerance", fmt_float(2)),
         ("status", "status", fmt_plain),
     ]
-    if any(r["status"] == "FAIL" for r in rows):
+    if any(r.status is Verdict.FAIL for r in rows):
         columns.append(("reason", "reason", fmt_plain))
     if args.all:
         columns.insert(2, ("shape", "shape", fmt_plain))
     print_table(make_table(shown, columns, title=f"check {op.name} on {kwargs['device']}"), console)
     unavailable: dict[tuple[str, str], list[str]] = {}
     for r in rows:
-        if r["status"] in ("unavailable", "refused"):
-            dtypes = unavailable.setdefault((r["impl"], r["reason"]), [])
-            dtypes += [] if short_name(r["dtype"]) in dtypes else [short_name(r["dtype"])]
+        if not r.status.ran:
+            dtypes = unavailable.setdefault((r.case.impl, str(r.reason)), [])
+            dtypes += [] if short_name(r.case.dtype) in dtypes else [short_name(r.case.dtype)]
     for (impl, reason), dtypes in unavailable.items():
         console.print(f"[yellow]{impl}[/yellow] ({', '.join(dtypes)}) not checked: {reason}")
-    failed = [r for r in rows if r["status"] == "FAIL"]
-    passed = sum(r["status"] == "pass" for r in rows)
+    failed = [r for r in rows if r.status is Verdict.FAIL]
+    passed = sum(r.status is Verdict.PASS for r in rows)
     console.print(f"{passed} passed, {len(failed)} failed, {len(rows) - passed - len(failed)} unavailable")
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+        args.out.write_text(json.dumps([r.to_json() for r in rows], indent=1, default=str) + "\n")
     if failed:
         return 1
     if not passed and args.device:

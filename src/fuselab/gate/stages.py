@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fuselab.bench.dtypes import dtype_name, parse_dtype, short_name
+from fuselab.bench.record import Verdict
 from fuselab.bench.shapes import format_shape
 from fuselab.bench.timer import Timing
 from fuselab.gate.record import Check
@@ -90,13 +91,13 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
     seconds = (time.perf_counter() - start) / max(len(rows), 1)
     checks: list[Check] = []
     for r in rows:
-        options = " ".join(f"{k}={r[k]}" for k in op.options if k in r)
-        name = f"{op.name} {impl} {short_name(r['dtype'])} {format_shape(tuple(r['shape']))} {layout}"
+        options = " ".join(f"{k}={v}" for k, v in r.case.options)
+        name = f"{op.name} {impl} {short_name(r.case.dtype)} {format_shape(r.case.shape)} {layout}"
         name += f" {options}" if options else ""
-        errors = [e for e in (r.get("rel_err"), r.get("grad_rel_err")) if e is not None]
-        outcome = {"pass": "pass", "FAIL": "upstream" if upstream else "fail"}.get(r["status"], "skip")
-        detail = r.get("reason") or (f"tolerance {r['tolerance']:g}" if r.get("tolerance") else "")
-        detail += f" ({again})" if r["status"] == "FAIL" else ""
+        errors = [e for e in (r.rel_err, r.grad_rel_err) if e is not None]
+        outcome = {"pass": "pass", "FAIL": "upstream" if upstream else "fail"}.get(str(r.status), "skip")
+        detail = r.reason or (f"tolerance {r.tolerance:g}" if r.tolerance else "")
+        detail += f" ({again})" if r.status is Verdict.FAIL else ""
         checks.append(Check("check", name, outcome, max(errors) if errors else None, detail or "", seconds))
     return checks
 

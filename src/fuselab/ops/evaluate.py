@@ -26,7 +26,7 @@ from fuselab.bench.dtypes import dtype_name
 from fuselab.bench.env import environment
 from fuselab.bench.log import latest_by_key, load_records
 from fuselab.bench.memory import format_bytes, free_bytes
-from fuselab.bench.record import Case, Row
+from fuselab.bench.record import Case, CheckRow, CheckSummary, Row, Verdict
 from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, format_shape, size_ladder, summarize
 from fuselab.bench.sweep import NotRun, Status, run_sweep
 from fuselab.bench.timer import Timing, benchmark, benchmark_side_by_side, call_cost
@@ -285,10 +285,10 @@ def check_op(
     show_progress: bool = True,
     layout: str = "contiguous",
     grad: bool = True,
-) -> list[dict]:
-    """Rows (impl, dtype, shape, options, rel_err, grad_rel_err, tolerance, status) for every combination.
+) -> list[CheckRow]:
+    """A CheckRow (its Case, rel_err, grad_rel_err, tolerance, status, reason, seed) for every combination.
 
-    status: "pass", "FAIL" (error over tolerance, or an exception), or "unavailable" (with the reason).
+    status: "pass", "FAIL" (error over tolerance, or an exception), "unavailable" or "refused" (with the reason).
     Triton under the CPU interpreter is checked in float32 only (the interpreter is weak below fp32).
     layout: the inputs' memory layout (`check_case`); rows of a layout other than contiguous carry it.
     grad: check gradients too, where the impl has a backward.
@@ -337,38 +337,51 @@ def check_op(
     rows = run_sweep(
         cases, run, out=None, description=f"check {op.name}", show_progress=show_progress, cost=sweep_cost(op)
     )
-    return [{"op": op.name, "device": device, **row} for row in rows]
+    known = [f.name for f in dataclasses.fields(CheckRow) if f.name not in ("case", "device")]
+    return [
+        CheckRow(case=case, device=device, **{k: row[k] for k in known if k in row})  # type: ignore[arg-type]
+        for case, row in zip(cases, rows, strict=True)
+    ]
 
 
-def summarize_checks(rows: list[dict]) -> list[dict]:
-    """One row per impl, dtype and option values: the worst errors; FAIL if any case failed, else pass if any passed
-    (the reason then counts the cases not run, e.g. "2 of 5 cases unavailable: ..."), else the first case's status."""
-    groups: dict[tuple, list[dict]] = {}
+def summarize_checks(rows: Sequence[CheckRow]) -> list[CheckSummary]:
+    """One summary per impl, dtype, layout and option values: the worst errors; FAIL if any case failed, else pass if
+    any passed (the reason then counts the cases not run, e.g. "2 of 5 cases unavailable: ..."), else the first
+    case's status."""
+    groups: dict[Case, list[CheckRow]] = {}
     for row in rows:
-        key = tuple((k, row[k]) for k in row if k not in _PER_CASE)
-        groups.setdefault(key, []).append(row)
+        groups.setdefault(dataclasses.replace(row.case, shape=()), []).append(row)
     out = []
-    for members in groups.values():
-        summary = {k: v for k, v in members[0].items() if k not in _PER_CASE}
-        summary["cases"] = len(members)
-        for err in ("rel_err", "grad_rel_err"):
-            values = [m[err] for m in members if m.get(err) is not None]
-            summary[err] = max(values) if values else None
-        failed = [m for m in members if m["status"] == "FAIL"]
-        not_run = [m for m in members if m["status"] not in ("pass", "FAIL")]
+    for case, members in groups.items():
+        failed = [m for m in members if m.status is Verdict.FAIL]
+        not_run = [m for m in members if not m.status.ran]
         if failed or len(not_run) in (0, len(members)):
             worst = (failed or members)[0]
-            summary["status"], summary["reason"] = worst["status"], worst.get("reason")
+            status, reason = worst.status, worst.reason
         else:
-            first = not_run[0]
-            summary["status"] = "pass"
-            summary["reason"] = f"{len(not_run)} of {len(members)} cases {first['status']}: {first.get('reason')}"
-        out.append(summary)
+            status = Verdict.PASS
+            reason = f"{len(not_run)} of {len(members)} cases {not_run[0].status}: {not_run[0].reason}"
+
+        def worst_of(errors: list[float | None]) -> float | None:
+            values = [e for e in errors if e is not None]
+            return max(values) if values else None
+
+        out.append(
+            CheckSummary(
+                impl=case.impl,
+                dtype=case.dtype,
+                options=case.options,
+                layout=case.layout,
+                cases=len(members),
+                rel_err=worst_of([m.rel_err for m in members]),
+                grad_rel_err=worst_of([m.grad_rel_err for m in members]),
+                tolerance=members[0].tolerance,
+                status=status,
+                reason=reason,
+            )
+        )
     return out
 
-
-_PER_CASE = {"shape", "key", "rel_err", "grad_rel_err", "status", "reason", "seed", "error"}
-_PER_CASE |= {"rank", "host", "gpu_index", "gpu_name"}  # where a case ran, under torchrun
 
 
 # ---------------------------------------------------------------------------------------------- bench

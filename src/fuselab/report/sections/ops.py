@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from fuselab.bench.ceilings import peak_tflops
 from fuselab.bench.dtypes import DTYPES
-from fuselab.bench.record import Record, Row, value
+from fuselab.bench.record import CheckRow, CheckSummary, Record, Row, Verdict, value
 from fuselab.bench.results import NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
 from fuselab.bench.shapes import format_shape
 from fuselab.ops.evaluate import bench_op, check_op, summarize_checks
@@ -58,8 +58,8 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
             _extra_table(doc, op, rows)
         every = [r for rows in sweeps for r in rows]
         return {
-            "check": summary,
-            "check_failed": sum(r["status"] == "FAIL" for r in check),
+            "check": [s.to_json() for s in summary],
+            "check_failed": sum(r.status is Verdict.FAIL for r in check),
             "bench": [slim(plot_point(op, r)) for r in every],
             "bound": op.bound,
         }
@@ -88,7 +88,7 @@ def bench_impls(ctx: Context, op: Op, compiled: bool = True) -> list[str]:
     ]
 
 
-def _check(ctx: Context, op: Op, plan: dict) -> list[dict]:
+def _check(ctx: Context, op: Op, plan: dict) -> list[CheckRow]:
     """check_op on every impl; compiled impls (one compile per case) on fewer shapes and dtypes."""
     plain = [name for name, impl in op.impls.items() if not impl.compiled]
     compiled = [name for name, impl in op.impls.items() if impl.compiled]
@@ -112,20 +112,20 @@ def _check(ctx: Context, op: Op, plan: dict) -> list[dict]:
     return rows
 
 
-def _check_doc(doc: Doc, op: Op, rows: list[dict]) -> list[dict]:
-    """The correctness counts and table (one row per impl, dtype and option); returns the summary rows."""
+def _check_doc(doc: Doc, op: Op, rows: list[CheckRow]) -> list[CheckSummary]:
+    """The correctness counts and table (one row per impl, dtype and option); returns the summaries."""
     summary = summarize_checks(rows)
     table = [
         [
-            s["impl"],
-            s["dtype"],
-            *[s.get(k) for k in op.options],
-            s["cases"],
-            g3(s["rel_err"]),
-            g3(s["grad_rel_err"]),
-            g3(op.tolerance.get(DTYPES[s["dtype"]])),
-            {"pass": "pass", "FAIL": "**FAIL**"}.get(s["status"], s["status"]),
-            first_line(s.get("reason")),
+            s.impl,
+            s.dtype,
+            *[s.field(k) for k in op.options],
+            s.cases,
+            g3(s.rel_err),
+            g3(s.grad_rel_err),
+            g3(op.tolerance.get(DTYPES[s.dtype])),
+            "**FAIL**" if s.status is Verdict.FAIL else str(s.status),
+            first_line(s.reason),
         ]
         for s in summary
     ]
@@ -140,8 +140,8 @@ def _check_doc(doc: Doc, op: Op, rows: list[dict]) -> list[dict]:
         "status",
         "reason",
     ]
-    passed = sum(r["status"] == "pass" for r in rows)
-    failed = sum(r["status"] == "FAIL" for r in rows)
+    passed = sum(r.status is Verdict.PASS for r in rows)
+    failed = sum(r.status is Verdict.FAIL for r in rows)
     doc.text(
         f"**Correctness** against the float64 reference on fresh random inputs at odd shapes: {passed} cases passed, "
         f"{failed} failed, {len(rows) - passed - failed} unavailable here."
