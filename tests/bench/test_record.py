@@ -56,3 +56,24 @@ def test_a_row_is_frozen_and_a_derived_value_is_a_new_row():
     faster = row.updated(median_ms=0.5)
     assert faster.median_ms == 0.5 and row.median_ms == 1.0 and faster.case is row.case
     assert row.measured and not Row(row.case, status=Status.SKIPPED, error="not timed").measured
+
+
+def test_rows_of_the_h200_logs_written_before_the_records_load_and_write_back_the_same():
+    """Lines of the H200 report's logs (2026-12-01, revision d84f83f: every op, measured, skipped and unavailable
+    rows, forward and backward, compiled impls, back-to-back timings) load as Rows keyed as before, and their JSON
+    form is the line again."""
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[1] / "data" / "h200_log_rows.jsonl").read_text().splitlines()
+    assert len(lines) >= 8
+    statuses = set()
+    for line in lines:
+        logged = json.loads(line)
+        row = Row.from_json(logged)
+        statuses.add(row.status)
+        assert row.case.key == logged["key"] and row.case.op == logged["op"]
+        back = row.to_json()
+        assert {k: v for k, v in back.items() if v not in (None, [])} == {
+            k: v for k, v in logged.items() if v not in (None, [])
+        }
+    assert {Status.OK, Status.SKIPPED} <= statuses
