@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import statistics
 
+from fuselab.bench.record import Record, Row, value
+
 Results = dict[str, dict]
 Finding = tuple[str, float | None, bool | None]  # (figure, value, held)
 
 
-READ: list[dict] = []  # the rows the claim being evaluated read (so a verdict can say when one of them is noisy)
+READ: list[Record] = []  # the rows the claim being evaluated read (so a verdict can say when one is noisy)
 
 
-def used(*rows: dict) -> None:
+def used(*rows: Record) -> None:
     READ.extend(rows)
 
 
@@ -29,44 +31,47 @@ def section(results: Results, name: str) -> dict:
     return results[name]
 
 
-def ok_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if not r.get("error") and r.get("median_ms")]
+def ok_rows(rows: list[Record]) -> list[Record]:
+    return [r for r in rows if not value(r, "error") and value(r, "median_ms")]
 
 
-def bench_rows(results: Results, op: str, impl: str, *, dtype: str = "float32", **match: object) -> list[dict]:
+def op_rows(results: Results, op: str) -> list[Row]:
+    """The bench Rows of an op's section (its JSON form read back)."""
+    return [Row.from_json(r) for r in section(results, op).get("bench", [])]
+
+
+def _matches(row: Row, dtype: str, match: dict[str, object]) -> bool:
+    return row.measured and bool(row.median_ms) and row.case.dtype == dtype and all(
+        row.field(k) == v for k, v in match.items()
+    )
+
+
+def bench_rows(results: Results, op: str, impl: str, *, dtype: str = "float32", **match: object) -> list[Row]:
     """The op's timed rows of impl in dtype whose fields equal `match` (e.g. approximate="tanh")."""
-    return [
-        r
-        for r in ok_rows(section(results, op).get("bench", []))
-        if r["impl"] == impl and r["dtype"] == dtype and all(r.get(k) == v for k, v in match.items())
-    ]
+    return [r for r in op_rows(results, op) if r.case.impl == impl and _matches(r, dtype, match)]
 
 
-def bench_row(results: Results, op: str, impl: str, *, dtype: str = "float32", **match: object) -> dict:
+def bench_row(results: Results, op: str, impl: str, *, dtype: str = "float32", **match: object) -> Row:
     """The op's bench row for impl and dtype (matching `match`) with the most elements."""
     rows = bench_rows(results, op, impl, dtype=dtype, **match)
     if not rows:
         raise NotMeasured(f"no {op} {impl} {dtype} timing in this run")
-    row = max(rows, key=lambda r: r["numel"])
+    row = max(rows, key=lambda r: r.numel or 0)
     used(row)
     return row
 
 
-def pairs(rows: list[dict], a: str, b: str, dtype: str = "float32", **match: object) -> list[tuple[dict, dict]]:
+def pairs(rows: list[Row], a: str, b: str, dtype: str = "float32", **match: object) -> list[tuple[Row, Row]]:
     """(row of impl a, row of impl b) at every shape both measured in `dtype` (rows matching `match`)."""
-    by = {
-        (r["impl"], tuple(r["shape"])): r
-        for r in ok_rows(rows)
-        if r["dtype"] == dtype and all(r.get(k) == v for k, v in match.items())
-    }
+    by = {(r.case.impl, r.case.shape): r for r in rows if _matches(r, dtype, match)}
     found = [(r, by[(b, s)]) for (impl, s), r in by.items() if impl == a and (b, s) in by]
     used(*(r for pair in found for r in pair))
     return found
 
 
-def median_ratio(found: list[tuple[dict, dict]]) -> float:
+def median_ratio(found: list[tuple[Row, Row]]) -> float:
     """The median over shapes of time(a) / time(b)."""
-    return statistics.median(a["median_ms"] / b["median_ms"] for a, b in found)
+    return statistics.median(a.median_ms / b.median_ms for a, b in found)  # type: ignore[operator]
 
 
 def fmt_x(value: float) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fuselab.bench.record import Record, Row, value
 from fuselab.bench.results import NOISY_MARK, row_is_noisy
 from fuselab.ops.findings import (
     READ,
@@ -27,6 +28,7 @@ from fuselab.ops.findings import (
     fmt_x,
     median_ratio,
     ok_rows,
+    op_rows,
     pairs,
     section,
     used,
@@ -44,15 +46,19 @@ MATCH = 1.25  # "as fast as": within this factor of the time
 FUSION_GAIN = 2.0  # torch.compile at least this many times faster than the naive op
 
 
-def noisy_note(rows: list[dict]) -> str:
+def noisy_note(rows: list[Record]) -> str:
     """'' when none of the rows is noisy, else what a verdict resting on them must say."""
     noisy = [r for r in rows if row_is_noisy(r)]
     if not noisy:
         return ""
-    worst = max(noisy, key=lambda r: r["iqr_ms"] / r["median_ms"])
-    what = " ".join(str(worst[k]) for k in ("impl", "dtype", "label", "n") if worst.get(k) is not None)
+
+    def spread(r: Record) -> float:
+        return value(r, "iqr_ms") / value(r, "median_ms")  # type: ignore[operator]
+
+    worst = max(noisy, key=spread)
+    what = " ".join(str(value(worst, k)) for k in ("impl", "dtype", "label", "n") if value(worst, k) is not None)
     return (
-        f" {NOISY_MARK} rests on a noisy timing ({what}: IQR {100 * worst['iqr_ms'] / worst['median_ms']:.0f}% of the "
+        f" {NOISY_MARK} rests on a noisy timing ({what}: IQR {100 * spread(worst):.0f}% of the "
         "median); rerun on a quiet machine before trusting the verdict"
     )
 
@@ -219,8 +225,8 @@ def _compare_dtype(op: Op) -> str:
     return "bfloat16" if op.bound == "compute" else "float32"
 
 
-def _op_pairs(results: Results, op: Op, a: str, b: str) -> list[tuple[dict, dict]]:
-    found = pairs(section(results, op.name).get("bench", []), a, b, _compare_dtype(op), **op.default_options())
+def _op_pairs(results: Results, op: Op, a: str, b: str) -> list[tuple[Row, Row]]:
+    found = pairs(op_rows(results, op.name), a, b, _compare_dtype(op), **op.default_options())
     if not found:
         raise NotMeasured(f"no {op.name} {a} and {b} timings at the same shape in {_compare_dtype(op)}")
     return found

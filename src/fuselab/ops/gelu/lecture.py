@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+from fuselab.bench.record import Row
 from fuselab.ops.findings import Finding, NotMeasured, Results, bench_row, fmt_gbps, fmt_ms, fmt_x, section
 
 NEAR_COPY_PCT = 80.0  # F.gelu's GB/s as % of the copy ceiling
@@ -14,7 +15,7 @@ NAIVE_SLOWER = 2.0
 HERE = Path(__file__).parent
 
 
-def _row(results: Results, impl: str, numel: int | None = None) -> dict:
+def _row(results: Results, impl: str, numel: int | None = None) -> Row:
     """The fp32 tanh-GELU row of impl at `numel` elements (default: its largest)."""
     match = {"numel": numel} if numel is not None else {}
     return bench_row(results, "gelu", impl, approximate="tanh", **match)
@@ -22,10 +23,10 @@ def _row(results: Results, impl: str, numel: int | None = None) -> dict:
 
 def near_copy(results: Results) -> Finding:
     row = _row(results, "torch")
-    if row.get("pct_copy") is None:
+    if row.pct_copy is None or row.gbps is None:
         raise NotMeasured("no copy ceiling to compare with")
-    figure = f"F.gelu fp32, {row['numel']:,} elements: {fmt_gbps(row['gbps'])} = {row['pct_copy']:.0f}% of copy"
-    return figure, row["pct_copy"], row["pct_copy"] >= NEAR_COPY_PCT
+    figure = f"F.gelu fp32, {row.numel:,} elements: {fmt_gbps(row.gbps)} = {row.pct_copy:.0f}% of copy"
+    return figure, row.pct_copy, row.pct_copy >= NEAR_COPY_PCT
 
 
 CLAIMS = [
@@ -39,14 +40,14 @@ CLAIMS = [
 
 def q_fusion(results: Results) -> tuple[str, float | None, bool | None]:
     naive = _row(results, "naive")
-    fused = _row(results, "torch", naive["numel"])
-    ratio = naive["median_ms"] / fused["median_ms"]
+    fused = _row(results, "torch", naive.numel)
+    ratio = naive.median_ms / fused.median_ms  # type: ignore[operator]
     text = (
         "GELU is memory-bound: its arithmetic is cheap, moving the tensor is not. Written as PyTorch ops it runs each "
         "op (x³, ×0.044715, +x, ×√(2/π), tanh, +1, ×x, ×0.5) as its own kernel, each reading and writing the whole "
         "tensor; one fused kernel reads x once and writes y once. Here, fp32 at "
-        f"{naive['numel']:,} elements: naive {fmt_ms(naive['median_ms'])} ({fmt_gbps(naive['gbps'])} of useful "
-        f"traffic) against F.gelu {fmt_ms(fused['median_ms'])} ({fmt_gbps(fused['gbps'])}): {fmt_x(ratio)} slower."
+        f"{naive.numel:,} elements: naive {fmt_ms(naive.median_ms)} ({fmt_gbps(naive.gbps)} of useful "
+        f"traffic) against F.gelu {fmt_ms(fused.median_ms)} ({fmt_gbps(fused.gbps)}): {fmt_x(ratio)} slower."
     )
     return text, ratio, ratio >= NAIVE_SLOWER
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fuselab.bench.dtypes import short_name
+from fuselab.bench.record import Row
 from fuselab.bench.shapes import format_shape
 from fuselab.ops.registry import all_ops
 from fuselab.report.doc import Doc
@@ -31,20 +32,21 @@ def roofline_points(results: dict[str, dict]) -> list[dict]:
             )
     for op in all_ops():  # every op's timings at its default options
         defaults = op.default_options()
-        for r in results.get(op.name, {}).get("bench", []):
-            options = {k: r.get(k) for k in defaults}
-            if r.get("error") or options != defaults or not r.get("median_ms"):
+        for r in (Row.from_json(r) for r in results.get(op.name, {}).get("bench", [])):
+            options = {k: r.field(k) for k in defaults}
+            if not r.measured or options != defaults or not r.median_ms:
                 continue
+            impl, dtype = r.case.impl, short_name(r.case.dtype)
             points.append(
                 {
-                    "label": f"{op.name} {r['impl']} {short_name(r['dtype'])} {format_shape(tuple(r['shape']))}",
-                    "group": f"{op.name} {r['impl']} {short_name(r['dtype'])}",
+                    "label": f"{op.name} {impl} {dtype} {format_shape(r.case.shape)}",
+                    "group": f"{op.name} {impl} {dtype}",
                     "family": op.name,
                     "kind": "matmul" if op.bound == "compute" else "elementwise",  # compute-bound: tensor cores
-                    "dtype": r["dtype"],
-                    "flops": op.flops(tuple(r["shape"]), **options),
-                    "bytes": r["bytes"],
-                    "median_ms": r["median_ms"],
+                    "dtype": r.case.dtype,
+                    "flops": op.flops(r.case.shape, **options),
+                    "bytes": r.bytes,
+                    "median_ms": r.median_ms,
                 }
             )
     return points
