@@ -383,7 +383,6 @@ def summarize_checks(rows: Sequence[CheckRow]) -> list[CheckSummary]:
     return out
 
 
-
 # ---------------------------------------------------------------------------------------------- bench
 
 

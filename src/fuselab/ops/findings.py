@@ -41,8 +41,11 @@ def op_rows(results: Results, op: str) -> list[Row]:
 
 
 def _matches(row: Row, dtype: str, match: dict[str, object]) -> bool:
-    return row.measured and bool(row.median_ms) and row.case.dtype == dtype and all(
-        row.field(k) == v for k, v in match.items()
+    return (
+        row.measured
+        and bool(row.median_ms)
+        and row.case.dtype == dtype
+        and all(row.field(k) == v for k, v in match.items())
     )
 
 
