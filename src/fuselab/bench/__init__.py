@@ -4,7 +4,7 @@ from fuselab.bench.ceilings import get_ceilings, measure_ceilings
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.env import environment
 from fuselab.bench.record import Case, Row, Status
-from fuselab.bench.sweep import grid, load_records, run_sweep
+from fuselab.bench.sweep import Sweep, grid, load_records, run_sweep
 from fuselab.bench.timer import (
     PITFALLS,
     CallCost,
@@ -24,6 +24,7 @@ __all__ = [
     "Measurements",
     "Row",
     "Status",
+    "Sweep",
     "Timing",
     "WatchedCompile",
     "benchmark",

@@ -345,58 +345,74 @@ class LogLock:
 # ---------------------------------------------------------------------------------------------- the sweep
 
 
-def run_spread(
-    cases: Sequence[Case],
-    run_cases: Callable[[list[tuple[str, Case]], Path | None, dict], dict[str, dict]],
-    out: Path | None,
-    *,
-    done_ok: Callable[[dict], bool],
-    cost: Callable[[Case], float] | None = None,
-    group: Callable[[Case], str] | None = None,
-) -> list[dict]:
-    """The sweep over every rank (see the module's doc). Every rank calls it with the same cases.
+class Spread:
+    """The sweep over every rank (see the module's doc), as a context every rank enters with the same cases.
 
-    run_cases(todo, part_file, extra) runs [(key, case)] in order, appends each row (with `extra`) to part_file, and
-    returns {key: row}: run_sweep's loop. done_ok(row): a logged row that counts as done (no error).
+    Entering takes the log's lock on rank 0, merges the part files a killed run left and shares with every rank the
+    rows already done (`kept`, those done_ok accepts) and each rank's share of the rest (`mine`: (key, case) pairs,
+    `part`: this rank's part file, `extra`: where it runs, for its rows). `gather(rows)` collects every rank's
+    {key: row} into `rows`; leaving merges the parts and releases the lock.
     """
 
-    lock = LogLock(out) if out is not None and is_main() else None
-    setup: dict[str, object] = {"error": None}
-    try:
-        if is_main():
-            try:
-                if lock is not None:
-                    lock.acquire()
-                    merge_parts(out)
-                done = latest_by_key(load_records(out)) if out is not None else {}
-                keys = [case_key(c) for c in cases]
-                kept = {k: done[k] for k in keys if k in done and done_ok(done[k])}
-                todo = [c for c, k in zip(cases, keys, strict=True) if k not in kept]
-                setup = {
-                    "error": None,
-                    "kept": kept,
-                    "todo": todo,
-                    "plan": plan(todo, world_size(), cost=cost, group=group),
-                }
-            except LogBusy as exc:
-                setup = {"error": str(exc)}
-        setup = broadcast(setup)  # type: ignore[assignment]
-        if setup["error"]:
-            raise LogBusy(setup["error"])
-        todo: list[Case] = setup["todo"]  # type: ignore[no-redef]
-        mine = [(case_key(todo[i]), todo[i]) for i in setup["plan"][rank()]]  # type: ignore[index]
-        part = part_path(out, rank()) if out is not None else None
-        rows: dict[str, dict] = dict(setup["kept"])  # type: ignore[arg-type]
+    def __init__(
+        self,
+        cases: Sequence[Case],
+        out: Path | None,
+        *,
+        done_ok: Callable[[dict], bool],
+        cost: Callable[[Case], float] | None = None,
+        group: Callable[[Case], str] | None = None,
+    ) -> None:
+        self.cases, self.out, self.done_ok, self.cost, self.group = list(cases), out, done_ok, cost, group
+        self.lock = LogLock(out) if out is not None and is_main() else None
+        self.kept: dict[str, dict] = {}
+        self.mine: list[tuple[str, Case]] = []
+        self.part = part_path(out, rank()) if out is not None else None
+        self.extra = where()
+        self.rows: dict[str, dict] = {}
+
+    def __enter__(self) -> Spread:
+        setup: dict[str, object] = {"error": None}
+        try:
+            if is_main():
+                try:
+                    if self.lock is not None:
+                        self.lock.acquire()
+                        merge_parts(self.out)
+                    done = latest_by_key(load_records(self.out)) if self.out is not None else {}
+                    keys = [case_key(c) for c in self.cases]
+                    kept = {k: done[k] for k in keys if k in done and self.done_ok(done[k])}
+                    todo = [c for c, k in zip(self.cases, keys, strict=True) if k not in kept]
+                    chosen = plan(todo, world_size(), cost=self.cost, group=self.group)
+                    setup = {"error": None, "kept": kept, "todo": todo, "plan": chosen}
+                except LogBusy as exc:
+                    setup = {"error": str(exc)}
+            setup = broadcast(setup)  # type: ignore[assignment]
+            if setup["error"]:
+                raise LogBusy(setup["error"])
+        except BaseException:
+            self.__exit__()
+            raise
+        todo: list[Case] = setup["todo"]  # type: ignore[assignment]
+        self.mine = [(case_key(todo[i]), todo[i]) for i in setup["plan"][rank()]]  # type: ignore[index]
+        self.kept = dict(setup["kept"])  # type: ignore[arg-type]
+        return self
+
+    def gather(self, mine: dict[str, dict]) -> None:
+        """Every rank's rows (this rank's `mine`) with the kept ones, on every rank, in `rows`."""
         gathered: list[dict[str, dict] | None] = [None] * world_size()
-        dist.all_gather_object(gathered, run_cases(mine, part, where()))
+        dist.all_gather_object(gathered, mine)
+        self.rows = dict(self.kept)
         for theirs in gathered:
-            rows.update(theirs or {})
-        if lock is not None:
-            merge_parts(out)
-    finally:
-        if lock is not None:
-            lock.release()
-    return [rows[case_key(c)] for c in cases]
+            self.rows.update(theirs or {})
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lock is not None:
+            try:
+                if exc and exc[0] is None:
+                    merge_parts(self.out)
+            finally:
+                self.lock.release()
 
 
 # ---------------------------------------------------------------------------------------------- isolation

@@ -16,8 +16,9 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -59,106 +60,149 @@ def grid(**axes: Iterable[object]) -> list[Case]:
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*(list(v) for v in axes.values()))]
 
 
+class Sweep:
+    """A sweep's log, open while its cases run: the caller drives the loop and the harness keeps the log.
+
+        with Sweep(cases, out, description="bench gelu") as sweep:
+            for case in sweep:  # the cases not done in `out` (this rank's share under torchrun)
+                with sweep.running(case) as outcome:
+                    outcome.update(measure(case))  # what it raises becomes the row's status and error
+        rows = sweep.rows  # one row per case, old and new, in case order
+
+    Each row is the case's fields, the outcome's, `key`, `status` and `error` (None or why), appended to `out` as
+    it is recorded. log(message): where to say what is resumed and, when progress is on but stderr is not a
+    terminal (no live bar), a line per finished case, at most one a second (default: stderr). `out` is locked while
+    the sweep is open (`out.lock`): a second run on it stops with distributed.LogBusy. Under torchrun with more than
+    one rank (fuselab.bench.distributed), the cases not done are split over the ranks by `cost` (estimated seconds,
+    default 1 each), keeping cases with the same `group` key on one rank; each rank logs to its own part file, and
+    every rank gets all rows.
+    """
+
+    def __init__(
+        self,
+        cases: Sequence[Case],
+        out: str | Path | None = None,
+        *,
+        description: str = "sweep",
+        show_progress: bool = True,
+        log: Callable[[str], None] | None = None,
+        cost: Callable[[Case], float] | None = None,
+        group: Callable[[Case], str] | None = None,
+    ) -> None:
+        self.cases = list(cases)
+        self.path = Path(out) if out is not None else None
+        self.description, self.say = description, log or _stderr
+        self.show_progress = show_progress and distributed.is_main()
+        self.cost, self.group = cost, group
+        self.todo: list[tuple[str, Case]] = []  # (key, case) to run here
+        self.done: dict[str, dict] = {}  # key: row of the cases done in the log before (their error is None)
+        self.log_to: Path | None = self.path
+        self.extra: dict[str, object] = {}
+        self._new: dict[str, dict] = {}
+        self._stack = contextlib.ExitStack()
+        self.rows: list[dict] = []
+
+    def __enter__(self) -> Sweep:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._stack as stack:
+            if distributed.active():
+                spread = distributed.Spread(self.cases, self.path, done_ok=_done, cost=self.cost, group=self.group)
+                stack.enter_context(spread)
+                self._spread, self.done, self.todo = spread, spread.kept, spread.mine
+                self.log_to, self.extra = spread.part, spread.extra
+            else:
+                self._spread = None
+                if self.path is not None:
+                    stack.enter_context(distributed.LogLock(self.path))
+                    repair_log(self.path)  # a torn last line, left by a run killed mid-write
+                    distributed.merge_parts(self.path)  # rows a spread run left in part files
+                    logged = latest_by_key(load_records(self.path))
+                    self.done = {k: r for k, r in logged.items() if _done(r)}
+                keys = [case_key(case) for case in self.cases]
+                self.done = {k: self.done[k] for k in keys if k in self.done}
+                self.todo = [(k, c) for k, c in zip(keys, self.cases, strict=True) if k not in self.done]
+                if self.done:
+                    self.say(f"resuming {self.path}: {len(self.done)} of {len(self.cases)} cases done, "
+                             f"{len(self.todo)} to run")  # fmt: skip
+            self._stack = stack.pop_all()
+        live = self.show_progress and sys.stderr.isatty()
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+        self._progress = Progress(*columns, console=Console(stderr=True), disable=not live, transient=False)
+        self._stack.enter_context(self._progress)
+        self._task = self._progress.add_task(self.description, total=len(self.todo))
+        self._live, self._last_line = live, time.perf_counter()
+        return self
+
+    def __iter__(self) -> Iterator[Case]:
+        for _, case in self.todo:
+            self._progress.update(self._task, description=f"{self.description}: {_short(case)}")
+            yield case
+        self._progress.update(self._task, description=self.description)
+
+    @contextlib.contextmanager
+    def running(self, case: Case) -> Iterator[dict[str, object]]:
+        """An outcome to fill while `case` runs; recorded when the block ends. A NotRun raised in it gives the row
+        its status and reason, any other exception status "error" and the message (the sweep goes on)."""
+        start, outcome = time.perf_counter(), {}
+        try:
+            yield outcome
+            outcome = {"status": Status.OK, **outcome, "error": None}
+        except NotRun as exc:
+            outcome = {"status": exc.status, "error": str(exc)[:MAX_ERROR_CHARS]}
+        except torch.OutOfMemoryError as exc:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            outcome = {"status": Status.ERROR, "error": f"out of memory: {_first_line(exc)}"}
+        except Exception as exc:  # any failure of one case becomes its row; the sweep goes on
+            outcome = {"status": Status.ERROR, "error": f"{type(exc).__name__}: {exc}".strip()[:MAX_ERROR_CHARS]}
+        self.record(case, outcome, time.perf_counter() - start)
+
+    def record(self, case: Case, outcome: Mapping[str, object], seconds: float = 0.0) -> dict:
+        """Append the row of `case` (its fields, where it ran, `outcome`, its key) to the log; return it."""
+        key = case_key(case)
+        row = {**case_fields(case), **self.extra, **outcome, "key": key}
+        self._new[key] = row
+        if self.log_to is not None:
+            append_record(self.log_to, row)
+        self._progress.advance(self._task)
+        now, n = time.perf_counter(), len(self._new)
+        if self.show_progress and not self._live and (now - self._last_line >= PROGRESS_EVERY_S or n == len(self.todo)):
+            self.say(f"{self.description} [{n}/{len(self.todo)}] {_short(case)}: {row['status']} ({seconds:.1f} s)")
+            self._last_line = now
+        return row
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        try:
+            if kind is None:
+                rows = dict(self.done)
+                if self._spread is not None:
+                    self._spread.gather(self._new)
+                    rows = self._spread.rows
+                rows.update(self._new)
+                self.rows = [rows[case_key(case)] for case in self.cases]
+        finally:
+            self._stack.__exit__(kind, *exc)
+
+
 def run_sweep(
     cases: Sequence[Case],
     run_case: Callable[[Case], Mapping[str, object]],
     out: str | Path | None = None,
-    *,
-    description: str = "sweep",
-    show_progress: bool = True,
-    log: Callable[[str], None] | None = None,
-    cost: Callable[[Case], float] | None = None,
-    group: Callable[[Case], str] | None = None,
+    **options: Any,
 ) -> list[dict]:
-    """Run every case not already done in `out`; return one row per case (old and new), in case order.
-
-    Each row is the case's fields, the fields run_case returned, `key`, `status` and `error` (None or why).
-    log(message): where to say what is resumed and, when progress is on but stderr is not a terminal (no live bar),
-    a line per finished case, at most one a second (default: stderr).
-    `out` is locked while the sweep runs (`out.lock`): a second run on it stops with distributed.LogBusy.
-    Under torchrun with more than one rank (fuselab.bench.distributed), the cases not done are split over the
-    ranks by `cost` (estimated seconds, default 1 each), keeping cases with the same `group` key on one rank;
-    each rank logs to its own part file, and every rank returns all rows.
-    """
-    say = log or _stderr
-    path = Path(out) if out is not None else None
-    done: dict[str, dict] = {}
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def run_cases(todo: list[tuple[str, Case]], part: Path | None, extra: dict) -> dict[str, dict]:
-        main = distributed.is_main()
-        return _run_cases(todo, run_case, part, extra, description, show_progress and main, say)
-
-    if distributed.active():
-        return distributed.run_spread(cases, run_cases, path, done_ok=_done, cost=cost, group=group)
-    with distributed.LogLock(path) if path is not None else contextlib.nullcontext():
-        if path is not None:
-            repair_log(path)  # a torn last line, left by a run killed mid-write
-            distributed.merge_parts(path)  # rows a spread run left in part files
-            done = latest_by_key(load_records(path))
-        rows: dict[str, dict] = {}
-        todo = []
-        for case in cases:
-            key = case_key(case)
-            if key in done and _done(done[key]):
-                rows[key] = done[key]
-            else:
-                todo.append((key, case))
-        if rows:
-            say(f"resuming {path}: {len(rows)} of {len(cases)} cases done, {len(todo)} to run")
-        rows.update(run_cases(todo, path, {}))
-    return [rows[case_key(case)] for case in cases]
+    """Run every case not already done in `out` with run_case(case) -> its fields; return one row per case (old
+    and new), in case order. options: `Sweep`'s (description, show_progress, log, cost, group)."""
+    with Sweep(cases, out, **options) as sweep:
+        for case in sweep:
+            with sweep.running(case) as outcome:
+                outcome.update(run_case(case))
+    return sweep.rows
 
 
 def _done(row: Mapping[str, object]) -> bool:
     return row.get("error") is None
-
-
-def _run_cases(
-    todo: Sequence[tuple[str, Case]],
-    run_case: Callable[[Case], Mapping[str, object]],
-    path: Path | None,
-    extra: Mapping[str, object],
-    description: str,
-    show_progress: bool,
-    say: Callable[[str], None],
-) -> dict[str, dict]:
-    """Run (key, case) pairs in order, appending each row (case, `extra`, results, key) to `path` as it finishes."""
-    rows: dict[str, dict] = {}
-    live = show_progress and sys.stderr.isatty()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
-    last_line = time.perf_counter()
-    with Progress(*columns, console=Console(stderr=True), disable=not live, transient=False) as progress:
-        task = progress.add_task(description, total=len(todo))
-        for i, (key, case) in enumerate(todo, 1):
-            progress.update(task, description=f"{description}: {_short(case)}")
-            start = time.perf_counter()
-            row = {**case_fields(case), **extra, **_run_one(run_case, case), "key": key}
-            rows[key] = row
-            if path is not None:
-                append_record(path, row)
-            progress.advance(task)
-            now = time.perf_counter()
-            if show_progress and not live and (now - last_line >= PROGRESS_EVERY_S or i == len(todo)):
-                say(f"{description} [{i}/{len(todo)}] {_short(case)}: {row['status']} ({now - start:.1f} s)")
-                last_line = now
-        progress.update(task, description=description)
-    return rows
-
-
-def _run_one(run_case: Callable[[Case], Mapping[str, object]], case: Case) -> dict[str, object]:
-    try:
-        return {"status": Status.OK, **run_case(case), "error": None}
-    except NotRun as exc:
-        return {"status": exc.status, "error": str(exc)[:MAX_ERROR_CHARS]}
-    except torch.OutOfMemoryError as exc:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return {"status": Status.ERROR, "error": f"out of memory: {_first_line(exc)}"}
-    except Exception as exc:  # any failure of one case becomes its row; the sweep goes on
-        return {"status": Status.ERROR, "error": f"{type(exc).__name__}: {exc}".strip()[:MAX_ERROR_CHARS]}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -24,11 +24,10 @@ from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.dtypes import dtype_name
 from fuselab.bench.env import environment
-from fuselab.bench.log import latest_by_key, load_records
 from fuselab.bench.memory import format_bytes, free_bytes
 from fuselab.bench.record import Case, CheckRow, CheckSummary, Row, Verdict
 from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, format_shape, size_ladder, summarize
-from fuselab.bench.sweep import NotRun, Status, run_sweep
+from fuselab.bench.sweep import NotRun, Status, Sweep, run_sweep
 from fuselab.bench.timer import Timing, benchmark, benchmark_side_by_side, call_cost
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.registry import Impl, Op, Shape, all_ops
@@ -582,11 +581,7 @@ def bench_op(
     ceilings = ceilings_mod.get_ceilings(device)
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
-    logged = latest_by_key(load_records(Path(out))) if out is not None and Path(out).exists() else {}
-    logged_rows = [Row.from_json(r, op.options) for r in logged.values()]
-    for row in [*slow_before, *logged_rows]:  # an earlier sweep's or a resumed sweep's slow impls stay out
-        cap.note(row)
-    finished = {row.case.key for row in logged_rows if row.error is None}  # not timed again on resume
+    finished: set[str] = set()  # cases of the log, not timed again on resume
 
     def run(case: Case) -> dict:
         together = case.peer_key
@@ -620,16 +615,16 @@ def bench_op(
             raise result
         return {**result, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
 
-    rows = run_sweep(
-        cases,
-        run,
-        out=out,
-        description=f"bench {op.name}",
-        show_progress=show_progress,
-        cost=sweep_cost(op, timing),
-        group=lambda case: case.peer_key,
-    )
-    typed = [Row.from_json(r, op.options) for r in rows]
+    spread = {"cost": sweep_cost(op, timing), "group": lambda case: case.peer_key}  # over GPUs under torchrun
+    with Sweep(cases, out, description=f"bench {op.name}", show_progress=show_progress, **spread) as sweep:
+        logged = [Row.from_json(r, op.options) for r in sweep.done.values()]
+        for row in [*slow_before, *logged]:  # an earlier sweep's or a resumed sweep's slow impls stay out
+            cap.note(row)
+        finished.update(row.case.key for row in logged)
+        for case in sweep:
+            with sweep.running(case) as outcome:
+                outcome.update(run(case))
+    typed = [Row.from_json(r, op.options) for r in sweep.rows]
     same_size = {}
     if op.bound == "memory":  # a copy of the same bytes, timed once per size: what such a size can reach
         sizes = sorted({r.bytes for r in typed if r.measured and r.bytes})
