@@ -223,6 +223,7 @@ def test_affordable_shape_hands_a_refusing_impl_to_ncu():
 
     assert op.get_impl("refuses").unavailable("cpu", None) is None  # asked first, it says it can run
     assert cn.affordable_shape(op, "refuses", [(4099,), (17,)], "cpu", max_call_ms=20.0) == 1
+    assert cn.affordable_shape(op, "gpu_only", [(4099,), (17,)], "cpu", max_call_ms=20.0) == 1  # not called here
 
 
 def test_study_sample_naive_against_fused():

@@ -111,12 +111,16 @@ def affordable_shape(op: Op, impl: str, shapes: Sequence[tuple[int, ...]], devic
     `max_call_ms`, else the last one's: ncu replays each kernel of a call many times over, so a call of seconds (a
     teaching impl's Python loop over blocks launches thousands of kernels) would hold it for hours. A call over the
     bound is timed a second time (the first may have compiled) before the next shape is tried. An impl that refuses
-    the call (Unavailable: cuDNN has no float32 attention) gets the last shape: ncu's child reports its refusal."""
+    the call (unavailable here in float32, or Unavailable raised by the call: cuDNN has no float32 attention) gets
+    the last shape: ncu's child reports its refusal."""
     import torch
 
     from fuselab.ops.evaluate import Unavailable
 
-    fn, options = op.get_impl(impl).fn, op.default_options()
+    declared = op.get_impl(impl)
+    if declared.unavailable(device, torch.float32):
+        return len(shapes) - 1
+    fn, options = declared.fn, op.default_options()
     on_gpu = torch.device(device).type == "cuda"
     for i, shape in enumerate(shapes[:-1]):
         inputs = op.make_inputs(tuple(shape), torch.float32, device, 0, **options)
