@@ -2,8 +2,8 @@
 # One device call before a landing: the GPU gate on this tree, then the GPU report resumed in the time left.
 #   FUSELAB_REVISION=<commit> CALL_S=570 REPORT=/tmp/report bash scripts/gpu_land.sh
 # To $OUT: gate.json, gate_stdout.log, gatelogs.tgz (the gate's job logs), report.log and report.tgz (REPORT, without
-# lock files: REPORT_TGZ=path (a carried copy of the last call's report.tgz) unpacks it into REPORT first, so the report
-# resumes; done sections are kept). A second call with SKIP_GATE=1 gives all of CALL_S to the report. Built CUDA
+# lock files, traces and ncu reports: REPORT_TGZ=path (a carried copy of the last call's report.tgz) unpacks it into
+# REPORT first, so the report resumes; done sections are kept). A second call with SKIP_GATE=1 gives all of CALL_S to the report. Built CUDA
 # extensions are kept in $OUT/ext.tgz for the next call (EXT_TGZ=path unpacks one first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +32,7 @@ if [ "$LEFT" -gt 30 ]; then
   echo "report_rc=$?"
 fi
 rm -f "$REPORT"/*.lock "$REPORT"/results/*.lock
-tar czf "$OUT/report.tgz" -C "$(dirname "$REPORT")" "$(basename "$REPORT")"
+# without the profiler traces and ncu's report (100+ MB: over what a device call brings back; the section files hold
+# their figures)
+tar czf "$OUT/report.tgz" --exclude="$(basename "$REPORT")/traces" --exclude='*.ncu-rep' \
+  -C "$(dirname "$REPORT")" "$(basename "$REPORT")"
