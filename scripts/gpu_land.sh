@@ -3,8 +3,8 @@
 #   FUSELAB_REVISION=<commit> CALL_S=570 REPORT=/tmp/report bash scripts/gpu_land.sh
 # To $OUT: gate.json, gate_stdout.log, gatelogs.tgz (the gate's job logs), report.log and report.tgz (REPORT, without
 # lock files, traces and ncu reports: REPORT_TGZ=path (a carried copy of the last call's report.tgz) unpacks it into
-# REPORT first, so the report resumes; done sections are kept). A second call with SKIP_GATE=1 gives all of CALL_S to the report. Built CUDA
-# extensions are kept in $OUT/ext.tgz for the next call (EXT_TGZ=path unpacks one first).
+# REPORT first, so the report resumes; done sections are kept). A second call with SKIP_GATE=1 gives all of CALL_S to
+# the report. Built CUDA extensions are kept in $OUT/ext.tgz for the next call (EXT_TGZ=path unpacks one first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
