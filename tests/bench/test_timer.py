@@ -1,5 +1,8 @@
+import contextlib
 import dataclasses
+import glob
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -256,26 +259,54 @@ def test_call_cost_on_the_cpu_times_a_real_call() -> None:
     assert cost.host_us >= 100 and cost.end_to_end_us >= cost.host_us and cost.host_bound
 
 
+@contextlib.contextmanager
+def _busy_cpu() -> Iterator[None]:
+    """Processes running matmuls (as many as torch's threads, at least two) for the block, each spinning before it
+    starts (a process importing torch on a loaded machine can take seconds to get there)."""
+    import subprocess
+    import sys
+
+    spin = "import torch\na = torch.randn(600, 600)\na @ a\nprint('spinning', flush=True)\nwhile True: a @ a"
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+        for _ in range(max(2, torch.get_num_threads()))
+    ]
+    try:
+        for hog in hogs:
+            assert hog.stdout is not None and hog.stdout.readline().strip() == "spinning"
+        time.sleep(0.2)
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 @pytest.mark.skipif(CpuPressure.stalled_us() is None, reason="no /proc/pressure/cpu (Linux PSI) here")
 def test_a_busy_cpu_is_detected_and_marked_however_steady_the_times_look():
     """Two processes running matmuls beside a CPU benchmark: tasks wait for a CPU most of the timing, and the
     Measurement says so (cpu_busy, a warning, the table's noisy mark); a Measurement that saw no such wait does not."""
-    import subprocess
-    import sys
-
     from fuselab.bench.results import row_is_noisy
 
     x = torch.randn(512, 512)
-    spin = "import torch\na = torch.randn(600, 600)\nwhile True: a @ a"
-    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(max(2, torch.get_num_threads()))]
-    try:
-        time.sleep(1.0)
+    with _busy_cpu():
         busy = benchmark(lambda: torch.softmax(x, -1), device="cpu", rep_ms=200)
-    finally:
-        for hog in hogs:
-            hog.kill()
     assert busy.cpu_busy > 0.5 and busy.busy
     assert any("the CPU was busy" in w for w in busy.warnings)
     assert row_is_noisy({**busy.summary(), "error": None})
     quiet = Measurement([1.0, 1.0, 1.01, 1.0, 1.0], mode="perf_counter", device="cpu", cpu_busy=0.01)
     assert not quiet.busy and not quiet.warnings and not row_is_noisy({**quiet.summary(), "error": None})
+
+
+@pytest.mark.skipif(not glob.glob("/proc/self/task/*/schedstat"), reason="no /proc/self/task/*/schedstat here")
+def test_a_busy_cpu_is_detected_where_linux_psi_cannot_be_read(monkeypatch):
+    """Without /proc/pressure/cpu (PSI off, as some distributions' kernels have it, or hidden in a container) the
+    timer reads how long its own threads waited for a CPU (/proc/self/task/*/schedstat): beside two matmul
+    processes the Measurement still says the CPU was busy, naming where it read that."""
+    monkeypatch.setattr(CpuPressure, "PATH", "/nonexistent/pressure/cpu")
+    assert CpuPressure.stalled_us() is None
+    x = torch.randn(512, 512)
+    with _busy_cpu():
+        busy = benchmark(lambda: torch.softmax(x, -1), device="cpu", rep_ms=200)
+    assert busy.cpu_busy is not None and busy.cpu_busy > 0.3 and busy.busy, busy.cpu_busy
+    assert any("the CPU was busy" in w and "schedstat" in w for w in busy.warnings), busy.warnings
