@@ -1,8 +1,6 @@
-import contextlib
 import dataclasses
 import glob
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -259,38 +257,14 @@ def test_call_cost_on_the_cpu_times_a_real_call() -> None:
     assert cost.host_us >= 100 and cost.end_to_end_us >= cost.host_us and cost.host_bound
 
 
-@contextlib.contextmanager
-def _busy_cpu() -> Iterator[None]:
-    """Processes running matmuls (as many as torch's threads, at least two) for the block, each spinning before it
-    starts (a process importing torch on a loaded machine can take seconds to get there)."""
-    import subprocess
-    import sys
-
-    spin = "import torch\na = torch.randn(600, 600)\na @ a\nprint('spinning', flush=True)\nwhile True: a @ a"
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
-        for _ in range(max(2, torch.get_num_threads()))
-    ]
-    try:
-        for hog in hogs:
-            assert hog.stdout is not None and hog.stdout.readline().strip() == "spinning"
-        time.sleep(0.2)
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-
-
 @pytest.mark.skipif(CpuPressure.stalled_us() is None, reason="no /proc/pressure/cpu (Linux PSI) here")
-def test_a_busy_cpu_is_detected_and_marked_however_steady_the_times_look():
+def test_a_busy_cpu_is_detected_and_marked_however_steady_the_times_look(busy_cpu):
     """Two processes running matmuls beside a CPU benchmark: tasks wait for a CPU most of the timing, and the
     Measurement says so (cpu_busy, a warning, the table's noisy mark); a Measurement that saw no such wait does not."""
     from fuselab.bench.results import row_is_noisy
 
     x = torch.randn(512, 512)
-    with _busy_cpu():
-        busy = benchmark(lambda: torch.softmax(x, -1), device="cpu", rep_ms=200)
+    busy = benchmark(lambda: torch.softmax(x, -1), device="cpu", rep_ms=200)
     assert busy.cpu_busy > 0.5 and busy.busy
     assert any("the CPU was busy" in w for w in busy.warnings)
     assert row_is_noisy({**busy.summary(), "error": None})
@@ -299,14 +273,13 @@ def test_a_busy_cpu_is_detected_and_marked_however_steady_the_times_look():
 
 
 @pytest.mark.skipif(not glob.glob("/proc/self/task/*/schedstat"), reason="no /proc/self/task/*/schedstat here")
-def test_a_busy_cpu_is_detected_where_linux_psi_cannot_be_read(monkeypatch):
+def test_a_busy_cpu_is_detected_where_linux_psi_cannot_be_read(monkeypatch, busy_cpu):
     """Without /proc/pressure/cpu (PSI off, as some distributions' kernels have it, or hidden in a container) the
     timer reads how long its own threads waited for a CPU (/proc/self/task/*/schedstat): beside two matmul
     processes the Measurement still says the CPU was busy, naming where it read that."""
     monkeypatch.setattr(CpuPressure, "PATH", "/nonexistent/pressure/cpu")
     assert CpuPressure.stalled_us() is None
     x = torch.randn(512, 512)
-    with _busy_cpu():
-        busy = benchmark(lambda: torch.softmax(x, -1), device="cpu", rep_ms=200)
+    busy = benchmark(lambda: torch.softmax(x, -1), device="cpu", rep_ms=200)
     assert busy.cpu_busy is not None and busy.cpu_busy > 0.3 and busy.busy, busy.cpu_busy
     assert any("the CPU was busy" in w and "schedstat" in w for w in busy.warnings), busy.warnings
