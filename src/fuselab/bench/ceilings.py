@@ -1,6 +1,8 @@
 """The device's measured limits: copy bandwidth, matmul rates, launch overhead; cached per device and driver.
 
-Every GB/s and TFLOP/s that fuselab prints is set against these measured ceilings, never the datasheet.
+Every GB/s and TFLOP/s that fuselab prints is set against these measured ceilings, never the datasheet. Ceilings
+measured while the CPU was busy read low, and every rate set against them high: they say so (`busy`) and are kept
+for the process only, never cached.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import torch
 
 from fuselab.bench.env import environment
-from fuselab.bench.timer import Measurement, Timing, benchmark
+from fuselab.bench.timer import CPU_BUSY_FRACTION, Measurement, Timing, benchmark
 
 GPU_COPY_BYTES = 2 * 2**30  # source size; the copy moves twice this (read + write)
 CPU_COPY_BYTES = 256 * 2**20
@@ -35,8 +37,9 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
     """Measure the limits of `device` (default: the GPU if any). quick: smaller sizes, for tests and --quick.
 
     Returns copy_gbps (bytes read + written per second / 1e9), matmul_tflops per dtype (fp32, tf32, bf16;
-    random data), launch_us (host time to issue a tiny kernel), tiny_kernel_us (its device time), the
-    environment, and how each was measured.
+    random data), launch_us (host time to issue a tiny kernel), tiny_kernel_us (its device time), cpu_busy (on the
+    CPU, the largest share of a timing during which some task waited for a CPU; None elsewhere), the environment,
+    and how each was measured.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = torch.device(device).type == "cuda"
@@ -45,6 +48,7 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
     timing = Timing(warmup_ms=50.0 if quick else 300.0, rep_ms=100.0 if quick else 400.0, min_reps=5)
 
     copy = _time_copy(copy_bytes, device, timing)
+    timed = [copy]
 
     matmul_tflops: dict[str, float] = {}
     matmul_modes = {"fp32": (torch.float32, False), "tf32": (torch.float32, True), "bf16": (torch.bfloat16, False)}
@@ -57,6 +61,7 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
             m = benchmark(lambda a=a, b=b: a @ b, label=f"matmul {name}", device=device, timing=timing, flush_l2=False)
+            timed.append(m)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = previous
         matmul_tflops[name] = 2 * n**3 / (m.median_ms * 1e-3) / 1e12
@@ -64,6 +69,7 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
 
     tiny = torch.ones(1, device=device)
     launch = benchmark(lambda: tiny.add_(1), label="tiny kernel", device=device, flush_l2=False)
+    shares = [m.cpu_busy for m in (*timed, launch) if m.cpu_busy is not None]
 
     return {
         "key": cache_key(device),
@@ -74,6 +80,7 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
         "matmul_n": n,
         "launch_us": (launch.host_ms or 0.0) * 1e3,
         "tiny_kernel_us": launch.median_ms * 1e3,
+        "cpu_busy": max(shares) if shares else None,
         "quick": quick,
     }
 
@@ -97,20 +104,55 @@ def _time_copy(nbytes: int, device: str, timing: Timing | None) -> Measurement:
 def get_ceilings(device: str | None = None, *, refresh: bool = False, measure: bool = True) -> dict | None:
     """The cached ceilings of `device`, measured (and cached) when missing or when refresh is set.
 
+    Ceilings measured while the CPU was busy (`busy`) are not cached: this process keeps them (its rows are set
+    against them and say so), the next measures again; a cache that was written busy is not read.
     measure=False returns None instead of measuring when nothing is cached.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    path = cache_dir() / f"{cache_key(device)}.json"
-    if path.exists() and not refresh:
-        cached = json.loads(path.read_text())
-        if not cached.get("quick"):
-            return cached
+    key = cache_key(device)
+    path = cache_dir() / f"{key}.json"
+    if not refresh:
+        if path.exists():
+            cached = json.loads(path.read_text())
+            if not cached.get("quick") and not busy(cached):
+                return cached
+        if key in _BUSY:
+            return _BUSY[key]
     if not measure:
         return None
     ceilings = measure_ceilings(device)
+    if busy(ceilings):
+        _BUSY[key] = ceilings
+        return ceilings
+    _BUSY.pop(key, None)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(ceilings, indent=1))
     return ceilings
+
+
+_BUSY: dict[str, dict] = {}  # {cache key: ceilings} measured in this process while the CPU was busy (not cached)
+
+
+def busy(ceilings: dict | None) -> bool:
+    """Whether `ceilings` were measured while the CPU was busy: their cpu_busy (an older cache: its copy's) over
+    CPU_BUSY_FRACTION. Such ceilings read low, so the rates set against them read high."""
+    if not ceilings:
+        return False
+    share = ceilings.get("cpu_busy")
+    if share is None:
+        share = (ceilings.get("copy") or {}).get("cpu_busy")
+    return share is not None and share > CPU_BUSY_FRACTION
+
+
+def busy_note(ceilings: dict | None) -> str | None:
+    """What a row or table set against busy `ceilings` must say (None where they are not busy)."""
+    if not busy(ceilings):
+        return None
+    share = ceilings.get("cpu_busy") or (ceilings.get("copy") or {}).get("cpu_busy")  # type: ignore[union-attr]
+    return (
+        f"the device's ceilings were measured while the CPU was busy (some task waited for a CPU {100 * share:.0f}% "
+        "of the time), so they read low and the % of them high; not cached: the next run measures them again"
+    )
 
 
 def peak_tflops(ceilings: dict | None, dtype: str) -> float | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from fuselab.bench import distributed
-from fuselab.bench.ceilings import get_ceilings
+from fuselab.bench.ceilings import busy_note, get_ceilings
 from fuselab.bench.compare import BaselineComparison, compare_to_baseline, load_rows
 from fuselab.bench.dtypes import short_name
 from fuselab.bench.env import provenance
@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     for line in not_measured_lines(rows) + above_ceiling_lines(measured):
         console.print(line, soft_wrap=True)
     ceilings = get_ceilings(kwargs["device"], measure=False)
+    if measured and busy_note(ceilings):
+        console.print(f"[yellow]{busy_note(ceilings)}[/yellow]", soft_wrap=True)
     summary = None
     if drawn:
         by = (*op.options, *(["pass"] if args.backward else []))

@@ -630,7 +630,11 @@ def bench_op(
         sizes = sorted({r.bytes for r in typed if r.measured and r.bytes})
         same_size = {b: ceilings_mod.copy_gbps_at(b, device, timing) for b in sizes}
     typed = add_derived(typed, op.defaults.baseline, copy_gbps, same_size)
-    return [with_peak(r, ceilings) for r in typed]
+    rows = [with_peak(r, ceilings) for r in typed]
+    busy = ceilings_mod.busy_note(ceilings)
+    if busy:  # ceilings timed beside other work: every % of them reads high
+        rows = [r.updated(warnings=(*r.warnings, busy)) if r.measured else r for r in rows]
+    return rows
 
 
 def with_peak(row: Row, ceilings: dict | None) -> Row:
