@@ -1,0 +1,14 @@
+"""`fuselab device` as a user reads it: the ceilings, and whether they can be trusted."""
+
+from fuselab.bench import ceilings
+from fuselab.cli import main
+
+
+def test_device_says_when_the_ceilings_were_measured_on_a_busy_cpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
+    measured = ceilings.measure_ceilings("cpu", quick=True)
+    monkeypatch.setattr(ceilings, "_BUSY", {ceilings.cache_key("cpu"): {**measured, "quick": False, "cpu_busy": 0.6}})
+    assert main(["device", "--device", "cpu"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "copy bandwidth" in out
+    assert "ceilings were measured while the CPU was busy (some task waited for a CPU 60% of the time)" in out
