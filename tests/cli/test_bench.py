@@ -19,3 +19,47 @@ def test_bench_says_when_its_ceilings_were_measured_on_a_busy_cpu(tmp_path, monk
     assert "ceilings were measured while the CPU was busy (some task waited for a CPU 60% of the time)" in out
     (row,) = json.loads((tmp_path / "r.json").read_text())["records"]
     assert any("ceilings were measured while the CPU was busy" in w for w in row["warnings"])
+
+
+def _low_ceilings(tmp_path, monkeypatch) -> None:
+    """Cached ceilings far below what the CPU does (as a busy measurement once left them): every rate passes them."""
+    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
+    path = ceilings.cache_dir() / f"{ceilings.cache_key('cpu')}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"copy_gbps": 1e-6, "matmul_tflops": {"fp32": 1e-9}, "quick": False}))
+
+
+def _cells(out: str, impl: str) -> list[str]:
+    """The cells of the table's row of `impl`."""
+    line = next(line for line in out.splitlines() if line.startswith(f"│ {impl} "))
+    return [cell.strip() for cell in line.strip("│").split("│")]
+
+
+def _headers(out: str) -> list[str]:
+    line = next(line for line in out.splitlines() if line.startswith("┃"))
+    return [cell.strip() for cell in line.strip("┃").split("┃")]
+
+
+def test_bench_marks_each_rate_past_its_ceiling_in_the_table_and_says_what_it_means(tmp_path, monkeypatch, capsys):
+    """A memory-bound op's % copy and a compute-bound op's % peak past ABOVE_CEILING_PCT carry '!' in their cells,
+    and a line under the table names the cases and what it means."""
+    from fuselab.ops.evaluate import ABOVE_CEILING_NOTE, ABOVE_CEILING_PCT, ABOVE_PEAK_NOTE
+
+    _low_ceilings(tmp_path, monkeypatch)
+    monkeypatch.setenv("COLUMNS", "250")
+    fast = ["--dtype", "fp32", "--device", "cpu", "--rep-ms", "2", "--warmup-ms", "1", "--call-cost-ms", "0"]
+    assert main(["bench", "softmax", "--impl", "torch", "--shape", "8x128", *fast]) == 0
+    out = capsys.readouterr().out
+    cells = dict(zip(_headers(out), _cells(out, "torch"), strict=True))
+    assert cells["% copy"].endswith("!")
+    same = cells["% copy same size"]
+    assert same.endswith("!") == (float(same.rstrip("!~")) > ABOVE_CEILING_PCT)
+    flat = " ".join(out.split())
+    assert "torch at fp32 8x128" in flat and ABOVE_CEILING_NOTE in flat
+    args = ["bench", "attention", "--impl", "sdpa", "--shape", "1x2x64x32", "--opt", "causal=false", *fast]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    cells = dict(zip(_headers(out), _cells(out, "sdpa"), strict=True))
+    assert cells["% peak"].endswith("!")
+    flat = " ".join(out.split())
+    assert "sdpa at fp32 1x2x64x32" in flat and ABOVE_PEAK_NOTE in flat

@@ -7,6 +7,7 @@ some failed or were unavailable; 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from fuselab.bench.dtypes import short_name
 from fuselab.bench.env import provenance
 from fuselab.bench.record import Row, Status
 from fuselab.bench.results import (
+    ABOVE_MARK,
     NOISY_LEGEND,
     first_line,
     fmt_fixed,
@@ -36,7 +38,7 @@ from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratio
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
 from fuselab.ops.choices import bench_cases, speed_axis
-from fuselab.ops.evaluate import ABOVE_CEILING_NOTE, above_ceiling, bench_op, shape_ratios
+from fuselab.ops.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, shape_ratios
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -122,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     if measured:
         cols = columns(op.defaults.baseline, list(op.options), op.bound, args.backward)
         cols += [("rank", "rank", fmt_plain)] if distributed.active() else []
-        table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms")
+        past = {share: functools.partial(_mark_past, share=share) for share in CEILING_SHARES}
+        table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms", marks=past)
         print_table(table, console)
     if any(row_is_noisy(r) for r in measured):
         console.print(NOISY_LEGEND, soft_wrap=True)
@@ -221,14 +224,23 @@ def random_draw(args: argparse.Namespace) -> int | None:
 
 
 def above_ceiling_lines(rows: list[Row]) -> list[str]:
-    """One line per impl whose rate passed the copy ceiling (ABOVE_CEILING_PCT), naming its cases."""
-    by_impl: dict[str, list[str]] = {}
+    """One line per impl and ceiling its rate passed (ABOVE_CEILING_PCT; its cells carry ABOVE_MARK), naming its
+    cases and what it means."""
+    by_impl: dict[tuple[str, str], list[str]] = {}
     for r in rows:
-        pct = above_ceiling(r)
-        if pct is not None:
+        above = above_ceiling(r)
+        if above is not None:
+            pct, share = above
             case = f"{short_name(r.case.dtype)} {format_shape(r.case.shape)} {pct:.0f}%"
-            by_impl.setdefault(r.case.impl, []).append(case)
-    return [f"[yellow]{impl}[/yellow] at {', '.join(cases)} of {ABOVE_CEILING_NOTE}" for impl, cases in by_impl.items()]
+            by_impl.setdefault((r.case.impl, CEILING_SHARES[share]), []).append(case)
+    return [
+        f"{ABOVE_MARK} [yellow]{impl}[/yellow] at {', '.join(cases)} of {note}"
+        for (impl, note), cases in by_impl.items()
+    ]
+
+
+def _mark_past(row: Row, share: str) -> str:
+    return ABOVE_MARK if share in past_ceilings(row) else ""
 
 
 def not_measured_lines(rows: list[Row]) -> list[str]:

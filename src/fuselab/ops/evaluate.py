@@ -638,11 +638,15 @@ def bench_op(
 
 
 def with_peak(row: Row, ceilings: dict | None) -> Row:
-    """The row with pct_peak: its TFLOP/s as % of the measured matmul rate of its dtype."""
+    """The row with pct_peak: its TFLOP/s as % of the measured matmul rate of its dtype; past ABOVE_CEILING_PCT of
+    it, a warning saying so (a compute-bound op's; a memory-bound op's FLOPs are not held to the peak)."""
     peak = ceilings_mod.peak_tflops(ceilings, row.case.dtype)
     if not row.measured or not peak or row.tflops is None:
         return row
-    return row.updated(pct_peak=100 * row.tflops / peak)
+    row = row.updated(pct_peak=100 * row.tflops / peak)
+    if "pct_peak" in past_ceilings(row):
+        row = row.updated(warnings=(*row.warnings, ceiling_warning(row.pct_peak, "pct_peak")))
+    return row
 
 
 class CallCap:
@@ -712,18 +716,38 @@ def sweep_cost(op: Op, timing: Timing | None = None) -> Callable[[Case], float]:
     return cost
 
 
-ABOVE_CEILING_PCT = 110.0  # a rate past this % of the copy ceiling (or of a copy of the same bytes) is flagged
+ABOVE_CEILING_PCT = 110.0  # a rate past this % of a ceiling (copy, a copy of the same size, the matmul peak): flagged
 ABOVE_CEILING_NOTE = (
     "the copy ceiling: faster than memory allows, so the data stayed in a cache (a small size, or inputs reused) or "
     "the time is wrong"
 )
+ABOVE_PEAK_NOTE = (
+    "the matmul ceiling: faster than this device multiplies in its dtype, so the ceiling was measured low (a busy "
+    "CPU, a cold clock) or the time or the FLOP count is wrong"
+)
+CEILING_SHARES = {"pct_copy": ABOVE_CEILING_NOTE, "pct_copy_same": ABOVE_CEILING_NOTE, "pct_peak": ABOVE_PEAK_NOTE}
 
 
-def above_ceiling(row: Row) -> float | None:
-    """The row's rate as % of the copy ceiling (or of a copy of the same bytes, the larger) where it passes
-    ABOVE_CEILING_PCT, else None."""
-    pct = max(row.pct_copy or 0.0, row.pct_copy_same or 0.0)
-    return pct if pct > ABOVE_CEILING_PCT else None
+def past_ceilings(row: Row) -> dict[str, float]:
+    """{field: %} of the row's shares of a ceiling that pass ABOVE_CEILING_PCT: pct_copy and pct_copy_same, and a
+    compute-bound row's pct_peak (a memory-bound op's FLOPs are not held to the matmul peak)."""
+    shares = {"pct_copy": row.pct_copy, "pct_copy_same": row.pct_copy_same}
+    shares["pct_peak"] = row.pct_peak if row.bound == "compute" else None
+    return {name: pct for name, pct in shares.items() if pct is not None and pct > ABOVE_CEILING_PCT}
+
+
+def above_ceiling(row: Row) -> tuple[float, str] | None:
+    """(%, field) of the row's largest share of a ceiling where it passes ABOVE_CEILING_PCT, else None."""
+    past = past_ceilings(row)
+    if not past:
+        return None
+    name = max(past, key=past.__getitem__)
+    return past[name], name
+
+
+def ceiling_warning(pct: float, share: str) -> str:
+    """What a row's warnings say of its share `share` (a CEILING_SHARES field) at `pct` % of its ceiling."""
+    return f"{pct:.0f}% of {CEILING_SHARES[share]}"
 
 
 def add_derived(
@@ -747,9 +771,9 @@ def add_derived(
             copy_same_gbps=same,
             pct_copy_same=100 * row.gbps / same if same and row.gbps else None,
         )
-        above = above_ceiling(row)
-        if above is not None:
-            row = row.updated(warnings=(*row.warnings, f"{above:.0f}% of {ABOVE_CEILING_NOTE}"))
+        copy = {name: pct for name, pct in past_ceilings(row).items() if name != "pct_peak"}  # the peak: with_peak
+        if copy:
+            row = row.updated(warnings=(*row.warnings, ceiling_warning(max(copy.values()), "pct_copy")))
         reference_ms = base.get(row.case.peer_key)
         out.append(row.updated(baseline=baseline, speedup=reference_ms / row.median_ms if reference_ms else None))
     return out
