@@ -121,7 +121,13 @@ def claims_section(ctx: Context, doc: Doc) -> dict:
     doc.table(
         ["#", "claim", "measured in this run", "criterion", "verdict"],
         [
-            [i, c["claim"], c["figure"], c["criterion"], claims_mod.verdict(c["held"], c.get("noisy", False))]
+            [
+                i,
+                c["claim"],
+                c["figure"],
+                c["criterion"],
+                claims_mod.verdict(c["held"], c.get("noisy", False), c.get("past", False)),
+            ]
             for i, c in enumerate(found, 1)
         ],
     )
@@ -130,7 +136,7 @@ def claims_section(ctx: Context, doc: Doc) -> dict:
     doc.table(
         ["#", "question", "answer, from this run", "verdict"],
         [
-            [f"Q{i}", a["question"], s[0], claims_mod.verdict(a["held"], a.get("noisy", False))]
+            [f"Q{i}", a["question"], s[0], claims_mod.verdict(a["held"], a.get("noisy", False), a.get("past", False))]
             for i, (a, s) in enumerate(zip(answers, short, strict=True), 1)
         ],
     )
