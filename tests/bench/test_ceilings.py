@@ -3,6 +3,8 @@ every rate set against it then reads high)."""
 
 import json
 
+import pytest
+
 from fuselab.bench import ceilings
 from fuselab.bench.timer import CPU_BUSY_FRACTION
 
@@ -36,3 +38,18 @@ def test_a_cached_ceiling_measured_busy_is_measured_again(tmp_path, monkeypatch)
     fresh = {**quiet, "cpu_busy": 0.0}
     monkeypatch.setattr(ceilings, "measure_ceilings", lambda device=None: fresh)
     assert ceilings.get_ceilings("cpu") == fresh and json.loads(path.read_text()) == fresh  # measured, cached
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_the_peak_of_a_dtype_is_the_fastest_rate_its_data_can_be_multiplied_at(dtype):
+    """16-bit data can be multiplied in fp32: on a CPU without bf16 units (bf16 matmuls there run 100x below fp32)
+    the bf16 ceiling is fp32's; on a GPU bf16's own, far above. fp32 data: tf32 where measured, else fp32."""
+    cpu = {"matmul_tflops": {"fp32": 0.17, "bf16": 0.001}}
+    gpu = {"matmul_tflops": {"fp32": 51.0, "tf32": 400.0, "bf16": 685.0}}
+    rates_cpu, rates_gpu = cpu["matmul_tflops"], gpu["matmul_tflops"]
+    if dtype == "float32":
+        assert ceilings.peak_tflops(cpu, dtype) == rates_cpu["fp32"]
+        assert ceilings.peak_tflops(gpu, dtype) == rates_gpu["tf32"]
+    else:
+        assert ceilings.peak_tflops(cpu, dtype) == max(rates_cpu.values())
+        assert ceilings.peak_tflops(gpu, dtype) == rates_gpu["bf16"]

@@ -156,13 +156,17 @@ def busy_note(ceilings: dict | None) -> str | None:
 
 
 def peak_tflops(ceilings: dict | None, dtype: str) -> float | None:
-    """The measured matmul TFLOP/s a compute-bound kernel in `dtype` is held against: bf16's for 16-bit dtypes (fp16
-    runs at the bf16 rate on the tensor cores), tf32's for float32 where measured (else plain fp32's)."""
+    """The measured matmul TFLOP/s a compute-bound kernel in `dtype` is held against: for float32 tf32's where
+    measured (else plain fp32's); for 16-bit dtypes the faster of bf16's (fp16 runs at the bf16 rate on the tensor
+    cores) and float32's, since 16-bit data can be multiplied in fp32 (a CPU without bf16 units multiplies bf16 100x
+    slower than fp32, and a bf16 kernel computing in fp32 there sat 40x above a bf16 ceiling)."""
     if not ceilings:
         return None
     rates = ceilings.get("matmul_tflops") or {}
+    fp32 = rates.get("tf32") or rates.get("fp32")
     if dtype in ("bfloat16", "float16"):
-        return rates.get("bf16")
+        found = [rate for rate in (rates.get("bf16"), fp32) if rate]
+        return max(found) if found else None
     if dtype == "float32":
-        return rates.get("tf32") or rates.get("fp32")
+        return fp32
     return None
