@@ -63,3 +63,30 @@ def test_bench_marks_each_rate_past_its_ceiling_in_the_table_and_says_what_it_me
     assert cells["% peak"].endswith("!")
     flat = " ".join(out.split())
     assert "sdpa at fp32 1x2x64x32" in flat and ABOVE_PEAK_NOTE in flat
+
+
+def test_bench_plot_of_a_compute_bound_op_draws_each_panels_own_ceiling(tmp_path, monkeypatch):
+    """`bench attention --plot`: each dtype's panel gets its dtype's matmul peak as the ceiling (as the report's plot
+    does), not none."""
+    from fuselab.bench import results
+    from fuselab.cli import bench as bench_cli
+
+    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
+    path = ceilings.cache_dir() / f"{ceilings.cache_key('cpu')}.json"
+    path.parent.mkdir(parents=True)
+    measured = {"copy_gbps": 10.0, "matmul_tflops": {"fp32": 0.2, "bf16": 0.5}, "quick": False}
+    path.write_text(json.dumps(measured))
+    drawn = {}
+
+    def plot(points, out, *, ceiling=None, panel=None, **kwargs):
+        for name in {p[panel] for p in points}:
+            drawn[name] = ceiling([p for p in points if p[panel] == name]) if callable(ceiling) else ceiling
+        return results.plot_metric(points, out, ceiling=ceiling, panel=panel, **kwargs)
+
+    monkeypatch.setattr(bench_cli, "plot_metric", plot)
+    args = ["bench", "attention", "--impl", "sdpa", "--shape", "1x2x64x32", "--opt", "causal=false", "--device"]
+    args += ["cpu", "--dtype", "fp32", "--dtype", "bf16", "--rep-ms", "2", "--warmup-ms", "1", "--call-cost-ms", "0"]
+    assert main([*args, "--plot", str(tmp_path / "a.png")]) == 0
+    assert (tmp_path / "a.png").stat().st_size > 0
+    peaks = {"fp32": ceilings.peak_tflops(measured, "float32"), "bf16": ceilings.peak_tflops(measured, "bfloat16")}
+    assert drawn == {f"{dtype} causal=False d=32": peak for dtype, peak in peaks.items()}

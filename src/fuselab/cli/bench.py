@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
 from fuselab.bench import distributed
-from fuselab.bench.ceilings import busy_note, get_ceilings
+from fuselab.bench.ceilings import busy_note, get_ceilings, peak_tflops
 from fuselab.bench.compare import BaselineComparison, compare_to_baseline, load_rows
 from fuselab.bench.dtypes import short_name
 from fuselab.bench.env import provenance
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.plot:
         points, x, xlabel = speed_axis(rows, op)
         y, ylabel = ("tflops", "TFLOP/s") if op.bound == "compute" else ("gbps", "GB/s")
-        ceiling = (ceilings or {}).get("copy_gbps") if op.bound == "memory" else None
+        ceiling = (ceilings or {}).get("copy_gbps") if op.bound == "memory" else panel_peak(ceilings)
         plot_metric(
             points, args.plot, x=x, y=y, ceiling=ceiling, xlabel=xlabel, ylabel=ylabel, title=op.name, panel="panel"
         )
@@ -166,6 +167,11 @@ def run(args: argparse.Namespace) -> int:
         if compared.regressions:
             return 1
     return exit_status(rows)
+
+
+def panel_peak(ceilings: dict | None) -> Callable[[list[dict]], float | None]:
+    """A plot panel's ceiling for a compute-bound op: the matmul peak of its rows' dtype (`peak_tflops`)."""
+    return lambda rows: peak_tflops(ceilings, str(rows[0]["dtype"])) if rows else None
 
 
 def print_comparison(compared: BaselineComparison, path: Path, console: Console) -> None:
