@@ -90,3 +90,22 @@ def test_bench_plot_of_a_compute_bound_op_draws_each_panels_own_ceiling(tmp_path
     assert (tmp_path / "a.png").stat().st_size > 0
     peaks = {"fp32": ceilings.peak_tflops(measured, "float32"), "bf16": ceilings.peak_tflops(measured, "bfloat16")}
     assert drawn == {f"{dtype} causal=False d=32": peak for dtype, peak in peaks.items()}
+
+
+def test_bench_beside_other_work_says_the_cpu_was_busy(tmp_path, monkeypatch, capsys, busy_cpu):
+    """`fuselab bench softmax` beside matmul processes: the medians carry '~', a line names how busy the CPU was and
+    what that does to the times (steady, but inflated), and each row's warnings say so."""
+    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
+    path = ceilings.cache_dir() / f"{ceilings.cache_key('cpu')}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"copy_gbps": 10.0, "matmul_tflops": {"fp32": 0.1}, "quick": False}))
+    monkeypatch.setenv("COLUMNS", "250")
+    args = ["bench", "softmax", "--impl", "torch", "--shape", "64x64", "--dtype", "fp32", "--device", "cpu"]
+    args += ["--rep-ms", "20", "--warmup-ms", "10", "--call-cost-ms", "0", "--out", str(tmp_path / "r.json")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert _cells(out, "torch")[3].endswith("~")
+    flat = " ".join(out.split())
+    assert "1 of 1 timings ran while the CPU was busy with other work" in flat, flat
+    (row,) = json.loads((tmp_path / "r.json").read_text())["records"]
+    assert row["cpu_busy"] > 0.1 and any("the CPU was busy" in w for w in row["warnings"])

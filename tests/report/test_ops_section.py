@@ -71,3 +71,22 @@ def test_the_roofline_table_marks_a_kernel_past_its_roof(past_the_peak):
     (cells,) = [dict(zip(header, r, strict=True)) for r in table]
     assert placed[0]["pct_of_roof"] > 110 and cells["% of roof"].endswith("!")
     assert "past its roof" in md
+
+
+def test_the_op_section_says_when_its_timings_ran_on_a_busy_cpu(tmp_path, monkeypatch, busy_cpu):
+    """Timed beside matmul processes: the section's table marks the medians '~' and a line says how busy the CPU
+    was and that the times are inflated however steady."""
+    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
+    path = ceilings.cache_dir() / f"{ceilings.cache_key('cpu')}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"copy_gbps": 10.0, "matmul_tflops": {"fp32": 0.1}, "quick": False}))
+    op = get_op("softmax")
+    rows = bench_op(op, impls=["torch"], dtypes=["float32"], shapes=[(64, 64)], device="cpu",
+                    timing={"rep_ms": 20, "warmup_ms": 10}, call_cost_ms=0, show_progress=False)  # fmt: skip
+    assert rows[0].cpu_busy > 0.1
+    ctx = Context(out=tmp_path / "out", device="cpu", mode="quick", budget={}, show_progress=False)
+    ctx.results["device"] = {"copy_gbps": 10.0, "matmul_tflops": {"fp32": 0.1}}
+    doc = Doc(ctx.out)
+    _bench_docs(ctx, doc, op, rows, x="numel", xlabel="elements")
+    md = " ".join(blocks_to_markdown(doc.blocks).split())
+    assert "1 of 1 timings ran while the CPU was busy with other work" in md

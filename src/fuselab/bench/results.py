@@ -62,6 +62,21 @@ def row_is_noisy(record: Record) -> bool:
     return is_noisy(median, iqr) or (busy is not None and busy > CPU_BUSY_FRACTION)  # type: ignore[operator, arg-type]
 
 
+def busy_line(records: Sequence[Record]) -> str | None:
+    """One line saying how many of the measured records were timed while the CPU was busy with other work, and what
+    that does to them (None where none was)."""
+    measured = [r for r in records if not value(r, "error") and value(r, "median_ms") is not None]
+    shares = [value(r, "cpu_busy") for r in measured]
+    busy = [b for b in shares if isinstance(b, int | float) and b > CPU_BUSY_FRACTION]
+    if not busy:
+        return None
+    return (
+        f"{len(busy)} of {len(measured)} timings ran while the CPU was busy with other work (some task waited for a "
+        f"CPU up to {100 * max(busy):.0f}% of the time): their times are inflated however steady they look; rerun on "
+        "a quieter machine"
+    )
+
+
 def fmt_plain(v: object) -> str:
     if v is None:
         return ""

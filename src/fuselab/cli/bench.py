@@ -23,6 +23,7 @@ from fuselab.bench.record import Row, Status
 from fuselab.bench.results import (
     ABOVE_MARK,
     NOISY_LEGEND,
+    busy_line,
     first_line,
     fmt_fixed,
     fmt_float,
@@ -130,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         print_table(table, console)
     if any(row_is_noisy(r) for r in measured):
         console.print(NOISY_LEGEND, soft_wrap=True)
+    if busy_line(measured):
+        console.print(f"[yellow]{busy_line(measured)}[/yellow]", soft_wrap=True)
     for line in not_measured_lines(rows) + above_ceiling_lines(measured):
         console.print(line, soft_wrap=True)
     ceilings = get_ceilings(kwargs["device"], measure=False)

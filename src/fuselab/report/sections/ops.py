@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from fuselab.bench.ceilings import peak_tflops
 from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.record import CheckRow, CheckSummary, Record, Row, Verdict, value
-from fuselab.bench.results import ABOVE_MARK, NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
+from fuselab.bench.results import ABOVE_MARK, NOISY_LEGEND, NOISY_MARK, busy_line, plot_metric, row_is_noisy
 from fuselab.bench.shapes import format_shape
 from fuselab.ops.evaluate import (
     ABOVE_CEILING_PCT,
@@ -226,6 +226,8 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[Row], *, x: str, xlab
         )
         if any(row_is_noisy(r) for r in mine):
             doc.text(NOISY_LEGEND)
+        if busy_line(mine):
+            doc.text(f"**{busy_line(mine)}.**")
         if past_legend(mine):
             doc.text(past_legend(mine))
     notes = unavailable_notes(rows)
