@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         passes=passes,
         call_cost_ms=args.call_cost_ms,
         layout=args.layout,
+        refuse_early=True,
         **kwargs,
     )
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all

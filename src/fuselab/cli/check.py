@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
     check_writable(args.out)
-    rows = check_op(op, seed=args.seed, layout=args.layout, **kwargs)
+    rows = check_op(op, seed=args.seed, layout=args.layout, refuse_early=True, **kwargs)
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 1 if any(r.status is Verdict.FAIL for r in rows) else 0
     console = Console(highlight=False)
