@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from rich.console import Console
 
+from fuselab.bench.env import provenance
 from fuselab.cli._args import (
     add_device_argument,
     add_opt_argument,
@@ -143,7 +144,7 @@ def _profile_one(
     console.print(table.rich(limit=args.limit, full_names=args.full_names))
     if table.ranges:
         console.print(table.rich_ranges(limit=args.limit))
-    (out / "table.json").write_text(json.dumps(table.to_json(), indent=1) + "\n")
+    (out / "table.json").write_text(json.dumps({**table.to_json(), "env": provenance(device)}, indent=1) + "\n")
     (out / "table.txt").write_text(table.to_text(full_names=args.full_names))
     timeline = render_timeline(result.trace, out / "timeline.png", title=f"{label} on {device}")
     files = [result.trace_path, out / "table.json", out / "table.txt", timeline, *result.stacks_paths]

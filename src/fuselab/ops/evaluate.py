@@ -23,7 +23,7 @@ from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.dtypes import dtype_name
-from fuselab.bench.env import environment
+from fuselab.bench.env import row_provenance
 from fuselab.bench.memory import format_bytes, free_bytes
 from fuselab.bench.record import Case, CheckRow, CheckSummary, Row, Verdict
 from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, format_shape, size_ladder, summarize
@@ -675,7 +675,6 @@ def bench_op(
         for pass_ in passes
         for name in names
     ]
-    env = environment(device)
     ceilings = ceilings_mod.get_ceilings(device)
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
@@ -711,7 +710,7 @@ def bench_op(
         result = measured[together][case.impl]
         if isinstance(result, Exception):
             raise result
-        return {**result, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
+        return {**result, **row_provenance(device)}
 
     spread = {"cost": sweep_cost(op, timing), "group": lambda case: case.peer_key}  # over GPUs under torchrun
     with Sweep(cases, out, description=f"bench {op.name}", show_progress=show_progress, **spread) as sweep:
