@@ -31,6 +31,7 @@ from fuselab.cli._args import (
     default_device,
     dtype_arg,
     load_op,
+    op_names,
     parse_options,
     positive,
     shape_arg,
@@ -52,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("target", nargs="?", help="a registered op (`fuselab list`) or MODULE:FUNCTION / FILE.py:FUNCTION")
+    p.add_argument("target", nargs="?", help=f"{op_names()} or MODULE:FUNCTION / FILE.py:FUNCTION")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--case", choices=[*CASES, "all"], help="one of the lecture's cases, or all of them")
     what.add_argument("--script", type=Path, help="a Python script, run as __main__")
