@@ -134,6 +134,7 @@ class Sweep:
         self._task = self._progress.add_task(self.description, total=len(self.todo))
         self._live, self._last_line = live, time.perf_counter()
         self._started, self._costs = time.perf_counter(), [self.cost(c) if self.cost else 1.0 for _, c in self.todo]
+        self._groups = [self.group(c) if self.group else k for k, c in self.todo]
         return self
 
     def __iter__(self) -> Iterator[Case]:
@@ -177,8 +178,11 @@ class Sweep:
 
     def _eta(self, n: int, now: float) -> str:
         """', eta 12 s' after n of the cases to run: the time so far times the remaining cases' cost over the done
-        ones' ('' after the last)."""
-        done, left = sum(self._costs[:n]), sum(self._costs[n:])
+        ones' ('' after the last). A case of a group begun counts as done: a group's cases are run together, at its
+        first (bench times a case's impls side by side)."""
+        begun = set(self._groups[:n])
+        done = sum(c for c, g in zip(self._costs, self._groups, strict=True) if g in begun)
+        left = sum(self._costs) - done
         if n >= len(self._costs) or done <= 0:
             return ""
         return f", eta {_duration((now - self._started) * left / done)}"
