@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from fuselab.bench.env import environment
+from fuselab.bench.env import environment, provenance
 from fuselab.bench.timer import CPU_BUSY_FRACTION, Measurement, Timing, benchmark
 
 GPU_COPY_BYTES = 2 * 2**30  # source size; the copy moves twice this (read + write)
@@ -73,7 +73,7 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
 
     return {
         "key": cache_key(device),
-        "env": environment(device),
+        "env": provenance(device),  # what measured them, and when: the cache keeps them
         "copy_gbps": 2 * copy_bytes / (copy.median_ms * 1e-3) / 1e9,
         "copy": {"bytes_moved": 2 * copy_bytes, **copy.summary()},
         "matmul_tflops": matmul_tflops,

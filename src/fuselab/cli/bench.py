@@ -38,7 +38,7 @@ from fuselab.bench.results import (
 )
 from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratios
 from fuselab.bench.timer import Timing
-from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
+from fuselab.cli._args import add_op_arguments, check_writable, non_negative, percent, positive, resolve
 from fuselab.ops.choices import bench_cases, speed_axis
 from fuselab.ops.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, shape_ratios
 
@@ -51,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", type=Path, help="also plot GB/s against size (PNG)")
     p.add_argument("--compare", type=Path, metavar="BASELINE", help="compare with an earlier run (its --out .json or "
                    ".jsonl), case by case; exit 1 on a regression past --threshold")  # fmt: skip
-    p.add_argument("--threshold", type=non_negative(float), default=5.0,
-                   help="with --compare: %% slower that is a regression (default 5)")  # fmt: skip
+    p.add_argument("--threshold", type=percent, default=5.0,
+                   help="with --compare: %% slower that is a regression, as 5 or 5%% (default 5)")  # fmt: skip
     p.add_argument("--rep-ms", type=positive(float), default=500.0, help="time to spend repeating each case (ms)")
     p.add_argument("--warmup-ms", type=non_negative(float), default=200.0, help="minimum warm-up per case (ms)")
     p.add_argument(
@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         passes=passes,
         call_cost_ms=args.call_cost_ms,
         layout=args.layout,
+        refuse_early=True,
         **kwargs,
     )
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
@@ -183,7 +184,7 @@ def print_comparison(compared: BaselineComparison, path: Path, console: Console)
     for c in compared.changes:
         fields = c.case.to_json()
         rest = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("op", "impl", "dtype", "shape"))
-        verdict = "[red]regressed[/red]" if c.regressed else ""
+        verdict = " ".join(filter(None, ["[red]regressed[/red]" if c.regressed else "", "(noisy)" if c.noisy else ""]))
         records.append({**fields, "also": rest, "baseline_ms": c.baseline_ms, "now_ms": c.now_ms, "ratio": c.ratio,
                         "verdict": verdict})  # fmt: skip
     cols = [("impl", "impl", fmt_plain), ("dtype", "dtype", short_name), ("shape", "shape", fmt_plain)]
@@ -192,6 +193,10 @@ def print_comparison(compared: BaselineComparison, path: Path, console: Console)
     cols += [("ratio", "now / baseline", fmt_fixed(3)), ("verdict", "", fmt_plain)]
     if records:
         print_table(make_table(records, cols, title=f"against {path}"), console)
+    if compared.elsewhere:
+        console.print(f"[yellow]{compared.elsewhere}[/yellow]: the ratios compare the devices too", soft_wrap=True)
+    if any(c.noisy for c in compared.changes):
+        console.print("(noisy): a noisy timing on either side; rerun before trusting that ratio", soft_wrap=True)
     console.print(
         f"{len(compared.regressions)} of {len(compared.changes)} cases regressed past "
         f"{100 * compared.threshold:g}% slower; {compared.only_now} new, {compared.only_baseline} only in the baseline"

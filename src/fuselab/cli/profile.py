@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from rich.console import Console
 
+from fuselab.bench.env import provenance
 from fuselab.cli._args import (
     add_device_argument,
     add_opt_argument,
@@ -30,6 +31,7 @@ from fuselab.cli._args import (
     default_device,
     dtype_arg,
     load_op,
+    op_names,
     parse_options,
     positive,
     shape_arg,
@@ -51,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("target", nargs="?", help="a registered op (`fuselab list`) or MODULE:FUNCTION / FILE.py:FUNCTION")
+    p.add_argument("target", nargs="?", help=f"{op_names()} or MODULE:FUNCTION / FILE.py:FUNCTION")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--case", choices=[*CASES, "all"], help="one of the lecture's cases, or all of them")
     what.add_argument("--script", type=Path, help="a Python script, run as __main__")
@@ -143,7 +145,7 @@ def _profile_one(
     console.print(table.rich(limit=args.limit, full_names=args.full_names))
     if table.ranges:
         console.print(table.rich_ranges(limit=args.limit))
-    (out / "table.json").write_text(json.dumps(table.to_json(), indent=1) + "\n")
+    (out / "table.json").write_text(json.dumps({**table.to_json(), "env": provenance(device)}, indent=1) + "\n")
     (out / "table.txt").write_text(table.to_text(full_names=args.full_names))
     timeline = render_timeline(result.trace, out / "timeline.png", title=f"{label} on {device}")
     files = [result.trace_path, out / "table.json", out / "table.txt", timeline, *result.stacks_paths]

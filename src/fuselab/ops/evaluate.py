@@ -23,7 +23,7 @@ from fuselab.bench import ceilings as ceilings_mod
 from fuselab.bench import distributed
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.dtypes import dtype_name
-from fuselab.bench.env import environment
+from fuselab.bench.env import row_provenance
 from fuselab.bench.memory import format_bytes, free_bytes
 from fuselab.bench.record import Case, CheckRow, CheckSummary, Row, Verdict
 from fuselab.bench.shapes import add_ratios, apply_layout, draw_shapes, format_shape, size_ladder, summarize
@@ -87,6 +87,22 @@ def impl_statuses(device: str) -> list[ImplStatus]:
     return statuses
 
 
+def case_memory(
+    op: Op, shape: Shape, dtype: torch.dtype, options: dict | None = None, reference: bool = True, pieces: bool = False
+) -> int:
+    """Bytes a case needs: its inputs and outputs in `dtype` (`bytes_moved`) and (reference) the float64 reference's:
+    counted twice for the temporaries of a reference made whole; with `pieces`, where the op allows it (`Reference`:
+    an op whose case's shape is that of its input and output), one more of the input's size (the float32 reference
+    kept for 4-byte inputs; for 16-bit ones, the float32 draw they are made from) and the pieces in flight."""
+    options = options or {}
+    need = op.bytes_moved(shape, dtype, **options)
+    if not reference:
+        return need
+    if pieces and in_pieces(op, shape):
+        return need + math.prod(shape) * dtype.itemsize + PIECES_IN_FLIGHT * REFERENCE_PIECE_BYTES
+    return need + 2 * op.bytes_moved(shape, torch.float64, **options)
+
+
 def refuse_if_too_big(
     op: Op,
     shape: Shape,
@@ -96,22 +112,36 @@ def refuse_if_too_big(
     reference: bool = True,
     pieces: bool = False,
 ) -> None:
-    """Raise TooBig when a case cannot fit: its inputs and outputs in `dtype`, and (reference) the float64
-    reference's (counted twice, for the temporaries of a reference written op by op; with `pieces`, where the op
-    allows it, `reference_of`'s float32 copy made a piece at a time), against the device's free memory."""
+    """Raise TooBig, saying what the case needs (`case_memory`), when that is more than the device's free memory."""
     free = free_bytes(device)
-    options = options or {}
-    need = op.bytes_moved(shape, dtype, **options)
-    in_pieces = pieces and op.defaults.rows_from is not None and len(shape) >= max(op.defaults.rows_from, 1)
-    if reference and in_pieces:  # reference_of: kept in float32 (or wider), made a piece at a time
-        need += op.bytes_moved(shape, torch.promote_types(dtype, torch.float32), **options)
-    elif reference:
-        need += 2 * op.bytes_moved(shape, torch.float64, **options)
+    need = case_memory(op, shape, dtype, options, reference, pieces)
     if free is not None and need > free:
         what = "inputs, outputs and the float64 reference" if reference else "inputs and outputs"
         raise TooBig(
             f"{format_shape(shape)} needs about {format_bytes(need)} ({what}), {format_bytes(free)} free on {device}"
         )
+
+
+def refuse_if_nothing_fits(
+    op: Op,
+    shapes: Sequence[Shape],
+    dtypes: Sequence[torch.dtype],
+    device: str,
+    options: Sequence[dict],
+    pieces: bool = False,
+) -> None:
+    """Raise TooBig, naming the case that needs least, when no case of shapes x dtypes x options fits in the device's
+    free memory (`refuse_if_too_big`), so that a command refuses before it runs anything."""
+    refusals: list[tuple[int, TooBig]] = []
+    for shape, dtype, opts in itertools.product(shapes, dtypes, options):
+        try:
+            refuse_if_too_big(op, shape, dtype, device, opts, pieces=pieces)
+        except TooBig as exc:
+            refusals.append((case_memory(op, shape, dtype, opts, pieces=pieces), exc))
+        else:
+            return
+    if refusals:
+        raise TooBig(f"refused before allocating: {min(refusals, key=lambda r: r[0])[1]}")
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor, piece_rows: int | None = None) -> float:
@@ -124,36 +154,53 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, piece_rows: int | None 
     if out.shape != ref.shape:
         return float("inf")
     if piece_rows is None or out.dim() == 0 or out.shape[0] == 0:
-        pieces = [(out, ref)]
-    else:
-        pieces = [(out[i : i + piece_rows], ref[i : i + piece_rows]) for i in range(0, out.shape[0], piece_rows)]
-    diff2 = norm2 = 0.0
-    for o, r in pieces:
-        o = o.detach().to(torch.float64)
-        r = r.detach().to(device=o.device, dtype=torch.float64)
-        finite = torch.isfinite(r)
-        if not bool(finite.all()):
-            bad = ~finite
-            same_nan = torch.isnan(r[bad]) & torch.isnan(o[bad])
-            same_inf = r[bad] == o[bad]
-            if not bool((same_nan | same_inf).all()):
-                return float("inf")
-            o, r = o[finite], r[finite]
-        if not bool(torch.isfinite(o).all()):
-            return float("inf")
-        diff2 += torch.linalg.vector_norm(o - r).item() ** 2
-        norm2 += torch.linalg.vector_norm(r).item() ** 2
-    diff, norm = math.sqrt(diff2), math.sqrt(norm2)
+        return _error([_error_sums(out, ref)])
+    sums = [_error_sums(out[i : i + piece_rows], ref[i : i + piece_rows]) for i in range(0, out.shape[0], piece_rows)]
+    return _error(sums)
+
+
+def _error_sums(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(||out - ref||^2, ||ref||^2) over the finite entries of ref, in float64; (inf, 0) where a non-finite entry
+    differs, or out is not finite where ref is, or the shapes differ."""
+    if out.shape != ref.shape:
+        return math.inf, 0.0
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    finite = torch.isfinite(r)
+    if not bool(finite.all()):
+        bad = ~finite
+        same_nan = torch.isnan(r[bad]) & torch.isnan(o[bad])
+        same_inf = r[bad] == o[bad]
+        if not bool((same_nan | same_inf).all()):
+            return math.inf, 0.0
+        o, r = o[finite], r[finite]
+    if not bool(torch.isfinite(o).all()):
+        return math.inf, 0.0
+    return torch.linalg.vector_norm(o - r).item() ** 2, torch.linalg.vector_norm(r).item() ** 2
+
+
+def _error(sums: Sequence[tuple[float, float]]) -> float:
+    """The relative error from the (diff^2, ref^2) sums of its pieces."""
+    if any(math.isinf(d) for d, _ in sums):
+        return float("inf")
+    diff, norm = math.sqrt(sum(d for d, _ in sums)), math.sqrt(sum(n for _, n in sums))
     return diff / norm if norm > 0 else diff
 
 
-REFERENCE_PIECE_BYTES = 2**25  # a reference computed in pieces: about this many float64 input bytes at a time
+REFERENCE_PIECE_BYTES = 2**23  # a reference computed in pieces: about this many float64 input bytes at a time
+PIECES_IN_FLIGHT = 16  # what the pieces hold at once, in REFERENCE_PIECE_BYTES: input, reference, temporaries, error
+# (and what the allocator keeps of them)
+
+
+def in_pieces(op: Op, shape: Shape) -> bool:
+    """Whether the op's reference of a case of `shape` may be made a slice of rows at a time (`Defaults.rows_from`)."""
+    least = op.defaults.rows_from
+    return least is not None and len(shape) >= max(least, 1) and shape[0] > 0
 
 
 def reference_rows(op: Op, inputs: Sequence[torch.Tensor]) -> int | None:
     """Rows of the inputs per piece of the reference (`Defaults.rows_from`), or None: all at once."""
-    x, least = inputs[0], op.defaults.rows_from
-    if least is None or x.dim() < max(least, 1) or x.shape[0] == 0:
+    if not in_pieces(op, tuple(inputs[0].shape)):
         return None
     row_bytes = sum(t[0].numel() for t in inputs) * 8
     return max(1, REFERENCE_PIECE_BYTES // max(row_bytes, 1))
@@ -173,6 +220,37 @@ def reference_of(op: Op, inputs: Sequence[torch.Tensor], options: dict, rows: in
             ref = torch.empty((n, *piece.shape[1:]), dtype=keep, device=piece.device)
         ref[i : i + rows] = piece
     return ref
+
+
+class Reference:
+    """The float64 reference of one case's inputs, to measure each impl's output against (`error`).
+
+    Made whole where the op does not declare rows (`Defaults.rows_from`); else a piece of rows at a time, and kept in
+    float32 (or wider) only where that is no larger than the inputs (4-byte dtypes and wider). For 16-bit inputs a
+    float32 copy would be twice their size, so each output is measured against the reference remade piece by piece
+    beside it. A case then needs its inputs, one output and at most their size again (plus the pieces in flight):
+    at most about 3x its input (`case_memory`)."""
+
+    def __init__(self, op: Op, inputs: Sequence[torch.Tensor], options: dict) -> None:
+        self.op, self.inputs, self.options = op, inputs, options
+        self.rows = reference_rows(op, inputs)
+        dtype = inputs[0].dtype
+        keep = self.rows is None or torch.promote_types(dtype, torch.float32).itemsize <= dtype.itemsize
+        self.kept = reference_of(op, inputs, options, self.rows) if keep else None
+
+    def error(self, out: torch.Tensor) -> float:
+        """||out - ref|| / ||ref|| (`relative_error`), a piece at a time where the reference is made in pieces."""
+        if self.kept is not None:
+            return relative_error(out, self.kept, self.rows)
+        n, rows = self.inputs[0].shape[0], self.rows
+        if out.dim() == 0 or out.shape[0] != n:
+            return float("inf")
+        sums = []
+        for i in range(0, n, rows):
+            piece = self.op.reference(*(x[i : i + rows].to(torch.float64) for x in self.inputs), **self.options)
+            sums.append(_error_sums(out[i : i + rows], piece))
+            del piece
+        return _error(sums)
 
 
 def gradient_error(
@@ -284,6 +362,7 @@ def check_op(
     show_progress: bool = True,
     layout: str = "contiguous",
     grad: bool = True,
+    refuse_early: bool = False,
 ) -> list[CheckRow]:
     """A CheckRow (its Case, rel_err, grad_rel_err, tolerance, status, reason, seed) for every combination.
 
@@ -291,6 +370,8 @@ def check_op(
     Triton under the CPU interpreter is checked in float32 only (the interpreter is weak below fp32).
     layout: the inputs' memory layout (`check_case`); rows of a layout other than contiguous carry it.
     grad: check gradients too, where the impl has a backward.
+    refuse_early: when no case fits in the device's free memory, raise TooBig (`refuse_if_nothing_fits`) before any
+    work instead of returning refused rows.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     names = list(impls or op.impls)
@@ -299,6 +380,8 @@ def check_op(
     dtypes = list(dtypes or op.dtypes)
     seed = fresh_seed() if seed is None else seed
     shapes = shapes or op.defaults.check_shapes
+    if refuse_early:
+        refuse_if_nothing_fits(op, shapes, dtypes, device, option_grid(op, options))
     cases = [
         Case.of(op.name, name, dtype, shape, opts, layout=layout, pass_=None)
         for name in names
@@ -419,9 +502,8 @@ def bench_case(
     if len(results) == len(impls):
         return results
     inputs = tuple(apply_layout(x, layout) for x in op.make_inputs(shape, dtype, device, fresh_seed(), **options))
-    rows = reference_rows(op, inputs)
     try:
-        ref = reference_of(op, inputs, options, rows)
+        ref: Reference | None = Reference(op, inputs, options)
     except torch.OutOfMemoryError:  # a float64 reference too large for the device (attention's N x N scores at 16k)
         ref = None
         torch.cuda.empty_cache()
@@ -432,9 +514,9 @@ def bench_case(
         try:
             fn = prepare(impl, device)
             out = fn(*inputs, **options)
-            results[impl.name] = {"rel_err": relative_error(out, ref, rows) if ref is not None else None}
+            results[impl.name] = {"rel_err": _error_of(ref, out)}
             del out  # before the next impl's output is made
-            if ref is None:
+            if results[impl.name]["rel_err"] is None:
                 results[impl.name]["warnings"] = [REFERENCE_TOO_BIG]
             fns[impl.name] = fn
         except Exception as exc:  # this impl fails alone; the others are still timed
@@ -472,6 +554,17 @@ def bench_case(
         if call_cost_ms > 0:
             row.update(call_cost(calls[name], device=device, budget_ms=call_cost_ms).summary())
     return results
+
+
+def _error_of(ref: Reference | None, out: torch.Tensor) -> float | None:
+    """out's error against the reference; None where the reference does not fit in the device's memory."""
+    if ref is None:
+        return None
+    try:
+        return ref.error(out)
+    except torch.OutOfMemoryError:  # a piece remade beside the output did not fit
+        torch.cuda.empty_cache()
+        return None
 
 
 def _call(
@@ -537,6 +630,7 @@ def bench_op(
     call_cost_ms: float = 100.0,
     max_call_ms: float | None = None,
     slow_before: Sequence[Row] = (),
+    refuse_early: bool = False,
 ) -> list[Row]:
     """Sweep impls x dtypes x shapes (x option values) x passes, one Row per case, appended to `out` (JSON lines).
 
@@ -554,6 +648,8 @@ def bench_op(
     same dtype, options and pass (`CallCap`): their rows are skipped, saying why (None: every case is timed).
     slow_before: rows of earlier sweeps (of the same op) whose slow calls keep their impls out of this sweep's
     costlier cases too, as a resumed sweep's own log does.
+    refuse_early: when no case fits in the device's free memory, raise TooBig (`refuse_if_nothing_fits`) before any
+    work (nothing logged) instead of returning refused rows.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     timing = Timing.of(timing)
@@ -566,6 +662,8 @@ def bench_op(
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     dtypes = list(dtypes or [torch.float32, torch.bfloat16])
+    if refuse_early:
+        refuse_if_nothing_fits(op, shapes or op.defaults.bench_shapes, dtypes, device, option_grid(op, options), True)
     # Case-major, impl fastest: the log is written in the order the impls were measured.
     cap = CallCap(op, max_call_ms)
     shapes = cap.cheapest_first(shapes or op.defaults.bench_shapes, dtypes[0], op.resolve_options(options))
@@ -577,7 +675,6 @@ def bench_op(
         for pass_ in passes
         for name in names
     ]
-    env = environment(device)
     ceilings = ceilings_mod.get_ceilings(device)
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
@@ -613,7 +710,7 @@ def bench_op(
         result = measured[together][case.impl]
         if isinstance(result, Exception):
             raise result
-        return {**result, "device": env["device"], "gpu": env["gpu"], "torch": env["torch"], "triton": env["triton"]}
+        return {**result, **row_provenance(device)}
 
     spread = {"cost": sweep_cost(op, timing), "group": lambda case: case.peer_key}  # over GPUs under torchrun
     with Sweep(cases, out, description=f"bench {op.name}", show_progress=show_progress, **spread) as sweep:

@@ -458,9 +458,10 @@ _POWER = re.compile(r"^(\d+)\^(\d+)$")
 
 
 def randn(shape: Shape, dtype: torch.dtype, device: str, seed: int, scale: float = 1.0) -> torch.Tensor:
-    """scale * N(0, 1) of `shape`, drawn in float32 from a generator seeded with `seed`, then cast to `dtype`."""
+    """scale * N(0, 1) of `shape`, drawn in float32 from a generator seeded with `seed`, then cast to `dtype` (scaled
+    in place: a 16-bit tensor's making peaks at 3x its size, not 5x)."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
+    return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(scale).to(dtype)
 
 
 def parse_shape(text: str) -> Shape:

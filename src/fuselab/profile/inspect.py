@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fuselab.bench.env import provenance
 from fuselab.profile.asm import (
     DEFAULT_ARCH,
     GlobalAccess,
@@ -109,7 +110,8 @@ class Inspection:
                     path = out / f"{stem}.{suffix}"
                     path.write_text(text)
                     written.append(path)
-        (out / "inspect.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        record = {**self.to_json(), "env": provenance()}  # what compiled them, and when
+        (out / "inspect.json").write_text(json.dumps(record, indent=1) + "\n")
         (out / "summary.txt").write_text(self.summary() + "\n")
         return [*written, out / "inspect.json", out / "summary.txt"]
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fuselab.bench.env import provenance
 from fuselab.profile.counters.child import Case
 from fuselab.profile.counters.ncu import CountersUnavailable, counters_unavailable, run_ncu
 from fuselab.profile.counters.verdicts import assess_case, bytes_line, split_by_marker
@@ -39,7 +40,8 @@ class CountersResult:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"source": self.source, "report": str(self.out_dir / "counters.ncu-rep"), "rows": self.rows}
+        report = str(self.out_dir / "counters.ncu-rep")
+        return {"source": self.source, "report": report, "rows": self.rows, "env": provenance("cuda")}
 
 
 def profile_counters(
