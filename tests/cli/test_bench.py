@@ -7,11 +7,13 @@ from fuselab.cli import main
 
 
 def test_bench_says_when_its_ceilings_were_measured_on_a_busy_cpu(tmp_path, monkeypatch, capsys):
-    """Ceilings measured while the CPU was busy (kept for the process, never cached) read low: bench says so under
+    """Ceilings measured while the CPU was busy read low: bench says so under
     its table, each row's warnings say so, and the results file holds them as they are."""
     monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
     measured = {"copy_gbps": 1.0, "matmul_tflops": {"fp32": 0.01}, "cpu_busy": 0.6, "quick": False}
-    monkeypatch.setattr(ceilings, "_BUSY", {ceilings.cache_key("cpu"): measured})
+    path = ceilings.cache_dir() / f"{ceilings.cache_key('cpu')}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(measured))
     args = ["bench", "softmax", "--impl", "torch", "--shape", "8x128", "--dtype", "fp32", "--device", "cpu"]
     args += ["--rep-ms", "2", "--warmup-ms", "1", "--call-cost-ms", "0", "--out", str(tmp_path / "r.json")]
     assert main(args) == 0

@@ -1,8 +1,8 @@
 """The device's measured limits: copy bandwidth, matmul rates, launch overhead; cached per device and driver.
 
 Every GB/s and TFLOP/s that fuselab prints is set against these measured ceilings, never the datasheet. Ceilings
-measured while the CPU was busy read low, and every rate set against them high: they say so (`busy`) and are kept
-for the process only, never cached.
+measured while the CPU was busy read low, and every rate set against them high: they say so (`busy`, `busy_note`),
+and a run more than BUSY_RETRY_S after them measures them again.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -101,57 +102,56 @@ def _time_copy(nbytes: int, device: str, timing: Timing | None) -> Measurement:
     return benchmark(lambda: dst.copy_(src), label="copy", device=device, timing=timing)
 
 
+BUSY_RETRY_S = 600.0  # ceilings cached busy are used this long (flagged), then measured again
+
+
 def get_ceilings(device: str | None = None, *, refresh: bool = False, measure: bool = True) -> dict | None:
     """The cached ceilings of `device`, measured (and cached) when missing or when refresh is set.
 
-    Ceilings measured while the CPU was busy (`busy`) are not cached: this process keeps them (its rows are set
-    against them and say so), the next measures again; a cache that was written busy is not read.
-    measure=False returns None instead of measuring when nothing is cached.
+    Ceilings measured while the CPU was busy (`busy`) are cached as such: the runs of the next BUSY_RETRY_S use them
+    (their rows say so), a later run measures again and keeps the less busy of the two (a quiet measurement
+    replaces them for good). A full measurement takes a CPU half a minute, so a busy machine does not pay it on
+    every run. measure=False returns None instead of measuring when nothing is cached.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    key = cache_key(device)
-    path = cache_dir() / f"{key}.json"
-    if not refresh:
-        if path.exists():
-            cached = json.loads(path.read_text())
-            if not cached.get("quick") and not busy(cached):
-                return cached
-        if key in _BUSY:
-            return _BUSY[key]
+    path = cache_dir() / f"{cache_key(device)}.json"
+    cached = json.loads(path.read_text()) if path.exists() else None
+    if cached is not None and cached.get("quick"):
+        cached = None
+    young = cached is not None and time.time() - path.stat().st_mtime < BUSY_RETRY_S
+    if cached is not None and not refresh and (not busy(cached) or young or not measure):
+        return cached
     if not measure:
         return None
     ceilings = measure_ceilings(device)
-    if busy(ceilings):
-        _BUSY[key] = ceilings
-        return ceilings
-    _BUSY.pop(key, None)
+    if cached is not None and busy(cached) and busy(ceilings) and not refresh:
+        ceilings = min(cached, ceilings, key=_busy_share)  # the less busy of the two
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(ceilings, indent=1))
+    path.write_text(json.dumps(ceilings, indent=1))  # written again: the next retry is BUSY_RETRY_S from now
     return ceilings
 
 
-_BUSY: dict[str, dict] = {}  # {cache key: ceilings} measured in this process while the CPU was busy (not cached)
+def _busy_share(ceilings: dict) -> float:
+    share = ceilings.get("cpu_busy")
+    if share is None:
+        share = (ceilings.get("copy") or {}).get("cpu_busy")
+    return float(share or 0.0)
 
 
 def busy(ceilings: dict | None) -> bool:
     """Whether `ceilings` were measured while the CPU was busy: their cpu_busy (an older cache: its copy's) over
     CPU_BUSY_FRACTION. Such ceilings read low, so the rates set against them read high."""
-    if not ceilings:
-        return False
-    share = ceilings.get("cpu_busy")
-    if share is None:
-        share = (ceilings.get("copy") or {}).get("cpu_busy")
-    return share is not None and share > CPU_BUSY_FRACTION
+    return bool(ceilings) and _busy_share(ceilings) > CPU_BUSY_FRACTION  # type: ignore[arg-type]
 
 
 def busy_note(ceilings: dict | None) -> str | None:
     """What a row or table set against busy `ceilings` must say (None where they are not busy)."""
     if not busy(ceilings):
         return None
-    share = ceilings.get("cpu_busy") or (ceilings.get("copy") or {}).get("cpu_busy")  # type: ignore[union-attr]
     return (
-        f"the device's ceilings were measured while the CPU was busy (some task waited for a CPU {100 * share:.0f}% "
-        "of the time), so they read low and the % of them high; not cached: the next run measures them again"
+        f"the device's ceilings were measured while the CPU was busy (some task waited for a CPU "
+        f"{100 * _busy_share(ceilings):.0f}% of the time), so they read low and the % of them high; a run "  # type: ignore[arg-type]
+        f"{BUSY_RETRY_S / 60:.0f} minutes after them measures them again (now: fuselab device --refresh)"
     )
 
 

@@ -94,9 +94,9 @@ class Measurement:
     dispatch cost; on the GPU the call is still running then). rounds: how many turns the repetitions were taken in,
     alternating with the callables compared against (1: all at once).
     mode: "events", "cuda_graph", "perf_counter" or a pitfall name.
-    cpu_busy: on the CPU, the share of the timing during which some task waited for a CPU (`CpuPressure`: Linux's
-    /proc/pressure/cpu, else this process's threads' schedstat; None where neither can be read): over
-    CPU_BUSY_FRACTION, other work took the CPU and the times are inflated however steady they look.
+    cpu_busy: on the CPU, the share of the warm-up and timing during which some task waited for a CPU
+    (`CpuPressure`: Linux's /proc/pressure/cpu, else this process's threads' schedstat; None where neither can be
+    read): over CPU_BUSY_FRACTION, other work took the CPU and the times are inflated however steady they look.
     cpu_busy_source: where cpu_busy was read.
     """
 
@@ -340,16 +340,17 @@ def benchmark_side_by_side(
     if t.cuda_graph:
         raise ValueError(f"cuda_graph=True needs a CUDA device; this benchmark runs on {dev.type}")
     notes: list[str] = []
-    plans = {name: plan(fn) for name, fn in fns.items()}
     timed = _repetitions(dev, sync, t.flush_l2)
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    with distributed.timed_region(), CpuPressure() as pressure:  # --isolate on many GPUs: one rank times at a time
-        for turn in range(rounds):
-            for name, fn in fns.items():
-                reps, host_ms = plans[name]
-                share = reps // rounds + (turn < reps % rounds)  # the shares add up to reps
-                if share:
-                    samples[name] += timed(fn, share, host_ms)
+    with CpuPressure() as pressure:  # over the warm-up too: a timing of a few calls can be shorter than PSI's grain
+        plans = {name: plan(fn) for name, fn in fns.items()}
+        with distributed.timed_region():  # --isolate on many GPUs: one rank times at a time
+            for turn in range(rounds):
+                for name, fn in fns.items():
+                    reps, host_ms = plans[name]
+                    share = reps // rounds + (turn < reps % rounds)  # the shares add up to reps
+                    if share:
+                        samples[name] += timed(fn, share, host_ms)
     mode = "events" if dev.type == "cuda" else "perf_counter"
     cpu_busy, busy_source = (pressure.busy, pressure.source) if dev.type == "cpu" else (None, None)
     flushed = t.flush_l2 and dev.type == "cuda"
