@@ -45,7 +45,7 @@ def _headers(out: str) -> list[str]:
 def test_bench_marks_each_rate_past_its_ceiling_in_the_table_and_says_what_it_means(tmp_path, monkeypatch, capsys):
     """A memory-bound op's % copy and a compute-bound op's % peak past ABOVE_CEILING_PCT carry '!' in their cells,
     and a line under the table names the cases and what it means."""
-    from fuselab.ops.evaluate import ABOVE_CEILING_NOTE, ABOVE_CEILING_PCT, ABOVE_PEAK_NOTE
+    from fuselab.evaluate import ABOVE_CEILING_NOTE, ABOVE_CEILING_PCT, ABOVE_PEAK_NOTE
 
     _low_ceilings(tmp_path, monkeypatch)
     monkeypatch.setenv("COLUMNS", "250")

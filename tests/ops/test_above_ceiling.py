@@ -5,8 +5,8 @@ import json
 import pytest
 
 from fuselab.bench import ceilings
+from fuselab.evaluate import ABOVE_CEILING_NOTE, ABOVE_CEILING_PCT, ABOVE_PEAK_NOTE, above_ceiling, bench_op
 from fuselab.ops import get_op
-from fuselab.ops.evaluate import ABOVE_CEILING_NOTE, ABOVE_CEILING_PCT, ABOVE_PEAK_NOTE, above_ceiling, bench_op
 
 CPU = {"dtypes": ["float32"], "device": "cpu", "timing": {"rep_ms": 2, "warmup_ms": 1}, "call_cost_ms": 0}
 

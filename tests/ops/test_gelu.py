@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+from fuselab.bench.accuracy import poison_allocator
+from fuselab.bench.accuracy import relative_error as rel_err
 from fuselab.ops import get_op
-from fuselab.ops.evaluate import poison_allocator
-from fuselab.ops.evaluate import relative_error as rel_err
 from fuselab.ops.gelu import GELU
 from fuselab.ops.gelu.module import GELU as GELUModule
 from fuselab.ops.gelu.spec import FORMS, reference

@@ -193,7 +193,7 @@ def test_affordable_shape_falls_back_to_the_small_shape_for_a_slow_call():
     the small one, a fast impl at the large one; the last shape is taken without timing."""
     import time
 
-    from tests.ops.test_evaluate import make_toy
+    from tests.evaluate.test_evaluate import make_toy
 
     op = make_toy()
 
@@ -212,8 +212,8 @@ def test_affordable_shape_falls_back_to_the_small_shape_for_a_slow_call():
 def test_affordable_shape_hands_a_refusing_impl_to_ncu():
     """An impl that raises Unavailable at call time (SDPA forced to cuDNN, in float32: the H200 report's counters
     section failed on it, 2026-12-01) gets the last shape, where ncu's child reports the refusal as a row."""
-    from fuselab.ops.evaluate import Unavailable
-    from tests.ops.test_evaluate import make_toy
+    from fuselab.bench.sweep import Unavailable
+    from tests.evaluate.test_evaluate import make_toy
 
     op = make_toy()
 

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from fuselab.bench import ceilings
+from fuselab.evaluate import ABOVE_PEAK_NOTE, bench_op
 from fuselab.ops import get_op
-from fuselab.ops.evaluate import ABOVE_PEAK_NOTE, bench_op
 from fuselab.report.doc import Doc, blocks_to_markdown
 from fuselab.report.runner import Context
 from fuselab.report.sections.derived import roofline_section

@@ -26,7 +26,7 @@ NOISY_LEGEND = (
 )
 
 
-ABOVE_MARK = "!"  # a share of a ceiling past it (the op layer says which: fuselab.ops.evaluate.past_ceilings)
+ABOVE_MARK = "!"  # a share of a ceiling past it (the op layer says which: fuselab.evaluate.past_ceilings)
 
 
 def fmt_float(digits: int = 3) -> Callable[[object], str]:

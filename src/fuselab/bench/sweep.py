@@ -54,6 +54,24 @@ class NotRun(Exception):
     status = Status.SKIPPED
 
 
+class Unavailable(NotRun, RuntimeError):
+    """An impl that cannot run here; the message says why."""
+
+    status = Status.UNAVAILABLE
+
+
+class Skipped(NotRun):
+    """An impl not timed here on purpose; the message says why."""
+
+    status = Status.SKIPPED
+
+
+class TooBig(NotRun):
+    """A case refused before it allocates: it would not fit in the device's free memory."""
+
+    status = Status.REFUSED
+
+
 def grid(**axes: Iterable[object]) -> list[Case]:
     """The cartesian product of the axes as cases: grid(impl=["a", "b"], n=[1, 2]) -> 4 cases."""
     names = list(axes)

@@ -39,8 +39,8 @@ from fuselab.bench.results import (
 from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratios
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, percent, positive, resolve
-from fuselab.ops.choices import bench_cases, speed_axis
-from fuselab.ops.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, shape_ratios
+from fuselab.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, shape_ratios
+from fuselab.evaluate.choices import bench_cases, speed_axis
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -17,8 +17,9 @@ from fuselab.bench.env import provenance
 from fuselab.bench.record import Verdict
 from fuselab.bench.results import fmt_float, fmt_plain, make_table, print_table, write_json
 from fuselab.bench.shapes import LAYOUTS
+from fuselab.bench.sweep import TooBig
 from fuselab.cli._args import add_op_arguments, check_writable, resolve
-from fuselab.ops.evaluate import TooBig, check_op, summarize_checks
+from fuselab.evaluate import check_op, summarize_checks
 
 
 def register(sub: argparse._SubParsersAction) -> None:

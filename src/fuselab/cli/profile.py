@@ -24,6 +24,7 @@ import torch
 from rich.console import Console
 
 from fuselab.bench.env import provenance
+from fuselab.bench.sweep import Unavailable
 from fuselab.cli._args import (
     add_device_argument,
     add_opt_argument,
@@ -37,7 +38,6 @@ from fuselab.cli._args import (
     shape_arg,
     split,
 )
-from fuselab.ops.evaluate import Unavailable
 from fuselab.profile import build_table, impl_callable, profile_callable, render_timeline, script_callable
 from fuselab.profile.cases import CASES, get_case
 from fuselab.profile.table import SORT_KEYS
@@ -185,7 +185,7 @@ def _counters(args: argparse.Namespace, console: Console) -> int:
     """`--counters`: the op's impls under ncu, one verdict per kernel; one line and status 1 where ncu cannot run."""
     from fuselab.bench.dtypes import dtype_name
     from fuselab.bench.shapes import format_shape
-    from fuselab.ops.evaluate import Unavailable
+    from fuselab.bench.sweep import Unavailable
     from fuselab.ops.registry import get_op
     from fuselab.profile.counters import CountersUnavailable, counters_unavailable, profile_counters
 

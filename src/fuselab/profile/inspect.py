@@ -136,7 +136,7 @@ def inspect_impl(
 ) -> Inspection:
     """PTX/SASS/resources of op `op_name`'s implementation `impl_name`: the Triton kernels its Impl lists
     (`Impl.triton_kernels`), compiled as the impl launches them at `shape`, or its CUDA source (`Impl.cuda_source`)."""
-    from fuselab.ops.evaluate import refuse_if_too_big
+    from fuselab.evaluate import refuse_if_too_big
     from fuselab.ops.registry import get_op, parse_shape
 
     op = get_op(op_name)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fuselab.bench.record import Record, Row, value
 from fuselab.bench.results import ABOVE_MARK, NOISY_MARK, row_is_noisy
 from fuselab.bench.shapes import format_shape
-from fuselab.ops.evaluate import CEILING_SHARES, above_ceiling
+from fuselab.evaluate import CEILING_SHARES, above_ceiling
 from fuselab.ops.findings import (
     READ,
     Finding,
@@ -66,7 +66,7 @@ def noisy_note(rows: list[Record]) -> str:
 
 
 def past_note(rows: list[Record]) -> str:
-    """'' when no row's rate passes its ceiling (`fuselab.ops.evaluate.above_ceiling`), else what a verdict resting
+    """'' when no row's rate passes its ceiling (`fuselab.evaluate.above_ceiling`), else what a verdict resting
     on them must say."""
     past = [(r, above) for r in rows if isinstance(r, Row) and r.measured and (above := above_ceiling(r))]
     if not past:

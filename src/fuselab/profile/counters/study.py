@@ -117,7 +117,7 @@ def affordable_shape(op: Op, impl: str, shapes: Sequence[tuple[int, ...]], devic
     the last shape: ncu's child reports its refusal."""
     import torch
 
-    from fuselab.ops.evaluate import Unavailable
+    from fuselab.bench.sweep import Unavailable
 
     declared = op.get_impl(impl)
     if declared.unavailable(device, torch.float32):

@@ -6,7 +6,7 @@ from fuselab.bench.dtypes import short_name
 from fuselab.bench.record import Row
 from fuselab.bench.results import ABOVE_MARK
 from fuselab.bench.shapes import format_shape
-from fuselab.ops.evaluate import ABOVE_CEILING_PCT
+from fuselab.evaluate import ABOVE_CEILING_PCT
 from fuselab.ops.registry import all_ops
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context

@@ -10,7 +10,7 @@ from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.memory import format_bytes
 from fuselab.bench.record import Status
 from fuselab.bench.shapes import format_shape, plot_ratios
-from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
+from fuselab.evaluate import bench_op, draw_op_shapes, shape_ratios
 from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context

@@ -12,14 +12,7 @@ from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.record import CheckRow, CheckSummary, Record, Row, Verdict, value
 from fuselab.bench.results import ABOVE_MARK, NOISY_LEGEND, NOISY_MARK, busy_line, plot_metric, row_is_noisy
 from fuselab.bench.shapes import format_shape
-from fuselab.ops.evaluate import (
-    ABOVE_CEILING_PCT,
-    CEILING_SHARES,
-    bench_op,
-    check_op,
-    past_ceilings,
-    summarize_checks,
-)
+from fuselab.evaluate import ABOVE_CEILING_PCT, CEILING_SHARES, bench_op, check_op, past_ceilings, summarize_checks
 from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context

@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, sys, torch
 import fuselab.ops
-from fuselab.ops import evaluate
+from fuselab.evaluate import cases as evaluate
+from fuselab.evaluate.bench import bench_case
+from fuselab.bench.sweep import TooBig
 from fuselab.ops.registry import get_op
 from fuselab.bench.timer import Timing
 
@@ -33,18 +35,18 @@ def status(key):
 evaluate.REFERENCE_PIECE_BYTES = int(sys.argv[3])
 op, dtype, numel = get_op("gelu"), getattr(torch, sys.argv[1]), int(sys.argv[2])
 options = {"approximate": "tanh"}
-warm = evaluate.bench_case(op, [op.get_impl("torch")], (4096,), dtype, "cpu", options, Timing(rep_ms=1, warmup_ms=1),
+warm = bench_case(op, [op.get_impl("torch")], (4096,), dtype, "cpu", options, Timing(rep_ms=1, warmup_ms=1),
                            call_cost_ms=0)  # the first call's one-time costs (kernels, thread pools) out of the way
 free = evaluate.free_bytes
 evaluate.free_bytes = lambda device: 0  # what the refusal says this case needs
 try:
     evaluate.refuse_if_too_big(op, (numel,), dtype, "cpu", options, pieces=True)
-except evaluate.TooBig as exc:
+except TooBig as exc:
     stated = str(exc)
 evaluate.free_bytes = free
 start = status("VmRSS")
 open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
-row = evaluate.bench_case(op, [op.get_impl("torch")], (numel,), dtype, "cpu", options,
+row = bench_case(op, [op.get_impl("torch")], (numel,), dtype, "cpu", options,
                           Timing(rep_ms=1, warmup_ms=1, min_reps=3), call_cost_ms=0)["torch"]
 print(json.dumps({"start": start, "peak": status("VmHWM"), "rel_err": row["rel_err"], "stated": stated,
                   "need": evaluate.case_memory(op, (numel,), dtype, options, pieces=True)}))
@@ -73,7 +75,8 @@ def test_a_16_bit_case_is_measured_against_the_reference_remade_beside_each_outp
     non-finite or misshapen output is still inf."""
     import torch
 
-    from fuselab.ops import evaluate
+    from fuselab.bench.accuracy import relative_error
+    from fuselab.evaluate import cases as evaluate
     from fuselab.ops.registry import get_op
 
     gelu = get_op("gelu")
@@ -84,7 +87,7 @@ def test_a_16_bit_case_is_measured_against_the_reference_remade_beside_each_outp
     for dtype, kept in ((torch.bfloat16, False), (torch.float32, True)):
         ref = evaluate.Reference(gelu, (x.to(dtype),), {"approximate": "none"})
         assert (ref.kept is not None) is kept and ref.rows == 5
-        exact = evaluate.relative_error(out.to(dtype), whole)
+        exact = relative_error(out.to(dtype), whole)
         assert ref.error(out.to(dtype)) == pytest.approx(exact, rel=1e-4 if kept else 1e-9)  # kept: float32's rounding
     bad = out.clone()
     bad[31, 7] = float("nan")
