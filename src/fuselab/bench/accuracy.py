@@ -21,12 +21,12 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, piece_rows: int | None 
     if out.shape != ref.shape:
         return float("inf")
     if piece_rows is None or out.dim() == 0 or out.shape[0] == 0:
-        return _error([_error_sums(out, ref)])
-    sums = [_error_sums(out[i : i + piece_rows], ref[i : i + piece_rows]) for i in range(0, out.shape[0], piece_rows)]
-    return _error(sums)
+        return error_from_sums([error_sums(out, ref)])
+    sums = [error_sums(out[i : i + piece_rows], ref[i : i + piece_rows]) for i in range(0, out.shape[0], piece_rows)]
+    return error_from_sums(sums)
 
 
-def _error_sums(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+def error_sums(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     """(||out - ref||^2, ||ref||^2) over the finite entries of ref, in float64; (inf, 0) where a non-finite entry
     differs, or out is not finite where ref is, or the shapes differ."""
     if out.shape != ref.shape:
@@ -46,7 +46,7 @@ def _error_sums(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return torch.linalg.vector_norm(o - r).item() ** 2, torch.linalg.vector_norm(r).item() ** 2
 
 
-def _error(sums: Sequence[tuple[float, float]]) -> float:
+def error_from_sums(sums: Sequence[tuple[float, float]]) -> float:
     """The relative error from the (diff^2, ref^2) sums of its pieces."""
     if any(math.isinf(d) for d, _ in sums):
         return float("inf")

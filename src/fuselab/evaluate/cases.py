@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from fuselab.bench import distributed
-from fuselab.bench.accuracy import _error, _error_sums, relative_error
+from fuselab.bench.accuracy import error_from_sums, error_sums, relative_error
 from fuselab.bench.compiled import WatchedCompile
 from fuselab.bench.memory import format_bytes, free_bytes
 from fuselab.bench.record import Case
@@ -176,9 +176,9 @@ class Reference:
         sums = []
         for i in range(0, n, rows):
             piece = self.op.reference(*(x[i : i + rows].to(torch.float64) for x in self.inputs), **self.options)
-            sums.append(_error_sums(out[i : i + rows], piece))
+            sums.append(error_sums(out[i : i + rows], piece))
             del piece
-        return _error(sums)
+        return error_from_sums(sums)
 
 
 def option_grid(op: Op, options: dict[str, object] | None) -> list[dict[str, object]]:
