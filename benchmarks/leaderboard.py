@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from fuselab.bench.accuracy import relative_error
 from fuselab.bench.env import environment
 from fuselab.bench.timer import Timing, benchmark_side_by_side
+from fuselab.evaluate import back_to_back
 from fuselab.ops.attention import FlashAttentionTriton
 from fuselab.ops.attention.spec import flops
-from fuselab.ops.evaluate import back_to_back, relative_error
 
 SHAPE = (16, 16384, 64)
 

@@ -22,6 +22,7 @@ FLOORS = [
     ["bench", "interpreter"],
     ["ops"],
     ["ops/<op>"],
+    ["evaluate"],
     ["profile", "studies", "nn"],
     ["report"],
     ["cli", "gate"],
@@ -29,7 +30,7 @@ FLOORS = [
 
 
 def package_of(module: str) -> str | None:
-    """'fuselab.ops.gelu.triton' -> 'ops/<op>'; 'fuselab.ops.evaluate' -> 'ops'; None outside the drawing."""
+    """'fuselab.ops.gelu.triton' -> 'ops/<op>'; 'fuselab.ops.registry' -> 'ops'; None outside the drawing."""
     parts = module.split(".")
     if parts[0] != "fuselab" or len(parts) < 2:
         return None

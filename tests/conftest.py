@@ -1,5 +1,9 @@
 """Test setup: GPU tests are marked `gpu`; without a CUDA GPU they are skipped with a reason, never passed."""
 
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
@@ -39,3 +43,24 @@ def whole_gpu_memory():
 
     with whole_gpu_memory():
         yield
+
+
+@pytest.fixture
+def busy_cpu():
+    """For the test's body, processes running matmuls (as many as torch's threads, at least two), each spinning
+    before the body starts (importing torch on a loaded machine can take seconds): a busy CPU, for the timer's
+    contention checks."""
+    spin = "import torch\na = torch.randn(600, 600)\na @ a\nprint('spinning', flush=True)\nwhile True: a @ a"
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+        for _ in range(max(2, torch.get_num_threads()))
+    ]
+    try:
+        for hog in hogs:
+            assert hog.stdout is not None and hog.stdout.readline().strip() == "spinning"
+        time.sleep(0.2)
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

@@ -170,8 +170,8 @@ def test_bench_speed_axis_is_what_varies():
     """Sizes that differ in element count are plotted against it; a sweep at one element count (softmax's widths)
     against the last dimension instead of a single column of points."""
     from fuselab.bench.record import Case, Row, Status
+    from fuselab.evaluate.choices import speed_axis
     from fuselab.ops import get_op
-    from fuselab.ops.choices import speed_axis
 
     op = get_op("softmax")
     sizes = [Row(Case.of("softmax", "torch", "float32", (n,)), numel=n) for n in (16, 64)]

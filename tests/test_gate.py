@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from fuselab.evaluate import check_op
 from fuselab.gate import jobs, stages
 from fuselab.gate.__main__ import Suite, finish_pytest
 from fuselab.gate.pytest_log import LOG_VARIABLE
 from fuselab.gate.record import GROUPS, Check, GateRecord, gpu_folder, source_digest
-from fuselab.ops.evaluate import check_op
 from fuselab.ops.registry import Defaults, Op, all_ops
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -73,7 +73,7 @@ def test_progress_without_a_terminal_is_a_line_per_finished_case(monkeypatch):
 
 
 def test_a_case_bigger_than_free_memory_is_refused_before_any_input_is_made(monkeypatch):
-    from fuselab.ops import evaluate
+    from fuselab.evaluate import cases as evaluate
     from fuselab.ops.registry import get_op
 
     op = get_op("gelu")
@@ -131,15 +131,15 @@ def test_unmeasured_rows_print_one_line_each_without_the_exception_path():
 
 
 def test_cpu_default_shapes_are_scaled_down_keeping_the_row_width():
-    from fuselab.ops.choices import cap_numel
+    from fuselab.evaluate.choices import cap_numel
 
     assert cap_numel([(2**24,), (2**28,)], 2**20) == [(2**20,)]
     assert cap_numel([(2**26 // 128, 128), (256, 262144), (3, 5)], 2**20) == [(8192, 128), (4, 262144), (3, 5)]
 
 
 def test_a_compute_bound_op_is_scaled_to_the_cpu_by_flops_keeping_its_sequences_long():
+    from fuselab.evaluate.choices import CPU_DEFAULT_FLOPS, bench_cases
     from fuselab.ops import all_ops
-    from fuselab.ops.choices import CPU_DEFAULT_FLOPS, bench_cases
 
     for op in [op for op in all_ops() if op.bound == "compute"]:
         chosen = bench_cases(op, "cpu", None, None)

@@ -137,7 +137,7 @@ def test_cli_random_draws_on_the_cpu_are_capped_and_leave_compile_out(tmp_path, 
     """On the CPU, --shapes random:N cuts each draw to CPU_RANDOM_CAP (4 MiB a call) and, unless named with --impl,
     leaves out the compiled impls (one compile per shape), saying both."""
     from fuselab.cli import main
-    from fuselab.ops import choices
+    from fuselab.evaluate import choices
 
     monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path))
     args = ["bench", "softmax", "--shapes", "random:4", "--seed", "11", "--dtype", "fp32", "--device", "cpu"]

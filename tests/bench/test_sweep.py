@@ -78,3 +78,47 @@ def test_a_damaged_middle_line_is_reported_and_its_case_runs_again(tmp_path):
         warnings.simplefilter("error")  # a torn last line stays quiet here (repair_log warns when it cuts one)
         out.write_text(lines[0] + "\n" + lines[1][:-5])
         assert len(load_records(out)) == 1
+
+
+def test_progress_lines_without_a_terminal_show_an_eta_weighed_by_the_cases_cost(monkeypatch):
+    """The remaining cases' cost over the done ones' (`cost`, estimated seconds), times the time taken so far; the last
+    line has none."""
+    import re
+    import time
+
+    from fuselab.bench import sweep
+
+    monkeypatch.setattr(sweep, "PROGRESS_EVERY_S", 0.0)
+    lines: list[str] = []
+    cost = {1: 1, 2: 1, 3: 2}.__getitem__  # case n's estimated seconds
+
+    def run(case):
+        time.sleep(0.2 * cost(case["n"]))
+        return {}
+
+    run_sweep(grid(n=[1, 2, 3]), run, None, description="toy", log=lines.append, cost=lambda case: cost(case["n"]))
+    etas = [re.search(r"eta ([\d.]+) s", line) for line in lines]
+    assert etas[-1] is None and None not in etas[:-1], lines
+    first, second = (float(m.group(1)) for m in etas[:-1])
+    assert 0.45 <= first <= 1.2  # 0.2 s for a cost of 1, 3 to go: about 0.6 s
+    assert 0.25 <= second <= 0.8  # 0.4 s for 2, 2 to go: about 0.4 s
+
+
+def test_the_eta_counts_a_begun_group_as_done(monkeypatch):
+    """bench runs a case's impls together at the first one's row: after that row, the whole group's cost is spent."""
+    import re
+    import time
+
+    from fuselab.bench import sweep
+
+    monkeypatch.setattr(sweep, "PROGRESS_EVERY_S", 0.0)
+    lines: list[str] = []
+
+    def run(case):
+        time.sleep(0.3 if case["impl"] == "a" else 0.0)  # the group's work, done at its first impl
+        return {}
+
+    cases = grid(n=[1, 2], impl=["a", "b"])
+    run_sweep(cases, run, None, log=lines.append, group=lambda case: str(case["n"]))
+    first = float(re.search(r"eta ([\d.]+) s", lines[0]).group(1))
+    assert 0.2 <= first <= 0.6  # one group of two to go: about 0.3 s, not 3 x 0.3

@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
+from fuselab.bench.accuracy import gradient_error, relative_error
 from fuselab.ops.attention import ATTENTION, FlashAttentionTiled, attention
 from fuselab.ops.attention.spec import flops, reference
-from fuselab.ops.evaluate import gradient_error, relative_error
 
 HAS_CUDA = torch.cuda.is_available()
 TRITON_OK = HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1"

@@ -20,9 +20,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+from fuselab.bench.accuracy import relative_error
 from fuselab.bench.dtypes import dtype_name
 from fuselab.bench.sweep import NotRun
-from fuselab.ops.evaluate import check_case, fresh_seed, relative_error
+from fuselab.evaluate import check_case, fresh_seed
 from fuselab.ops.registry import Impl, Op, UnknownName, all_ops, randn
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+from fuselab.bench.accuracy import poison_allocator
+from fuselab.bench.accuracy import relative_error as rel_err
 from fuselab.ops import get_op
-from fuselab.ops.evaluate import poison_allocator
-from fuselab.ops.evaluate import relative_error as rel_err
 from fuselab.ops.gelu import GELU
 from fuselab.ops.gelu.module import GELU as GELUModule
 from fuselab.ops.gelu.spec import FORMS, reference
@@ -193,10 +193,14 @@ def test_module_form_and_repr() -> None:
     assert GELUModule().approximate == torch.nn.GELU().approximate == "none"
 
 
-def test_module_default_runs_the_native_impl_of_the_device_and_a_named_interpreted_one_warns_once() -> None:
+def test_module_default_runs_the_native_impl_of_the_device_and_a_named_interpreted_one_warns_once(monkeypatch) -> None:
     """impl="auto" (the default): PyTorch's F.gelu on the CPU, where Triton only interprets, the fused Triton
     kernel on a GPU; its repr says which. impl="triton" on the CPU works and warns once that it is interpreted."""
     import warnings
+
+    from fuselab.ops import registry
+
+    monkeypatch.setattr(registry, "_WARNED", set())  # once a process: as in a fresh one
 
     auto = GELUModule()
     on_gpu = "triton" if torch.cuda.is_available() else "torch"

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+from fuselab.bench.accuracy import relative_error as rel_err
 from fuselab.ops import get_op
-from fuselab.ops.evaluate import relative_error as rel_err
 from fuselab.ops.library import define_op
 
 CALLS = {"forward": 0, "backward": 0}

@@ -28,7 +28,7 @@ def test_registered_op_is_discovered_by_every_listing(toy):
 def test_check_cli_runs_every_impl_of_the_new_op(toy, tmp_path, capsys):
     out = tmp_path / "check.json"
     assert main(["check", toy_op.NAME, "--dtype", "fp32", "--opt", "alpha=-1.5", "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["records"]
     assert {r["impl"] for r in rows} == {"naive", "torch", "triton"}
     assert all(r["status"] == "pass" and r["alpha"] == -1.5 for r in rows)
 

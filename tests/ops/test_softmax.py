@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+from fuselab.bench.accuracy import gradient_error, poison_allocator
+from fuselab.bench.accuracy import relative_error as rel_err
 from fuselab.ops import get_op, tuning
-from fuselab.ops.evaluate import gradient_error, poison_allocator
-from fuselab.ops.evaluate import relative_error as rel_err
 from fuselab.ops.softmax import SOFTMAX, Softmax, launch, plans
 from fuselab.ops.softmax import triton as st
 from fuselab.ops.softmax._shared import as_rows

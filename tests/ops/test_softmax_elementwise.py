@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
-from fuselab.ops.evaluate import poison_allocator
-from fuselab.ops.evaluate import relative_error as rel_err
+from fuselab.bench.accuracy import poison_allocator
+from fuselab.bench.accuracy import relative_error as rel_err
 from fuselab.ops.softmax import SOFTMAX, lecture
 from fuselab.ops.softmax import triton_elementwise as te
 from fuselab.ops.softmax.spec import bytes_moved, reference

@@ -193,7 +193,7 @@ def test_affordable_shape_falls_back_to_the_small_shape_for_a_slow_call():
     the small one, a fast impl at the large one; the last shape is taken without timing."""
     import time
 
-    from tests.ops.test_evaluate import make_toy
+    from tests.evaluate.test_evaluate import make_toy
 
     op = make_toy()
 
@@ -212,8 +212,8 @@ def test_affordable_shape_falls_back_to_the_small_shape_for_a_slow_call():
 def test_affordable_shape_hands_a_refusing_impl_to_ncu():
     """An impl that raises Unavailable at call time (SDPA forced to cuDNN, in float32: the H200 report's counters
     section failed on it, 2026-12-01) gets the last shape, where ncu's child reports the refusal as a row."""
-    from fuselab.ops.evaluate import Unavailable
-    from tests.ops.test_evaluate import make_toy
+    from fuselab.bench.sweep import Unavailable
+    from tests.evaluate.test_evaluate import make_toy
 
     op = make_toy()
 
@@ -239,3 +239,55 @@ def test_study_sample_naive_against_fused():
     assert 0.9 < fused["bytes_ratio"] <= 1.0  # part of the output is still in L2 when the kernel ends
     assert all(k["bound"] == "memory" and "of DRAM peak" in k["verdict"] for k in naive["kernels"] + fused["kernels"])
     assert naive["duration_ns"] > 8 * fused["duration_ns"]
+
+
+def test_affordable_shape_calls_in_the_dtype_asked():
+    """The report profiles each op in its own first bench dtype (attention: bfloat16): an impl that computes in 16-bit
+    only is then timed, not handed to ncu as refusing."""
+    from tests.evaluate.test_evaluate import make_toy
+
+    op = make_toy()
+    op.impl("sixteen_bit", dtypes=(torch.float16, torch.bfloat16))(lambda x: x * x)
+    shapes = [(4099,), (17,)]
+    assert cn.affordable_shape(op, "sixteen_bit", shapes, "cpu", max_call_ms=1e3) == 1  # float32: refused
+    assert cn.affordable_shape(op, "sixteen_bit", shapes, "cpu", max_call_ms=1e3, dtype="bfloat16") == 0
+
+
+def test_report_section_profiles_in_the_ops_dtype_and_heads_one_shape(tmp_path, monkeypatch):
+    """Each op's cases are in its report dtype, and the headline compares impls measured at the same shape only (at
+    f8f436f it set attention's naive at 1x32x16384x64 beside triton measured at 1x32x65x64)."""
+    from types import SimpleNamespace
+
+    import fuselab.profile.counters as counters
+    from fuselab.ops.registry import all_ops
+    from fuselab.report.doc import Doc
+    from fuselab.report.runner import Context
+    from fuselab.report.sections.counters import counters_section
+
+    seen = []
+
+    def fake_run(cases, out_dir):
+        seen.extend(cases)
+        rows = []
+        for i, c in enumerate(cases):
+            shape = list(c.shape) if i % 2 == 0 else [1, *c.shape[1:]]  # every other impl "at its small shape"
+            kernel = {"duration_ns": 1000.0, "short_name": "k", "verdict": "memory-bound"}
+            rows.append({"op": c.op, "impl": c.impl, "shape": shape, "kernels": [kernel], "n_kernels": 1 + i,
+                         "dram_read": 1e6, "dram_write": 1e6, "bytes_ratio": 1.0 + i, "l2_bytes": 1e6,
+                         "duration_ns": 1000.0, "model_bytes": 2e6})  # fmt: skip
+        return SimpleNamespace(rows=rows, source="fake")
+
+    monkeypatch.setattr(counters, "counters_unavailable", lambda device: None)
+    monkeypatch.setattr(counters, "affordable_shape", lambda op, impl, shapes, device, max_call_ms, dtype: 0)
+    monkeypatch.setattr(counters, "run_cases", fake_run)
+    ctx = Context(out=tmp_path, device="cpu", mode="quick", budget={"max_call_ms": 1.0})
+    result = counters_section(ctx, Doc(tmp_path))
+    for op in all_ops():
+        dtype = next(iter(op.report_plan("quick")["bench_dtypes"]))
+        assert {c.dtype for c in seen if c.op == op.name} == {dtype}
+    for headline in result["headline"].split("; "):
+        op_name = headline.split()[0]
+        at_shape = {r["impl"] for r in result["rows"] if r["op"] == op_name and r["shape"] == next(
+            r0["shape"] for r0 in result["rows"] if r0["op"] == op_name)}  # fmt: skip
+        named = [w for w in headline.replace(",", "").split() if w in {r["impl"] for r in result["rows"]}]
+        assert named and set(named) <= at_shape, headline

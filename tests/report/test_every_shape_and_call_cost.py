@@ -13,7 +13,7 @@ import torch
 from fuselab.bench import ceilings
 from fuselab.bench.shapes import draw_size
 from fuselab.bench.timer import Timing
-from fuselab.ops.evaluate import bound_from, compiled_call_cost, draw_op_shapes, ladder_shapes, load_of
+from fuselab.evaluate import bound_from, compiled_call_cost, draw_op_shapes, ladder_shapes, load_of
 from fuselab.report.runner import Context, Section, run_section
 from fuselab.report.sections.call_cost import call_cost_section
 from fuselab.report.sections.every_shape import every_shape_section
@@ -156,3 +156,18 @@ def test_compiled_call_cost_times_each_size_or_says_why_not(toy):
     toy.impl("compiled", compiled=True)(toy_op.naive_impl)
     refused = compiled_call_cost(toy, "compiled", "reduce-overhead", shapes, dtype=torch.float32, device="cpu")
     assert all(r["status"] == "unavailable" and "compiled already" in r["error"] for r in refused)
+
+
+def test_the_cpu_report_states_the_caps_and_the_command_bench_draws_with() -> None:
+    """The CPU report's every-shape section draws under bench's own CPU caps (issue 24: it said 8 MiB where the CLI
+    said 4) and names the command that draws the same shapes, with its N and seed."""
+    from fuselab.bench.memory import format_bytes
+    from fuselab.evaluate.choices import CPU_RANDOM_CAP
+    from fuselab.report.budgets import CPU
+    from fuselab.report.sections.every_shape import _intro
+
+    budget = CPU["every_shape"]
+    assert (budget["max_bytes"], budget["max_flops"]) == (CPU_RANDOM_CAP["max_bytes"], CPU_RANDOM_CAP["max_flops"])
+    text = _intro(budget)
+    assert f"capped at {format_bytes(CPU_RANDOM_CAP['max_bytes'])} moved" in text
+    assert f"`fuselab bench OP --shapes random:{budget['n']} --seed {budget['seed']}`" in text

@@ -139,3 +139,18 @@ def test_images_link_relative_to_the_report_even_when_out_is_a_relative_path(tmp
     assert "](plots/x.png)" in (out / "report.md").read_text()
     page = (out / "report.html").read_text()
     assert "data:image/png;base64," in page and "image missing" not in page
+
+
+def test_each_section_records_what_measured_it_and_a_resumed_one_of_another_revision_is_named(tmp_path, monkeypatch):
+    """results/<name>.json carries the revision, host, threads, clocks and time of the run that made it; the report
+    names the sections it shows from another revision than its own."""
+    monkeypatch.setenv("FUSELAB_REVISION", "1111111aaaaaaa")
+    run_report(make_sections([]), context(tmp_path))
+    saved = json.loads((tmp_path / "results" / "alpha.json").read_text())
+    assert saved["env"]["revision"] == "1111111aaaaaaa" and saved["env"]["threads"] >= 1
+    assert {"host", "written", "clocks", "torch", "triton", "cuda", "gpu"} <= set(saved["env"])
+    assert "another revision" not in (tmp_path / "report.md").read_text()
+    monkeypatch.setenv("FUSELAB_REVISION", "2222222bbbbbbb")
+    run_report(make_sections([]), context(tmp_path), fresh=True, only=["beta"])
+    md = (tmp_path / "report.md").read_text()
+    assert "ALPHA, GAMMA: resumed from another revision (1111111aaaaa)" in md

@@ -246,3 +246,19 @@ def test_verdict_marks():
     assert verdict(True) == "✓ held"
     assert verdict(False) == "✗ not held"
     assert verdict(None) == "– n/a"
+
+
+def test_a_verdict_resting_on_a_rate_past_its_ceiling_says_so():
+    """F.gelu at 615% of the copy ceiling would hold 'near the copy bandwidth' on a figure no memory allows: the
+    figure says the rate is past its ceiling and the verdict carries ABOVE_MARK."""
+    from fuselab.bench.results import ABOVE_MARK
+
+    results = h200_like()
+    rows = results["gelu"]["bench"]
+    torch_row = next(r for r in rows if r["impl"] == "torch")
+    torch_row["pct_copy"] = 615.0
+    claim = next(c for c in evaluate_claims(results) if "near the copy bandwidth" in c["claim"])
+    assert "615% of copy" in claim["figure"] and "rests on a rate past its ceiling" in claim["figure"]
+    assert claim["past"] and verdict(claim["held"], past=claim["past"]).endswith(ABOVE_MARK)
+    quiet = next(c for c in evaluate_claims(h200_like()) if "near the copy bandwidth" in c["claim"])
+    assert not quiet["past"] and "past its ceiling" not in quiet["figure"]

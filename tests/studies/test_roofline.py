@@ -76,3 +76,12 @@ def test_plot_writes_a_png(tmp_path):
     )
     path = plot_roofline(points, COPY, PEAKS, tmp_path / "r.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_16_bit_kernel_is_held_to_the_faster_of_its_own_rate_and_fp32s():
+    """16-bit data can be multiplied in fp32: where bf16 matmuls run far below fp32 (a CPU without bf16 units) the
+    roof of a bf16 kernel is fp32's; on a GPU bf16's own."""
+    cpu = {"fp32": 0.17, "bf16": 0.001}
+    assert peak_for("bfloat16", "matmul", cpu) == ("fp32", cpu["fp32"])
+    assert peak_for("float16", "matmul", cpu) == ("fp32", cpu["fp32"])
+    assert peak_for("bfloat16", "matmul", PEAKS) == ("bf16", PEAKS["bf16"])

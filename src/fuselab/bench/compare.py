@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fuselab.bench.log import latest_by_key, load_records
 from fuselab.bench.record import Case, Row
+from fuselab.bench.results import row_is_noisy
 
 CLOSE = 0.02  # a runner-up within 2% is a close call
 
@@ -165,24 +167,27 @@ def compare_runs(one: list[dict], many: list[dict], walls: Walls | None = None, 
 @dataclass(frozen=True)
 class CaseChange:
     """One case measured now and in a baseline run: the case, both medians (ms), now / baseline (over 1: slower),
-    and whether that is past the threshold."""
+    whether that is past the threshold, and whether either timing was noisy."""
 
     case: Case
     baseline_ms: float
     now_ms: float
     ratio: float
     regressed: bool
+    noisy: bool = False  # either timing was noisy (bench.results.row_is_noisy): the ratio is less sure
 
 
 @dataclass(frozen=True)
 class BaselineComparison:
     """This run's measured cases against a baseline's, matched by case (op, impl, dtype, shape, options, pass,
-    layout), never by position; `threshold` a fraction (0.05: 5% slower is a regression)."""
+    layout), never by position; `threshold` a fraction (0.05: 5% slower is a regression). Devices are not part of
+    a case: a baseline from another device is compared all the same, and `elsewhere` says so."""
 
     changes: list[CaseChange]
     only_now: int  # cases measured now that the baseline lacks
     only_baseline: int
     threshold: float
+    elsewhere: str | None = None  # where the baseline ran on another device than this run, which and which
 
     @property
     def regressions(self) -> list[CaseChange]:
@@ -217,6 +222,15 @@ def compare_to_baseline(rows: list[Row], baseline: list[Row], threshold: float =
     for case in now.keys() & before.keys():
         then_ms, now_ms = before[case].median_ms, now[case].median_ms
         ratio = now_ms / then_ms
-        changes.append(CaseChange(case, then_ms, now_ms, ratio, ratio > 1 + threshold))
+        noisy = row_is_noisy(now[case]) or row_is_noisy(before[case])
+        changes.append(CaseChange(case, then_ms, now_ms, ratio, ratio > 1 + threshold, noisy))
     changes.sort(key=lambda c: -c.ratio)
-    return BaselineComparison(changes, len(now.keys() - before.keys()), len(before.keys() - now.keys()), threshold)
+    here, there = _devices(now.values()), _devices(before.values())
+    elsewhere = f"the baseline ran on {there}, this run on {here}" if here and there and here != there else None
+    only_now, only_baseline = len(now.keys() - before.keys()), len(before.keys() - now.keys())
+    return BaselineComparison(changes, only_now, only_baseline, threshold, elsewhere)
+
+
+def _devices(rows: Iterable[Row]) -> str:
+    """The devices rows ran on (the GPU's name, else the device), comma-separated."""
+    return ", ".join(sorted({r.gpu or r.device for r in rows if r.gpu or r.device}))

@@ -36,6 +36,7 @@ def environment(device: str = "cuda" if torch.cuda.is_available() else "cpu") ->
         "device": torch.device(device).type,
         "gpu": device_name(device) if torch.device(device).type == "cuda" else None,
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "triton": triton_version(),
@@ -52,6 +53,49 @@ def environment(device: str = "cuda" if torch.cuda.is_available() else "cpu") ->
             driver=_driver_version(),
         )
     return env
+
+
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in Linux's /proc/cpuinfo, or None where there is no such file or field."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == field:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name ('AMD EPYC 9654 96-Core Processor'), else what platform knows of it."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_clocks() -> dict[str, float] | None:
+    """{"cpu_mhz": the first CPU's clock now, in MHz} from /proc/cpuinfo, or None where it cannot be read."""
+    try:
+        return {"cpu_mhz": float(_cpuinfo("cpu MHz"))}  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def gpu_clocks(index: int = 0) -> dict[str, list[int]] | None:
+    """{"sm_mhz": [current, max], "memory_mhz": [current, max]} of GPU `index` from nvidia-smi, or None where it
+    cannot say."""
+    query = "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem"
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader,nounits", "-i", str(index)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        sm, sm_max, mem, mem_max = (int(v) for v in done.stdout.split(","))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return {"sm_mhz": [sm, sm_max], "memory_mhz": [mem, mem_max]} if done.returncode == 0 else None
 
 
 def _driver_version() -> str | None:
@@ -93,34 +137,42 @@ def now() -> str:
 
 def provenance(device: str = "cuda" if torch.cuda.is_available() else "cpu") -> dict[str, object]:
     """`environment(device)` and who measured when: the git revision and whether the tree was dirty, fuselab's
-    version, the host, torch's intra-op threads (as torch.utils.benchmark records them), the SM clock where
-    nvidia-smi reads it, and the time."""
+    version, the host, torch's intra-op threads (as torch.utils.benchmark records them), the clocks where they can be
+    read (`gpu_clocks` on a GPU, `cpu_clocks` on the CPU; None where not), and the time."""
     from fuselab import __version__
 
     commit, dirty = revision()
-    out: dict[str, object] = {
+    dev = torch.device(device)
+    clocks = gpu_clocks(dev.index or 0) if dev.type == "cuda" else cpu_clocks()
+    return {
         **environment(device),
         "revision": commit,
         "dirty": dirty,
         "fuselab": __version__,
         "host": socket.gethostname(),
         "threads": torch.get_num_threads(),
+        "clocks": clocks,
         "written": now(),
     }
-    if torch.device(device).type == "cuda":
-        out["sm_clock_mhz"] = _sm_clock()
-    return out
 
 
-def _sm_clock() -> list[int] | None:
-    """[current, max] SM clock in MHz of the first GPU, or None where nvidia-smi cannot say."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader,nounits", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return [int(v) for v in done.stdout.split(",")] if done.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
+@functools.cache
+def _revision_once(given: str | None) -> tuple[str, bool | None]:
+    """`revision()`, read once a process (per FUSELAB_REVISION, `given`)."""
+    return revision()
+
+
+def row_provenance(device: str = "cuda" if torch.cuda.is_available() else "cpu") -> dict[str, object]:
+    """What each row of a results log carries of its provenance (a log outlives a run: a resumed one mixes runs):
+    the device, GPU, torch, Triton and CUDA versions, the revision (read once a process) and whether the tree was
+    dirty, the host, torch's threads and the time the row was written. The file's meta has the rest (`provenance`)."""
+    env = environment(device)
+    commit, dirty = _revision_once(os.environ.get("FUSELAB_REVISION"))
+    return {
+        **{k: env[k] for k in ("device", "gpu", "torch", "triton", "cuda")},
+        "revision": commit,
+        "dirty": dirty,
+        "host": socket.gethostname(),
+        "threads": torch.get_num_threads(),
+        "written": now(),
+    }

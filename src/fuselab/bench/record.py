@@ -129,7 +129,8 @@ class Row:
 
     status / error: OK with error None, else why not. The timing's statistics (`fuselab.bench.Measurement.summary`),
     the cost model's bytes and FLOPs, the rates derived from them, the error against the float64 reference, the
-    host's cost of a call, a compile's time and flags, warnings, and where it ran (device, GPU, versions, rank).
+    host's cost of a call, a compile's time and flags, warnings, and where it ran, by what and when (device, GPU,
+    versions, git revision, threads, time, rank).
     speedup: the op's baseline median / this median on the same case; ratio, best_peer: this median / the fastest
     peer's on the same case (the every-shape study).
     """
@@ -176,11 +177,16 @@ class Row:
     compile_graphs: int | None = None
     compile_flags: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-    # where it ran
+    # where it ran, by what and when (bench.env.row_provenance)
     device: str | None = None
     gpu: str | None = None
     torch: str | None = None
     triton: str | None = None
+    cuda: str | None = None
+    revision: str | None = None
+    dirty: bool | None = None
+    threads: int | None = None
+    written: str | None = None  # ISO 8601, UTC
     rank: int | None = None
     host: str | None = None
     gpu_index: int | None = None

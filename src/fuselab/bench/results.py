@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,9 @@ NOISY_LEGEND = (
     f"(a task waited for a CPU over {100 * CPU_BUSY_FRACTION:.0f}% of the timing) "
     "(rerun with a longer --rep-ms, on a quieter machine)"
 )
+
+
+ABOVE_MARK = "!"  # a share of a ceiling past it (the op layer says which: fuselab.evaluate.past_ceilings)
 
 
 def fmt_float(digits: int = 3) -> Callable[[object], str]:
@@ -59,6 +62,21 @@ def row_is_noisy(record: Record) -> bool:
     return is_noisy(median, iqr) or (busy is not None and busy > CPU_BUSY_FRACTION)  # type: ignore[operator, arg-type]
 
 
+def busy_line(records: Sequence[Record]) -> str | None:
+    """One line saying how many of the measured records were timed while the CPU was busy with other work, and what
+    that does to them (None where none was)."""
+    measured = [r for r in records if not value(r, "error") and value(r, "median_ms") is not None]
+    shares = [value(r, "cpu_busy") for r in measured]
+    busy = [b for b in shares if isinstance(b, int | float) and b > CPU_BUSY_FRACTION]
+    if not busy:
+        return None
+    return (
+        f"{len(busy)} of {len(measured)} timings ran while the CPU was busy with other work (some task waited for a "
+        f"CPU up to {100 * max(busy):.0f}% of the time): their times are inflated however steady they look; rerun on "
+        "a quieter machine"
+    )
+
+
 def fmt_plain(v: object) -> str:
     if v is None:
         return ""
@@ -70,11 +88,18 @@ def fmt_plain(v: object) -> str:
 
 
 def make_table(
-    records: Sequence[Record], columns: Sequence[Column], title: str = "", *, mark_noisy: str | None = None
+    records: Sequence[Record],
+    columns: Sequence[Column],
+    title: str = "",
+    *,
+    mark_noisy: str | None = None,
+    marks: Mapping[str, Callable[[Record], str]] | None = None,
 ) -> Table:
     """A rich Table of the given columns; a row with an error shows its first line in place of the measurements.
 
     mark_noisy: the field (e.g. "median_ms") whose cell gets NOISY_MARK when the row is noisy (see row_is_noisy).
+    marks: {field: mark(record)}, what else a cell of that field gets after its value ("" for nothing; e.g.
+    ABOVE_MARK where a share passes its ceiling).
     Cells do not wrap (a dtype stays "bfloat16", not "bfloat1/6"); print it with print_table, which widens the
     console to the table when the output is not a terminal.
     """
@@ -94,6 +119,8 @@ def make_table(
                 cell = fmt(value(record, field))
                 if field == mark_noisy and cell and row_is_noisy(record):
                     cell += NOISY_MARK
+                if cell and marks and field in marks:
+                    cell += marks[field](record)
                 cells.append(cell)
             table.add_row(*cells)
     return table

@@ -54,6 +54,24 @@ class NotRun(Exception):
     status = Status.SKIPPED
 
 
+class Unavailable(NotRun, RuntimeError):
+    """An impl that cannot run here; the message says why."""
+
+    status = Status.UNAVAILABLE
+
+
+class Skipped(NotRun):
+    """An impl not timed here on purpose; the message says why."""
+
+    status = Status.SKIPPED
+
+
+class TooBig(NotRun):
+    """A case refused before it allocates: it would not fit in the device's free memory."""
+
+    status = Status.REFUSED
+
+
 def grid(**axes: Iterable[object]) -> list[Case]:
     """The cartesian product of the axes as cases: grid(impl=["a", "b"], n=[1, 2]) -> 4 cases."""
     names = list(axes)
@@ -133,6 +151,8 @@ class Sweep:
         self._stack.enter_context(self._progress)
         self._task = self._progress.add_task(self.description, total=len(self.todo))
         self._live, self._last_line = live, time.perf_counter()
+        self._started, self._costs = time.perf_counter(), [self.cost(c) if self.cost else 1.0 for _, c in self.todo]
+        self._groups = [self.group(c) if self.group else k for k, c in self.todo]
         return self
 
     def __iter__(self) -> Iterator[Case]:
@@ -169,9 +189,21 @@ class Sweep:
         self._progress.advance(self._task)
         now, n = time.perf_counter(), len(self._new)
         if self.show_progress and not self._live and (now - self._last_line >= PROGRESS_EVERY_S or n == len(self.todo)):
-            self.say(f"{self.description} [{n}/{len(self.todo)}] {_short(case)}: {row['status']} ({seconds:.1f} s)")
+            line = f"{self.description} [{n}/{len(self.todo)}] {_short(case)}: {row['status']} ({seconds:.1f} s)"
+            self.say(line + self._eta(n, now))
             self._last_line = now
         return row
+
+    def _eta(self, n: int, now: float) -> str:
+        """', eta 12 s' after n of the cases to run: the time so far times the remaining cases' cost over the done
+        ones' ('' after the last). A case of a group begun counts as done: a group's cases are run together, at its
+        first (bench times a case's impls side by side)."""
+        begun = set(self._groups[:n])
+        done = sum(c for c, g in zip(self._costs, self._groups, strict=True) if g in begun)
+        left = sum(self._costs) - done
+        if n >= len(self._costs) or done <= 0:
+            return ""
+        return f", eta {_duration((now - self._started) * left / done)}"
 
     def __exit__(self, kind: object, *exc: object) -> None:
         try:
@@ -216,6 +248,15 @@ def _short(case: Case) -> str:
         if not isinstance(v, dict)
     ]
     return " ".join(parts)[:70]
+
+
+def _duration(seconds: float) -> str:
+    """0.42 -> '0.4 s', 75 -> '75 s', 750 -> '12.5 min', 9000 -> '2.5 h'."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _stderr(message: str) -> None:

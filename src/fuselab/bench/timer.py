@@ -15,6 +15,7 @@ flush and the spin let it rest between calls (`fuselab timers conditions`); its 
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -93,9 +94,10 @@ class Measurement:
     dispatch cost; on the GPU the call is still running then). rounds: how many turns the repetitions were taken in,
     alternating with the callables compared against (1: all at once).
     mode: "events", "cuda_graph", "perf_counter" or a pitfall name.
-    cpu_busy: on the CPU, the share of the timing during which some task waited for a CPU (Linux's
-    /proc/pressure/cpu; None where it cannot be read): over CPU_BUSY_FRACTION, other work took the CPU and the
-    times are inflated however steady they look.
+    cpu_busy: on the CPU, the share of the warm-up and timing during which some task waited for a CPU
+    (`CpuPressure`: Linux's /proc/pressure/cpu, else this process's threads' schedstat; None where neither can be
+    read): over CPU_BUSY_FRACTION, other work took the CPU and the times are inflated however steady they look.
+    cpu_busy_source: where cpu_busy was read.
     """
 
     samples_ms: list[float]
@@ -107,6 +109,7 @@ class Measurement:
     rounds: int = 1
     notes: list[str] = field(default_factory=list)
     cpu_busy: float | None = None
+    cpu_busy_source: str | None = None
 
     def __post_init__(self) -> None:
         if not self.samples_ms:
@@ -157,7 +160,8 @@ class Measurement:
         if self.busy:
             out.append(
                 f"the CPU was busy: for {100 * self.cpu_busy:.0f}% of the timing some task waited for a CPU "
-                "(/proc/pressure/cpu), so these times are inflated; rerun on a quieter machine"
+                f"({self.cpu_busy_source or '/proc/pressure/cpu'}), so these times are inflated; rerun on a quieter "
+                "machine"
             )
         if self.mode in PITFALLS:
             out.append(f"measured with pitfall {self.mode!r} on purpose: this number is wrong")
@@ -336,18 +340,19 @@ def benchmark_side_by_side(
     if t.cuda_graph:
         raise ValueError(f"cuda_graph=True needs a CUDA device; this benchmark runs on {dev.type}")
     notes: list[str] = []
-    plans = {name: plan(fn) for name, fn in fns.items()}
     timed = _repetitions(dev, sync, t.flush_l2)
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    with distributed.timed_region(), CpuPressure() as pressure:  # --isolate on many GPUs: one rank times at a time
-        for turn in range(rounds):
-            for name, fn in fns.items():
-                reps, host_ms = plans[name]
-                share = reps // rounds + (turn < reps % rounds)  # the shares add up to reps
-                if share:
-                    samples[name] += timed(fn, share, host_ms)
+    with CpuPressure() as pressure:  # over the warm-up too: a timing of a few calls can be shorter than PSI's grain
+        plans = {name: plan(fn) for name, fn in fns.items()}
+        with distributed.timed_region():  # --isolate on many GPUs: one rank times at a time
+            for turn in range(rounds):
+                for name, fn in fns.items():
+                    reps, host_ms = plans[name]
+                    share = reps // rounds + (turn < reps % rounds)  # the shares add up to reps
+                    if share:
+                        samples[name] += timed(fn, share, host_ms)
     mode = "events" if dev.type == "cuda" else "perf_counter"
-    cpu_busy = pressure.busy if dev.type == "cpu" else None
+    cpu_busy, busy_source = (pressure.busy, pressure.source) if dev.type == "cpu" else (None, None)
     flushed = t.flush_l2 and dev.type == "cuda"
     return Measurements(
         (
@@ -362,6 +367,7 @@ def benchmark_side_by_side(
                 rounds=rounds,
                 notes=list(notes),
                 cpu_busy=cpu_busy,
+                cpu_busy_source=busy_source,
             ),
         )
         for name in fns
@@ -369,14 +375,19 @@ def benchmark_side_by_side(
 
 
 class CpuPressure:
-    """While the block runs: the share of its wall time during which some task waited for a CPU, from Linux's
-    pressure stall information (/proc/pressure/cpu, "some" total in us). `busy` is None where that is not readable
-    (another OS, PSI off)."""
+    """While the block runs: the share of its wall time during which a task waited for a CPU. Read from Linux's
+    pressure stall information (/proc/pressure/cpu, "some" total in us: any task of the machine or cgroup); where
+    that is not readable (PSI off, as some distributions' kernels have it, or hidden in a container), from this
+    process's own threads (/proc/self/task/*/schedstat: the time each was runnable but waiting for a CPU; the
+    largest share of the wall time). `busy` is None where neither is readable (another OS); `source` names the one
+    read ("/proc/pressure/cpu" or "schedstat")."""
 
     PATH = "/proc/pressure/cpu"
+    TASKS = "/proc/self/task"
 
     def __init__(self) -> None:
         self.busy: float | None = None
+        self.source: str | None = None
 
     @classmethod
     def stalled_us(cls) -> int | None:
@@ -386,14 +397,41 @@ class CpuPressure:
         except (OSError, ValueError, IndexError):
             return None
 
+    @classmethod
+    def own_wait_ns(cls) -> dict[str, int] | None:
+        """{thread id: ns it has waited on a run queue} for this process's threads (None where unreadable)."""
+        waits = {}
+        try:
+            threads = os.listdir(cls.TASKS)
+        except OSError:
+            return None
+        for tid in threads:
+            try:
+                with open(f"{cls.TASKS}/{tid}/schedstat") as f:
+                    waits[tid] = int(f.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that ended meanwhile
+        return waits or None
+
     def __enter__(self) -> CpuPressure:
-        self._start = (self.stalled_us(), time.perf_counter())
+        stalled = self.stalled_us()
+        self._start = (stalled, None if stalled is not None else self.own_wait_ns(), time.perf_counter())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        stalled, wall = self.stalled_us(), time.perf_counter() - self._start[1]
-        if stalled is not None and self._start[0] is not None and wall > 0:
-            self.busy = (stalled - self._start[0]) / (wall * 1e6)
+        stalled0, waits0, start = self._start
+        wall = time.perf_counter() - start
+        if wall <= 0:
+            return
+        if stalled0 is not None:
+            stalled = self.stalled_us()
+            if stalled is not None:
+                self.busy, self.source = (stalled - stalled0) / (wall * 1e6), self.PATH
+        elif waits0 is not None:
+            waits = self.own_wait_ns() or {}
+            waited = [ns - waits0.get(tid, 0) for tid, ns in waits.items()]  # a thread begun meanwhile: all of it
+            if waited:
+                self.busy, self.source = max(waited) / (wall * 1e9), "schedstat"
 
 
 def _device_and_sync(device: str | torch.device | None) -> tuple[torch.device, Callable[[], None]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from fuselab.bench.dtypes import DTYPES, dtype_name, parse_dtype
-from fuselab.ops.registry import Op, Shape, get_op, parse_shape
+from fuselab.ops.registry import Op, Shape, all_ops, get_op, parse_shape
 from fuselab.ops.user import user_op
 
 DEVICE_TYPES = ("cpu", "cuda")
@@ -84,6 +84,18 @@ def non_negative(kind: type) -> callable:
     return parse
 
 
+def percent(text: str) -> float:
+    """argparse type: a percentage >= 0, with or without its sign ('5', '5%', '2.5 %') -> 5.0."""
+    number = text.strip().removesuffix("%").strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage like 5 or 5%, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def device_arg(text: str) -> str:
     """argparse type: 'cpu', 'cuda' or 'cuda:N', checked against this machine (a GPU that is not here is an error)."""
     try:
@@ -127,7 +139,7 @@ def add_op_arguments(p: argparse.ArgumentParser, *, several: bool = True, check:
     check: shapes with no elements are accepted (they are edge cases worth checking).
     """
     shape_type = check_shape_arg if check else shape_arg
-    p.add_argument("op", help="a registered op (`fuselab list`) or a function as MODULE:FUNCTION / FILE.py:FUNCTION")
+    p.add_argument("op", help=f"{op_names()} or a function as MODULE:FUNCTION / FILE.py:FUNCTION")
     add_impl_argument(p)
     if several:
         p.add_argument("--dtype", action="append", type=dtype_arg, help="fp32, fp16, bf16 (float32, ...), repeated")
@@ -138,6 +150,12 @@ def add_op_arguments(p: argparse.ArgumentParser, *, several: bool = True, check:
     add_opt_argument(p)
     p.add_argument("--nargs", type=positive(int), default=1, help="for MODULE:FUNCTION: how many tensors it takes")
     add_device_argument(p)
+
+
+def op_names(tuned: bool = False) -> str:
+    """'an op (attention, gelu, softmax; `fuselab list`)': the registered ops (tuned: those with a tuner) for --help."""
+    names = ", ".join(op.name for op in all_ops() if op.tuner or not tuned)
+    return f"an op{' with a tuner' if tuned else ''} ({names}; `fuselab list`)"
 
 
 def add_impl_argument(p: argparse.ArgumentParser, default: str | None = None) -> None:

@@ -7,19 +7,23 @@ some failed or were unavailable; 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
 from fuselab.bench import distributed
-from fuselab.bench.ceilings import get_ceilings
+from fuselab.bench.ceilings import busy_note, get_ceilings, peak_tflops
 from fuselab.bench.compare import BaselineComparison, compare_to_baseline, load_rows
 from fuselab.bench.dtypes import short_name
 from fuselab.bench.env import provenance
 from fuselab.bench.record import Row, Status
 from fuselab.bench.results import (
+    ABOVE_MARK,
     NOISY_LEGEND,
+    busy_line,
     first_line,
     fmt_fixed,
     fmt_float,
@@ -34,9 +38,9 @@ from fuselab.bench.results import (
 )
 from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratios
 from fuselab.bench.timer import Timing
-from fuselab.cli._args import add_op_arguments, check_writable, non_negative, positive, resolve
-from fuselab.ops.choices import bench_cases, speed_axis
-from fuselab.ops.evaluate import ABOVE_CEILING_NOTE, above_ceiling, bench_op, shape_ratios
+from fuselab.cli._args import add_op_arguments, check_writable, non_negative, percent, positive, resolve
+from fuselab.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, shape_ratios
+from fuselab.evaluate.choices import bench_cases, speed_axis
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", type=Path, help="also plot GB/s against size (PNG)")
     p.add_argument("--compare", type=Path, metavar="BASELINE", help="compare with an earlier run (its --out .json or "
                    ".jsonl), case by case; exit 1 on a regression past --threshold")  # fmt: skip
-    p.add_argument("--threshold", type=non_negative(float), default=5.0,
-                   help="with --compare: %% slower that is a regression (default 5)")  # fmt: skip
+    p.add_argument("--threshold", type=percent, default=5.0,
+                   help="with --compare: %% slower that is a regression, as 5 or 5%% (default 5)")  # fmt: skip
     p.add_argument("--rep-ms", type=positive(float), default=500.0, help="time to spend repeating each case (ms)")
     p.add_argument("--warmup-ms", type=non_negative(float), default=200.0, help="minimum warm-up per case (ms)")
     p.add_argument(
@@ -114,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         passes=passes,
         call_cost_ms=args.call_cost_ms,
         layout=args.layout,
+        refuse_early=True,
         **kwargs,
     )
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
@@ -122,13 +127,18 @@ def run(args: argparse.Namespace) -> int:
     if measured:
         cols = columns(op.defaults.baseline, list(op.options), op.bound, args.backward)
         cols += [("rank", "rank", fmt_plain)] if distributed.active() else []
-        table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms")
+        past = {share: functools.partial(_mark_past, share=share) for share in CEILING_SHARES}
+        table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms", marks=past)
         print_table(table, console)
     if any(row_is_noisy(r) for r in measured):
         console.print(NOISY_LEGEND, soft_wrap=True)
+    if busy_line(measured):
+        console.print(f"[yellow]{busy_line(measured)}[/yellow]", soft_wrap=True)
     for line in not_measured_lines(rows) + above_ceiling_lines(measured):
         console.print(line, soft_wrap=True)
     ceilings = get_ceilings(kwargs["device"], measure=False)
+    if measured and busy_note(ceilings):
+        console.print(f"[yellow]{busy_note(ceilings)}[/yellow]", soft_wrap=True)
     summary = None
     if drawn:
         by = (*op.options, *(["pass"] if args.backward else []))
@@ -151,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.plot:
         points, x, xlabel = speed_axis(rows, op)
         y, ylabel = ("tflops", "TFLOP/s") if op.bound == "compute" else ("gbps", "GB/s")
-        ceiling = (ceilings or {}).get("copy_gbps") if op.bound == "memory" else None
+        ceiling = (ceilings or {}).get("copy_gbps") if op.bound == "memory" else panel_peak(ceilings)
         plot_metric(
             points, args.plot, x=x, y=y, ceiling=ceiling, xlabel=xlabel, ylabel=ylabel, title=op.name, panel="panel"
         )
@@ -163,13 +173,18 @@ def run(args: argparse.Namespace) -> int:
     return exit_status(rows)
 
 
+def panel_peak(ceilings: dict | None) -> Callable[[list[dict]], float | None]:
+    """A plot panel's ceiling for a compute-bound op: the matmul peak of its rows' dtype (`peak_tflops`)."""
+    return lambda rows: peak_tflops(ceilings, str(rows[0]["dtype"])) if rows else None
+
+
 def print_comparison(compared: BaselineComparison, path: Path, console: Console) -> None:
     """The cases against the baseline, slowest change first, regressions marked; then one line of counts."""
     records = []
     for c in compared.changes:
         fields = c.case.to_json()
         rest = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("op", "impl", "dtype", "shape"))
-        verdict = "[red]regressed[/red]" if c.regressed else ""
+        verdict = " ".join(filter(None, ["[red]regressed[/red]" if c.regressed else "", "(noisy)" if c.noisy else ""]))
         records.append({**fields, "also": rest, "baseline_ms": c.baseline_ms, "now_ms": c.now_ms, "ratio": c.ratio,
                         "verdict": verdict})  # fmt: skip
     cols = [("impl", "impl", fmt_plain), ("dtype", "dtype", short_name), ("shape", "shape", fmt_plain)]
@@ -178,6 +193,10 @@ def print_comparison(compared: BaselineComparison, path: Path, console: Console)
     cols += [("ratio", "now / baseline", fmt_fixed(3)), ("verdict", "", fmt_plain)]
     if records:
         print_table(make_table(records, cols, title=f"against {path}"), console)
+    if compared.elsewhere:
+        console.print(f"[yellow]{compared.elsewhere}[/yellow]: the ratios compare the devices too", soft_wrap=True)
+    if any(c.noisy for c in compared.changes):
+        console.print("(noisy): a noisy timing on either side; rerun before trusting that ratio", soft_wrap=True)
     console.print(
         f"{len(compared.regressions)} of {len(compared.changes)} cases regressed past "
         f"{100 * compared.threshold:g}% slower; {compared.only_now} new, {compared.only_baseline} only in the baseline"
@@ -219,14 +238,23 @@ def random_draw(args: argparse.Namespace) -> int | None:
 
 
 def above_ceiling_lines(rows: list[Row]) -> list[str]:
-    """One line per impl whose rate passed the copy ceiling (ABOVE_CEILING_PCT), naming its cases."""
-    by_impl: dict[str, list[str]] = {}
+    """One line per impl and ceiling its rate passed (ABOVE_CEILING_PCT; its cells carry ABOVE_MARK), naming its
+    cases and what it means."""
+    by_impl: dict[tuple[str, str], list[str]] = {}
     for r in rows:
-        pct = above_ceiling(r)
-        if pct is not None:
+        above = above_ceiling(r)
+        if above is not None:
+            pct, share = above
             case = f"{short_name(r.case.dtype)} {format_shape(r.case.shape)} {pct:.0f}%"
-            by_impl.setdefault(r.case.impl, []).append(case)
-    return [f"[yellow]{impl}[/yellow] at {', '.join(cases)} of {ABOVE_CEILING_NOTE}" for impl, cases in by_impl.items()]
+            by_impl.setdefault((r.case.impl, CEILING_SHARES[share]), []).append(case)
+    return [
+        f"{ABOVE_MARK} [yellow]{impl}[/yellow] at {', '.join(cases)} of {note}"
+        for (impl, note), cases in by_impl.items()
+    ]
+
+
+def _mark_past(row: Row, share: str) -> str:
+    return ABOVE_MARK if share in past_ceilings(row) else ""
 
 
 def not_measured_lines(rows: list[Row]) -> list[str]:

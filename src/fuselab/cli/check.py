@@ -7,25 +7,26 @@ Exit status: 1 when any case fails, or when nothing could be checked on a device
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
 
 from fuselab.bench import distributed
 from fuselab.bench.dtypes import short_name
+from fuselab.bench.env import provenance
 from fuselab.bench.record import Verdict
-from fuselab.bench.results import fmt_float, fmt_plain, make_table, print_table
+from fuselab.bench.results import fmt_float, fmt_plain, make_table, print_table, write_json
 from fuselab.bench.shapes import LAYOUTS
+from fuselab.bench.sweep import TooBig
 from fuselab.cli._args import add_op_arguments, check_writable, resolve
-from fuselab.ops.evaluate import TooBig, check_op, summarize_checks
+from fuselab.evaluate import check_op, summarize_checks
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="check every implementation of an op against its float64 reference")
     add_op_arguments(p, check=True)
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
-    p.add_argument("--out", type=Path, help="write the rows as JSON")
+    p.add_argument("--out", type=Path, help="write the rows as JSON ({meta: {env}, records: [...]}, as bench's)")
     p.add_argument("--all", action="store_true", help="list every case, not one row per impl and dtype")
     p.add_argument("--layout", choices=LAYOUTS, default="contiguous", help="inputs' memory layout (default contiguous)")
     p.set_defaults(func=run)
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     op, kwargs = resolve(args)
     check_writable(args.out)
-    rows = check_op(op, seed=args.seed, layout=args.layout, **kwargs)
+    rows = check_op(op, seed=args.seed, layout=args.layout, refuse_early=True, **kwargs)
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 1 if any(r.status is Verdict.FAIL for r in rows) else 0
     console = Console(highlight=False)
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     passed = sum(r.status is Verdict.PASS for r in rows)
     console.print(f"{passed} passed, {len(failed)} failed, {len(rows) - passed - len(failed)} unavailable")
     if args.out:
-        args.out.write_text(json.dumps([r.to_json() for r in rows], indent=1, default=str) + "\n")
+        write_json(rows, args.out, meta={"env": provenance(kwargs["device"])})
     if failed:
         return 1
     if not passed and args.device:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fuselab.bench import distributed
-from fuselab.bench.ceilings import get_ceilings, measure_ceilings
+from fuselab.bench.ceilings import busy_note, get_ceilings, measure_ceilings
 from fuselab.bench.results import fmt_rate
 from fuselab.cli._args import add_device_argument, check_writable
 
@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if not distributed.is_main():
         return 0
     Console().print(ceilings_table(result))
+    if busy_note(result):
+        Console(highlight=False).print(f"[yellow]{busy_note(result)}[/yellow]", soft_wrap=True)
     if "interconnect" in result:
         for table in interconnect_tables(result["interconnect"]):
             Console().print(table)

@@ -16,7 +16,7 @@ import torch
 from rich.console import Console
 
 from fuselab.bench.dtypes import dtype_name
-from fuselab.cli._args import add_impl_argument, check_writable, dtype_arg, shape_arg, split
+from fuselab.cli._args import add_impl_argument, check_writable, dtype_arg, op_names, shape_arg, split
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("op", help="a registered op (`fuselab list` lists them)")
+    p.add_argument("op", help=op_names())
     add_impl_argument(p, default="triton")
     p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="fp32, fp16, bf16 (default fp32)")
     p.add_argument("--shape", type=shape_arg, help="shape the Triton kernels are specialized for (default: the op's)")

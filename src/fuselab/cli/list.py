@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fuselab.cli._args import add_device_argument, default_device
-from fuselab.ops.evaluate import impl_statuses
+from fuselab.evaluate import impl_statuses
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 from rich.console import Console
 
+from fuselab.bench.env import provenance
+from fuselab.bench.sweep import Unavailable
 from fuselab.cli._args import (
     add_device_argument,
     add_opt_argument,
@@ -30,12 +32,12 @@ from fuselab.cli._args import (
     default_device,
     dtype_arg,
     load_op,
+    op_names,
     parse_options,
     positive,
     shape_arg,
     split,
 )
-from fuselab.ops.evaluate import Unavailable
 from fuselab.profile import build_table, impl_callable, profile_callable, render_timeline, script_callable
 from fuselab.profile.cases import CASES, get_case
 from fuselab.profile.table import SORT_KEYS
@@ -51,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("target", nargs="?", help="a registered op (`fuselab list`) or MODULE:FUNCTION / FILE.py:FUNCTION")
+    p.add_argument("target", nargs="?", help=f"{op_names()} or MODULE:FUNCTION / FILE.py:FUNCTION")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--case", choices=[*CASES, "all"], help="one of the lecture's cases, or all of them")
     what.add_argument("--script", type=Path, help="a Python script, run as __main__")
@@ -143,7 +145,7 @@ def _profile_one(
     console.print(table.rich(limit=args.limit, full_names=args.full_names))
     if table.ranges:
         console.print(table.rich_ranges(limit=args.limit))
-    (out / "table.json").write_text(json.dumps(table.to_json(), indent=1) + "\n")
+    (out / "table.json").write_text(json.dumps({**table.to_json(), "env": provenance(device)}, indent=1) + "\n")
     (out / "table.txt").write_text(table.to_text(full_names=args.full_names))
     timeline = render_timeline(result.trace, out / "timeline.png", title=f"{label} on {device}")
     files = [result.trace_path, out / "table.json", out / "table.txt", timeline, *result.stacks_paths]
@@ -183,7 +185,7 @@ def _counters(args: argparse.Namespace, console: Console) -> int:
     """`--counters`: the op's impls under ncu, one verdict per kernel; one line and status 1 where ncu cannot run."""
     from fuselab.bench.dtypes import dtype_name
     from fuselab.bench.shapes import format_shape
-    from fuselab.ops.evaluate import Unavailable
+    from fuselab.bench.sweep import Unavailable
     from fuselab.ops.registry import get_op
     from fuselab.profile.counters import CountersUnavailable, counters_unavailable, profile_counters
 

@@ -14,14 +14,14 @@ import sys
 from fuselab.bench import distributed
 from fuselab.bench.dtypes import parse_dtype
 from fuselab.bench.shapes import draw_shapes, parse_random
-from fuselab.cli._args import split
+from fuselab.cli._args import op_names, split
 from fuselab.ops import tuning
 from fuselab.ops.registry import Shape, get_op, parse_shape
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="tune an op's launch rules on this GPU (or torchrun's); writes its plan table")
-    p.add_argument("op", help="an op with a tuner (`fuselab list` lists the ops), or a tuner as FILE.py or MODULE:NAME")
+    p.add_argument("op", help=f"{op_names(tuned=True)}, or a tuner as FILE.py or MODULE:NAME")
     p.add_argument("--dtype", action="append", help="dtypes to tune on (default: the tuner's, else fp32 and bf16)")
     p.add_argument("--shape", action="append", help="shapes to tune on (repeatable; attention: the last dim is d)")
     p.add_argument(

@@ -75,7 +75,7 @@ def loss_and_grads(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor
 def compare_models(dtype: torch.dtype, compiled: bool, device: str = "cuda") -> tuple[float, float, str]:
     """(fuselab's error, what it must stay under, what was compared): the loss and every parameter's gradient of
     both models in `dtype`, each against the torch.nn model in float64; fuselab's must be within twice torch's."""
-    from fuselab.ops.evaluate import gradient_error
+    from fuselab.bench.accuracy import gradient_error
 
     torch.manual_seed(0)
     base = torch_model().to(device)

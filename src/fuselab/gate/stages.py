@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
+from fuselab.bench.accuracy import gradient_error, relative_error
 from fuselab.bench.dtypes import dtype_name, parse_dtype, short_name
 from fuselab.bench.record import Verdict
 from fuselab.bench.shapes import format_shape
 from fuselab.bench.timer import Timing
+from fuselab.evaluate import bench_op, check_op, fresh_seed
 from fuselab.gate.record import Check
-from fuselab.ops.evaluate import bench_op, check_op, fresh_seed, gradient_error, relative_error
 from fuselab.ops.registry import Op, all_ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -173,7 +173,7 @@ def impl_callable(
     Compiled impls are wrapped with torch.compile (the warm-up then compiles them before profiling).
     Raises Unavailable (with the reason) when the impl cannot run on `device` here.
     """
-    from fuselab.ops.evaluate import prepare, refuse_if_too_big
+    from fuselab.evaluate import prepare, refuse_if_too_big
 
     fn = prepare(op.get_impl(impl_name), device)
     kwargs = op.resolve_options(options)

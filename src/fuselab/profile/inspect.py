@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fuselab.bench.env import provenance
 from fuselab.profile.asm import (
     DEFAULT_ARCH,
     GlobalAccess,
@@ -109,7 +110,8 @@ class Inspection:
                     path = out / f"{stem}.{suffix}"
                     path.write_text(text)
                     written.append(path)
-        (out / "inspect.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        record = {**self.to_json(), "env": provenance()}  # what compiled them, and when
+        (out / "inspect.json").write_text(json.dumps(record, indent=1) + "\n")
         (out / "summary.txt").write_text(self.summary() + "\n")
         return [*written, out / "inspect.json", out / "summary.txt"]
 
@@ -134,7 +136,7 @@ def inspect_impl(
 ) -> Inspection:
     """PTX/SASS/resources of op `op_name`'s implementation `impl_name`: the Triton kernels its Impl lists
     (`Impl.triton_kernels`), compiled as the impl launches them at `shape`, or its CUDA source (`Impl.cuda_source`)."""
-    from fuselab.ops.evaluate import refuse_if_too_big
+    from fuselab.evaluate import refuse_if_too_big
     from fuselab.ops.registry import get_op, parse_shape
 
     op = get_op(op_name)

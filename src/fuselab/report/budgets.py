@@ -3,7 +3,7 @@
 quick: tiny sizes, seconds per section (the CPU test). cpu: the default without a GPU, within 5 minutes on 2 cores
 (Triton is checked under its interpreter, never timed). gpu: the full report, within 20 minutes on an H200.
 max_call_ms: an impl whose call took longer at one case is not timed at the costlier cases of its section's sweeps
-(op sections, every_shape, call_cost: fuselab.ops.evaluate.CallCap, shapes timed cheapest first; a teaching impl in
+(op sections, every_shape, call_cost: fuselab.evaluate.CallCap, shapes timed cheapest first; a teaching impl in
 pure PyTorch would take minutes there), nor profiled under ncu at the large study shape (counters). What an op's
 own section measures in each mode is the op's (`Defaults.report`, in its folder). The pitfalls and profile entries of
 kind "op" time a memory-bound op's impl (the first registered that has it).
@@ -19,7 +19,7 @@ under (GPU only), until compile_deadline_s has passed in the op.
 from __future__ import annotations
 
 from fuselab.bench.timer import Timing
-from fuselab.ops.choices import CPU_RANDOM_CAP
+from fuselab.evaluate.choices import CPU_RANDOM_CAP
 
 QUICK = {
     "timing": Timing(warmup_ms=5.0, min_warmup=1, rep_ms=20.0, min_reps=3, max_reps=30),

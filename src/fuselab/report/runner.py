@@ -101,7 +101,13 @@ def run_section(section: Section, ctx: Context) -> dict:
     """Run one section; return its record (status "ok" or "failed"), also written to OUT/results/<name>.json."""
     doc = Doc(ctx.out)
     start = time.perf_counter()
-    record: dict = {"name": section.name, "title": section.title, "mode": ctx.mode, "device": ctx.device}
+    record: dict = {
+        "name": section.name,
+        "title": section.title,
+        "mode": ctx.mode,
+        "device": ctx.device,
+        "env": provenance(ctx.device),
+    }  # a section is resumed across runs: what measured it, and when
     try:
         results = section.fn(ctx, doc)
         record.update(status="ok", error=None, results=results or {})
@@ -232,11 +238,12 @@ def header(sections: Sequence[Section], records: dict[str, dict], ctx: Context) 
     return ["section", "status", "time", "finished"], rows
 
 
-def environment_lines(ctx: Context) -> list[str]:
-    env = provenance(ctx.device)
-    what = env["gpu"] or f"CPU ({env['cpu'] or 'unknown'})"
+def environment_lines(ctx: Context, env: dict | None = None) -> list[str]:
+    """The report's provenance (`provenance`, or `env`): device, versions, clocks, revision, host, threads, time."""
+    env = env or provenance(ctx.device)
+    what = env["gpu"] or f"CPU ({env.get('cpu_model') or env['cpu'] or 'unknown'})"
     return [
-        f"- device: **{what}** (`{ctx.device}`), mode **{ctx.mode}**",
+        f"- device: **{what}** (`{ctx.device}`), mode **{ctx.mode}**" + _clocks_text(env.get("clocks")),
         f"- torch {env['torch']}, Triton {env['triton'] or 'not installed'}, CUDA {env['cuda'] or '-'}, "
         f"Python {env['python']}" + (f", driver {env['driver']}" if env.get("driver") else ""),
         f"- written {env['written']} by `fuselab report` {env['fuselab']} at revision {str(env['revision'])[:12]}"
@@ -245,10 +252,34 @@ def environment_lines(ctx: Context) -> list[str]:
     ]
 
 
+def _clocks_text(clocks: dict | None) -> str:
+    """', SM 1755 of 1980 MHz, memory 2619 of 3201 MHz' / ', 2445 MHz' ('' where the clocks could not be read)."""
+    if not clocks:
+        return ""
+    if "cpu_mhz" in clocks:
+        return f", {clocks['cpu_mhz']:.0f} MHz"
+    parts = [
+        f"{name} {now} of {top} MHz"
+        for name, (now, top) in (("SM", clocks["sm_mhz"]), ("memory", clocks["memory_mhz"]))
+    ]
+    return ", " + ", ".join(parts)
+
+
+def resumed_elsewhere(sections: Sequence[Section], records: dict[str, dict], revision: str) -> list[str]:
+    """One line per other revision whose sections the report shows (resumed from an earlier run), naming them."""
+    by_revision: dict[str, list[str]] = {}
+    for s in sections:
+        theirs = ((records.get(s.name) or {}).get("env") or {}).get("revision")
+        if theirs and theirs != revision:
+            by_revision.setdefault(str(theirs), []).append(s.title)
+    return [f"- {', '.join(titles)}: resumed from another revision ({rev[:12]})" for rev, titles in by_revision.items()]
+
+
 def write_outputs(sections: Sequence[Section], records: dict[str, dict], ctx: Context) -> None:
     """report.md, report.html (images embedded) and results.json (every section's record) in ctx.out."""
     title = "fuselab report: GPU kernels, measured"
-    env_lines = environment_lines(ctx)
+    env = provenance(ctx.device)
+    env_lines = environment_lines(ctx, env) + resumed_elsewhere(sections, records, str(env["revision"]))
     total = sum(r.get("elapsed_s", 0.0) for r in records.values())
     env_lines.append(f"- the sections took {total / 60:.1f} minutes in all (resumed ones as first run)")
     head, rows = header(sections, records, ctx)
@@ -275,7 +306,7 @@ def write_outputs(sections: Sequence[Section], records: dict[str, dict], ctx: Co
     toc = [(_anchor(s.name), s.title, _status(records.get(s.name))) for s in sections]
     page = html_page(title, toc, blocks_to_html(overview.blocks, ctx.out), "\n".join(html_sections))
     (ctx.out / "report.html").write_text(page)
-    summary = {"env": provenance(ctx.device), "mode": ctx.mode, "device": ctx.device, "sections": records}
+    summary = {"env": env, "mode": ctx.mode, "device": ctx.device, "sections": records}
     (ctx.out / "results.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
 
 

@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fuselab.bench.record import Record, Row, value
-from fuselab.bench.results import NOISY_MARK, row_is_noisy
+from fuselab.bench.results import ABOVE_MARK, NOISY_MARK, row_is_noisy
+from fuselab.bench.shapes import format_shape
+from fuselab.evaluate import CEILING_SHARES, above_ceiling
 from fuselab.ops.findings import (
     READ,
     Finding,
@@ -60,6 +62,21 @@ def noisy_note(rows: list[Record]) -> str:
     return (
         f" {NOISY_MARK} rests on a noisy timing ({what}: IQR {100 * spread(worst):.0f}% of the "
         "median); rerun on a quiet machine before trusting the verdict"
+    )
+
+
+def past_note(rows: list[Record]) -> str:
+    """'' when no row's rate passes its ceiling (`fuselab.evaluate.above_ceiling`), else what a verdict resting
+    on them must say."""
+    past = [(r, above) for r in rows if isinstance(r, Row) and r.measured and (above := above_ceiling(r))]
+    if not past:
+        return ""
+    row, (pct, share) = max(past, key=lambda p: p[1][0])
+    what = f"{row.case.op} {row.case.impl} {row.case.dtype} {format_shape(row.case.shape)}"
+    ceiling = CEILING_SHARES[share].split(":")[0]
+    return (
+        f" {ABOVE_MARK} rests on a rate past its ceiling ({what}: {pct:.0f}% of {ceiling}), which no hardware "
+        "allows: a cache held the data, the ceiling was measured low, or the time is wrong"
     )
 
 
@@ -403,7 +420,8 @@ def evaluate_claims(results: Results) -> list[dict]:
         except _MISSING as exc:
             figure, value, held = f"not measured: {_why(exc)}", None, None
         note = noisy_note(READ) if held is not None else ""
-        figure += note
+        past = past_note(READ) if held is not None else ""
+        figure += note + past
         out.append(
             {
                 "claim": c.text,
@@ -413,6 +431,7 @@ def evaluate_claims(results: Results) -> list[dict]:
                 "value": value,
                 "held": held,
                 "noisy": bool(note),
+                "past": bool(past),
             }
         )
     return out
@@ -428,20 +447,25 @@ def answer_questions(results: Results) -> list[dict]:
         except _MISSING as exc:
             answer, value, held = f"not measured in this run: {_why(exc)}", None, None
         note = noisy_note(READ) if held is not None else ""
+        past = past_note(READ) if held is not None else ""
         out.append(
             {
                 "question": q.text,
-                "answer": answer + note,
+                "answer": answer + note + past,
                 "criterion": q.criterion,
                 "value": value,
                 "held": held,
                 "noisy": bool(note),
+                "past": bool(past),
             }
         )
     return out
 
 
-def verdict(held: bool | None, noisy: bool = False) -> str:
-    """The mark shown in the report; a verdict resting on a noisy timing carries NOISY_MARK."""
+def verdict(held: bool | None, noisy: bool = False, past: bool = False) -> str:
+    """The mark shown in the report; a verdict resting on a noisy timing carries NOISY_MARK, one resting on a rate
+    past its ceiling ABOVE_MARK."""
     mark = {True: "✓ held", False: "✗ not held", None: "– n/a"}[held]  # text marks: no emoji font needed
-    return f"{mark} {NOISY_MARK}" if noisy and held is not None else mark
+    if held is None:
+        return mark
+    return " ".join([mark, *([NOISY_MARK] if noisy else []), *([ABOVE_MARK] if past else [])])

@@ -62,7 +62,7 @@ def op_maker(op_name: str, impl_name: str, shape: tuple[int, ...], dtype: torch.
     """A registered op's impl on fresh inputs; a compiled impl is compiled anew, so its first call compiles."""
 
     def make() -> Callable[[], object]:
-        from fuselab.ops.evaluate import fresh_seed, prepare
+        from fuselab.evaluate import fresh_seed, prepare
         from fuselab.ops.registry import get_op
 
         op = get_op(op_name)

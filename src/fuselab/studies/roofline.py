@@ -31,10 +31,12 @@ def ridge_point(copy_gbps: float, peak_tflops: float) -> float:
 
 
 def peak_for(dtype: str, kind: str, matmul_tflops: dict[str, float]) -> tuple[str, float]:
-    """(name, TFLOP/s) of the compute roof a kernel of `kind` ("matmul" or other) in `dtype` is held against."""
+    """(name, TFLOP/s) of the compute roof a kernel of `kind` ("matmul" or other) in `dtype` is held against: a
+    matmul-like kernel's dtype's own (fp16: bf16's), or fp32's where that is faster (16-bit data can be multiplied
+    in fp32: a CPU without bf16 units), or fp32's where its own was not measured; any other kernel fp32's."""
     short = short_name(dtype)
     name = _PEAK_OF.get(short, short) if kind == "matmul" else "fp32"
-    if name not in matmul_tflops:
+    if name not in matmul_tflops or matmul_tflops[name] < matmul_tflops.get("fp32", 0.0):
         name = "fp32"
     return name, matmul_tflops[name]
 

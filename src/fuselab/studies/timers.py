@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from fuselab.bench import timer
-from fuselab.bench.env import environment
+from fuselab.bench.env import provenance
 from fuselab.bench.timer import benchmark
 
 Call = Callable[[], object]
@@ -230,7 +230,7 @@ def crosscheck(
                 rounds=seen,
             )
         )
-    return Crosscheck(device, tolerance, rows, unavailable, environment(device))
+    return Crosscheck(device, tolerance, rows, unavailable, provenance(device))
 
 
 # ------------------------------------------------------------------------------------------ conditions
@@ -314,4 +314,4 @@ def timer_conditions(device: str, *, rounds: int = 3, rep_ms: float = 300.0, qui
             continue
         ms = statistics.median(r.ms for r in seen[name])
         rows.append(ConditionRow(name, ms, 2 * n**3 / ms / 1e9, seen[name]))
-    return TimerConditions(device, n, str(dtype).removeprefix("torch."), rounds, rows, environment(device))
+    return TimerConditions(device, n, str(dtype).removeprefix("torch."), rounds, rows, provenance(device))

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from fuselab.bench.sweep import Unavailable
 from fuselab.ops.attention.spec import ATTENTION, FLOATS, QKV_RANK, check_qkv, default_scale, repeat_kv
-from fuselab.ops.evaluate import Unavailable
 
 ANY_DEVICE = ("cpu", "cuda")
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 import triton
 
+from fuselab.bench.accuracy import relative_error
 from fuselab.bench.dtypes import dtype_name, parse_dtype
 from fuselab.ops import tuning
 from fuselab.ops.attention import triton_kernels as tk
 from fuselab.ops.attention.spec import reference
-from fuselab.ops.evaluate import relative_error
 
 Plan = tk.Plan
 KERNELS = tk.KERNELS

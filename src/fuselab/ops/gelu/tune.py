@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from fuselab.bench.accuracy import relative_error
 from fuselab.bench.dtypes import dtype_name, parse_dtype
 from fuselab.ops import tuning
-from fuselab.ops.evaluate import relative_error
 from fuselab.ops.gelu import plans
 from fuselab.ops.gelu.spec import GELU
 

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from fuselab.bench.accuracy import relative_error
 from fuselab.bench.dtypes import dtype_name, parse_dtype
 from fuselab.ops import tuning
-from fuselab.ops.evaluate import relative_error
 from fuselab.ops.softmax import launch, plans
 from fuselab.ops.softmax.spec import SOFTMAX
 

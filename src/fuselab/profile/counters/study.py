@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fuselab.bench.env import provenance
 from fuselab.profile.counters.child import Case
 from fuselab.profile.counters.ncu import CountersUnavailable, counters_unavailable, run_ncu
 from fuselab.profile.counters.verdicts import assess_case, bytes_line, split_by_marker
@@ -39,7 +40,8 @@ class CountersResult:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"source": self.source, "report": str(self.out_dir / "counters.ncu-rep"), "rows": self.rows}
+        report = str(self.out_dir / "counters.ncu-rep")
+        return {"source": self.source, "report": report, "rows": self.rows, "env": provenance("cuda")}
 
 
 def profile_counters(
@@ -106,24 +108,27 @@ def study_shapes(op: Op) -> list[tuple[int, ...]]:
     return [large, small]
 
 
-def affordable_shape(op: Op, impl: str, shapes: Sequence[tuple[int, ...]], device: str, max_call_ms: float) -> int:
-    """The index of the first of `shapes` at which one plain call of `impl` (float32, default options) takes at most
+def affordable_shape(
+    op: Op, impl: str, shapes: Sequence[tuple[int, ...]], device: str, max_call_ms: float, dtype: str = "float32"
+) -> int:
+    """The index of the first of `shapes` at which one plain call of `impl` (in `dtype`, default options) takes at most
     `max_call_ms`, else the last one's: ncu replays each kernel of a call many times over, so a call of seconds (a
     teaching impl's Python loop over blocks launches thousands of kernels) would hold it for hours. A call over the
     bound is timed a second time (the first may have compiled) before the next shape is tried. An impl that refuses
-    the call (unavailable here in float32, or Unavailable raised by the call: cuDNN has no float32 attention) gets
+    the call (unavailable here in `dtype`, or Unavailable raised by the call: cuDNN has no float32 attention) gets
     the last shape: ncu's child reports its refusal."""
     import torch
 
-    from fuselab.ops.evaluate import Unavailable
+    from fuselab.bench.dtypes import parse_dtype
+    from fuselab.bench.sweep import Unavailable
 
-    declared = op.get_impl(impl)
-    if declared.unavailable(device, torch.float32):
+    declared, torch_dtype = op.get_impl(impl), parse_dtype(dtype)
+    if declared.unavailable(device, torch_dtype):
         return len(shapes) - 1
     fn, options = declared.fn, op.default_options()
     on_gpu = torch.device(device).type == "cuda"
     for i, shape in enumerate(shapes[:-1]):
-        inputs = op.make_inputs(tuple(shape), torch.float32, device, 0, **options)
+        inputs = op.make_inputs(tuple(shape), torch_dtype, device, 0, **options)
         for _ in range(2):
             if on_gpu:
                 torch.cuda.synchronize(device)

@@ -1,6 +1,6 @@
 """The report's sections, in the lecture's order. Each is `fn(ctx, doc) -> results` (see fuselab.report.runner).
 
-Measuring is done by the library (fuselab.bench, fuselab.ops.evaluate, fuselab.studies, fuselab.profile); a
+Measuring is done by the library (fuselab.bench, fuselab.evaluate, fuselab.studies, fuselab.profile); a
 section picks the sizes of its mode (fuselab.report.budgets, or the op's own plan), runs, writes plots, and says what
 it shows. Every registered op gets one section (`op_section`), in the order of `all_ops()`; every_shape and call_cost
 each cover every op in one section.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from fuselab.ops.registry import Op, all_ops
@@ -29,11 +30,12 @@ def pow2(n: int) -> str:
 
 
 def first_line(text: object) -> str:
-    """The first line of a message, without the exception's module path."""
+    """The first line of a message, without an exception's module path ("fuselab.bench.sweep.Unavailable: ..." of
+    older logs: "fuselab.ops.evaluate.")."""
     if not text:
         return ""
     line = str(text).strip().splitlines()[0][:200]
-    return line.removeprefix("fuselab.ops.evaluate.")
+    return re.sub(r"^fuselab(\.[a-z_]+)+\.(?=[A-Z])", "", line)
 
 
 _DROP = (

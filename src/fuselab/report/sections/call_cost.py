@@ -12,7 +12,7 @@ from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.memory import format_bytes
 from fuselab.bench.results import plot_metric
 from fuselab.bench.shapes import format_shape
-from fuselab.ops.evaluate import (
+from fuselab.evaluate import (
     GPU_BOUND_FACTOR,
     GROWTH_FACTOR,
     bench_op,

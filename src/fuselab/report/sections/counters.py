@@ -29,14 +29,15 @@ def counters_section(ctx: Context, doc: Doc) -> dict:
     if reason:
         doc.text(f"Skipped: {reason}.")
         return {"skipped": reason}
-    cases = []
+    cases, dtype_of = [], {}
     for op in all_ops():
         shapes = study_shapes(op)[0 if ctx.mode == "gpu" else 1 :]  # the large shape on the full GPU report
+        dtype = dtype_of[op.name] = next(iter(op.report_plan(ctx.mode)["bench_dtypes"]))  # attention: bfloat16
         for name, impl in op.impls.items():
             if impl.compiled:  # torch.compile under ncu compiles again, slowly; its kernels are in `fuselab bench`
                 continue
-            pick = affordable_shape(op, name, shapes, ctx.device, ctx.budget["max_call_ms"])
-            cases.append(Case(op.name, name, shapes[pick], "float32"))
+            pick = affordable_shape(op, name, shapes, ctx.device, ctx.budget["max_call_ms"], dtype)
+            cases.append(Case(op.name, name, shapes[pick], dtype))
     try:
         result = run_cases(cases, out_dir=ctx.out / "counters")
     except CountersUnavailable as exc:
@@ -73,11 +74,11 @@ def counters_section(ctx: Context, doc: Doc) -> dict:
                     f"{longest['short_name'][:40]}: {longest['verdict']}",
                 ]
             )
-        doc.text(f"### {op_name}, {shape}, float32 (minimum {g3(rows[0]['model_bytes'] / 1e6)} MB)")
+        doc.text(f"### {op_name}, {shape}, {dtype_of[op_name]} (minimum {g3(rows[0]['model_bytes'] / 1e6)} MB)")
         doc.table(
             ["impl", "kernels", "DRAM MB read / written", "x minimum", "L2 MB", "µs", "longest kernel: verdict"], table
         )
-        ok = [r for r in rows if not r.get("error")]
+        ok = [r for r in rows if not r.get("error") and r["shape"] == rows[0]["shape"]]  # the headline: one shape
         if len(ok) >= 2:
             most, least = max(ok, key=lambda r: r["bytes_ratio"]), min(ok, key=lambda r: r["bytes_ratio"])
             headlines.append(

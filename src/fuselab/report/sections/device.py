@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fuselab.bench.ceilings import get_ceilings
+from fuselab.bench.ceilings import busy_note, get_ceilings
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
 from fuselab.studies import roofline
@@ -23,11 +23,13 @@ def device_section(ctx: Context, doc: Doc) -> dict:
         if env.get(key) is not None:
             rows.append([key, str(env[key])])
     doc.table(["ceiling", "measured"], rows)
+    if busy_note(c):
+        doc.text(f"**Note:** {busy_note(c)}.")
     ridge = {k: roofline.ridge_point(c["copy_gbps"], v) for k, v in c["matmul_tflops"].items()}
     doc.text(
         "Ridge points (FLOP per byte where compute, not memory, becomes the limit): "
         + ", ".join(f"{k} {v:.3g}" for k, v in ridge.items())
         + ". A kernel doing fewer FLOPs per byte moved than this is memory-bound on this device."
     )
-    keys = ("copy_gbps", "matmul_tflops", "matmul_n", "launch_us", "tiny_kernel_us", "env", "quick")
+    keys = ("copy_gbps", "matmul_tflops", "matmul_n", "launch_us", "tiny_kernel_us", "cpu_busy", "env", "quick")
     return {**{k: c.get(k) for k in keys}, "ridge_ai": ridge}

@@ -10,7 +10,7 @@ from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.memory import format_bytes
 from fuselab.bench.record import Status
 from fuselab.bench.shapes import format_shape, plot_ratios
-from fuselab.ops.evaluate import bench_op, draw_op_shapes, shape_ratios
+from fuselab.evaluate import bench_op, draw_op_shapes, shape_ratios
 from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
@@ -50,7 +50,8 @@ def _intro(budget: dict) -> str:
     compiled = "" if budget.get("compiled") else " Compiled impls (one torch.compile per shape) are not timed here."
     return (
         f"Each op draws **{budget['n']} shapes** from its own `random_shape` with **seed {budget['seed']}** (fixed "
-        "for this mode: the same shapes on every run, as `fuselab bench OP --shapes random:N --seed S` draws them), "
+        f"for this mode: the same shapes on every run, as `fuselab bench OP --shapes random:{budget['n']} --seed "
+        f"{budget['seed']}` draws them), "
         "and every impl is timed on each, side by side on one input, at the options and dtypes of the op's "
         "section. The ratio is an impl's time over the fastest of the op's PyTorch peers on the same shape "
         "(below 1: faster than the best peer). Per impl: the worst ratio, the 95th percentile, the geometric "

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from fuselab.bench.ceilings import peak_tflops
 from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.record import CheckRow, CheckSummary, Record, Row, Verdict, value
-from fuselab.bench.results import NOISY_LEGEND, NOISY_MARK, plot_metric, row_is_noisy
+from fuselab.bench.results import ABOVE_MARK, NOISY_LEGEND, NOISY_MARK, busy_line, plot_metric, row_is_noisy
 from fuselab.bench.shapes import format_shape
-from fuselab.ops.evaluate import bench_op, check_op, summarize_checks
+from fuselab.evaluate import ABOVE_CEILING_PCT, CEILING_SHARES, bench_op, check_op, past_ceilings, summarize_checks
 from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
@@ -164,9 +164,28 @@ def _cell(r: Row | None, op: Op) -> str:
     if r.error:
         return str(r.status) if r.status.on_purpose else "failed"
     share = r.field(pct)
-    share_text = f" ({share:.0f}%)" if share is not None else ""
+    share_text = f" ({share:.0f}%{_past(r, pct)})" if share is not None else ""
     mark = NOISY_MARK if row_is_noisy(r) else ""
     return f"{ms(r.median_ms)}{mark} · {g3(r.field(rate), unit)}{share_text}"
+
+
+def _past(r: Row, share: str) -> str:
+    """ABOVE_MARK where the row's `share` (pct_copy, pct_copy_same, pct_peak) passes its ceiling, else ''."""
+    return ABOVE_MARK if r.measured and share in past_ceilings(r) else ""
+
+
+def past_legend(rows: Sequence[Row]) -> str:
+    """What ABOVE_MARK means, for the ceilings the rows pass ('' where none does)."""
+    notes = dict.fromkeys(CEILING_SHARES[share] for r in rows if r.measured for share in past_ceilings(r))
+    return "\n".join(f"{ABOVE_MARK} over {ABOVE_CEILING_PCT:.0f}% of {note}" for note in notes)
+
+
+def _notes(r: Row) -> str:
+    """A row's note: its error's first line, else its warnings of a ceiling passed and the first two others."""
+    if r.error:
+        return first_line(r.error)
+    past = tuple(CEILING_SHARES.values())
+    return "; ".join([w for w in r.warnings if w.endswith(past)] + [w for w in r.warnings if not w.endswith(past)][:2])
 
 
 def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[Row], *, x: str, xlabel: str) -> None:
@@ -200,6 +219,10 @@ def _bench_docs(ctx: Context, doc: Doc, op: Op, rows: list[Row], *, x: str, xlab
         )
         if any(row_is_noisy(r) for r in mine):
             doc.text(NOISY_LEGEND)
+        if busy_line(mine):
+            doc.text(f"**{busy_line(mine)}.**")
+        if past_legend(mine):
+            doc.text(past_legend(mine))
     notes = unavailable_notes(rows)
     if notes:
         doc.text("Not timed here:\n\n" + notes)
@@ -260,12 +283,12 @@ def _full_table(doc: Doc, op: Op, rows: list[Row], caption: str = "every timing"
             ms(r.median_ms),
             ms(r.iqr_ms),
             g3(r.field(rate)),
-            g3(r.field(pct)),
-            *([g3(r.pct_copy_same)] if memory else []),
+            g3(r.field(pct)) + _past(r, pct),
+            *([g3(r.pct_copy_same) + _past(r, "pct_copy_same")] if memory else []),
             g3(r.speedup),
             g3(r.rel_err),
             g3(r.compile_s),
-            first_line(r.error) or "; ".join(r.warnings[:2]),
+            _notes(r),
         ]
         for r in rows
     ]

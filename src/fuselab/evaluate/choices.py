@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from fuselab.bench.dtypes import short_name
 from fuselab.bench.record import Row
 from fuselab.bench.shapes import format_shape, scale_shape
-from fuselab.ops.evaluate import draw_op_shapes
+from fuselab.evaluate.draws import draw_op_shapes
 from fuselab.ops.registry import Op, Shape
 
 CPU_DEFAULT_NUMEL = 2**20  # on the CPU, a memory-bound op's (GPU-sized) bench shapes: at most this many elements

@@ -7,9 +7,11 @@ import re
 import pytest
 import torch
 
+from fuselab.bench.accuracy import gradient_error, relative_error
 from fuselab.bench.dtypes import parse_dtype
 from fuselab.bench.record import Case, CheckRow, Row
-from fuselab.ops.evaluate import Unavailable, add_derived, bench_op, check_op, gradient_error, relative_error
+from fuselab.bench.sweep import Unavailable
+from fuselab.evaluate import add_derived, bench_op, check_op
 from fuselab.ops.registry import Defaults, Op, UnknownName, get_op, parse_shape
 
 
@@ -291,7 +293,7 @@ def test_add_derived_compares_only_the_same_case():
 
 
 def test_the_reference_in_pieces_equals_the_whole_and_the_error_sums_over_pieces(monkeypatch):
-    from fuselab.ops import evaluate
+    from fuselab.evaluate import cases as evaluate
 
     gelu, softmax = get_op("gelu"), get_op("softmax")
     gen = torch.Generator().manual_seed(5)
@@ -314,7 +316,7 @@ def test_the_reference_in_pieces_equals_the_whole_and_the_error_sums_over_pieces
 
 def test_a_rate_past_the_copy_ceiling_is_flagged_on_the_row_and_in_the_table():
     from fuselab.cli.bench import above_ceiling_lines
-    from fuselab.ops.evaluate import ABOVE_CEILING_NOTE
+    from fuselab.evaluate import ABOVE_CEILING_NOTE
 
     rows = [_row("torch", "float32", (8, 128), 1.0, 615.0, 64), _row("torch", "float32", (9, 128), 1.0, 105.0, 72)]
     rows = add_derived(rows, "torch", 1000.0, same_size_copy={64: 100.0, 72: 100.0})
@@ -342,7 +344,7 @@ def test_summary_of_cases_some_passed_some_not_run():
     """The H200 report showed sdpa-cudnn bf16 as 'unavailable' beside its errors: cuDNN refused the first check shape
     and passed the others. A group with a pass and no failure is a pass that counts the cases not run; a failure
     wins over both; a group with no case run keeps its status."""
-    from fuselab.ops.evaluate import summarize_checks
+    from fuselab.evaluate import summarize_checks
 
     def case(status, shape, err=None, reason=None):
         return CheckRow(Case.of("toy", "i", "bf16", shape, pass_=None), status, rel_err=err, reason=reason)

@@ -1,0 +1,59 @@
+"""Every shape: shapes drawn from an op's `random_shape` (capped by its cost model), and each impl's time over the
+fastest of the op's peers on the same shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from fuselab.bench.record import Row
+from fuselab.bench.shapes import add_ratios, draw_shapes, summarize
+from fuselab.ops.registry import Op, Shape
+
+
+def load_of(
+    op: Op,
+    dtype: torch.dtype = torch.float32,
+    options: dict | None = None,
+    *,
+    max_bytes: float | None = None,
+    max_flops: float | None = None,
+) -> Callable[[Shape], float] | None:
+    """The share of a cap a shape takes, by the op's cost model at `dtype` and `options`: the larger of bytes moved /
+    max_bytes and FLOPs / max_flops (1.0: at the cap). None without a cap."""
+    if max_bytes is None and max_flops is None:
+        return None
+    opts = op.resolve_options(options)
+
+    def load(shape: Shape) -> float:
+        nbytes, flops = op.case_cost(shape, dtype, opts)
+        return max(nbytes / max_bytes if max_bytes else 0.0, flops / max_flops if max_flops else 0.0)
+
+    return load
+
+
+def draw_op_shapes(
+    op: Op,
+    n: int,
+    seed: int,
+    *,
+    max_bytes: float | None = None,
+    max_flops: float | None = None,
+    dtype: torch.dtype = torch.float32,
+    options: dict | None = None,
+) -> list[Shape]:
+    """n shapes from the op's `random_shape`, reproducibly from `seed`; with a cap (bytes moved, FLOPs per call, by
+    the op's cost model), a draw above it has its first dimension cut to fit (`draw_shapes`)."""
+    if op.defaults.random_shape is None:
+        raise ValueError(f"op {op.name!r} has no random_shape in its spec, so no shapes can be drawn for it")
+    load = load_of(op, dtype, options, max_bytes=max_bytes, max_flops=max_flops)
+    return draw_shapes(op.defaults.random_shape, n, seed, load=load)
+
+
+def shape_ratios(op: Op, rows: Sequence[Row], by: Sequence[str] = ()) -> tuple[list[Row], list[dict]]:
+    """The bench rows with their ratio to the fastest of the op's peers on the same case (`add_ratios`: `ratio`,
+    `best_peer`), and per impl, dtype and the fields `by` the worst ratio, the 95th percentile, the geometric mean
+    and the five worst shapes (`summarize`)."""
+    rows = add_ratios(rows, op.defaults.peers)
+    return rows, summarize(rows, ("impl", "dtype", *by))
