@@ -201,12 +201,26 @@ def test_triton_one_key_per_query(shape: tuple, causal: bool) -> None:
 
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(1, 1, 70, 45, 16), (1, 2, 1, 33, 66, 24)])
+@pytest.mark.parametrize("shape", [(1, 1, 70, 45, 16), (1, 2, 1, 33, 66, 24), (1, 2, 2, 37, 29, 40)])
 def test_triton_uneven_blocks_match_reference(shape: tuple, causal: bool) -> None:
     from fuselab.ops.attention.triton_kernels import forced_plans
 
     with forced_plans(_uneven_plans()):
         check_against_reference("triton", shape, causal, torch.float32, DEVICE)
+
+
+@pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
+def test_head_dim_chunks_pad_less_than_one_power_of_two() -> None:
+    """Head dims of today's models in two power-of-two chunks where that multiplies fewer zeros than one."""
+    from fuselab.ops.attention.triton_kernels import d_chunks
+
+    expected = {16: (16, 0), 24: (32, 0), 40: (32, 16), 48: (32, 16), 64: (64, 0), 80: (64, 16), 96: (64, 32),
+                112: (128, 0), 128: (128, 0), 160: (128, 32), 192: (128, 64), 256: (256, 0), 1: (16, 0)}  # fmt: skip
+    assert {d: d_chunks(d) for d in expected} == expected
+    for d in range(1, 257):
+        first, second = d_chunks(d)
+        assert first + second >= d and first + second <= max(16, 1 << (d - 1).bit_length())
+        assert all(c == 0 or (c >= 16 and c & (c - 1) == 0) for c in (first, second))
 
 
 @needs_triton
@@ -380,8 +394,8 @@ from fuselab.ops.attention import triton_kernels as tk
 
 POINTERS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
 FP32_POINTERS = {"LSE", "DELTA"}
-CONSTANTS = {"HEAD_DIM": 64, "D_PAD": 64, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True, "PREC": "tf32",
-             "INTERP": False}
+CONSTANTS = {"HEAD_DIM": 80, "D_PAD": 128, "DA": 64, "DB": 16, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True,
+             "PREC": "tf32"}  # d 80 in two chunks (64 + 16): the split path
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4, "num_stages": 2})

@@ -3,8 +3,9 @@
 Layout: every tensor is addressed as (Z, H, N, D) through its four strides, so non-contiguous q, k, v and output
 gradients are read in place; a gradient with a stride 0 (`o.sum().backward()`) or a non-unit last stride is copied
 to contiguous first (the H200 run read the leaderboard step's stride-0 gradient in place: 6.68 ms, against ~5.45 ms
-expected from the same kernels at (1, 32, 16384, 64); the copy is not measured yet). The head dim is padded to
-D_PAD, the next power of two (>= 16), with masks when it differs. Each program's (batch, head) base offset and
+expected from the same kernels at (1, 32, 16384, 64); the copy is not measured yet). The head dim is held in one
+or two column chunks, each a power of two >= 16 (`d_chunks`: 80 as 64 + 16, 96 as 64 + 32, so the tensor cores do not
+multiply the zeros of a pad to 128), with masks where a chunk passes d. Each program's (batch, head) base offset and
 row-block offset are 64-bit; offsets inside a tile are 32-bit.
 
 Forward (one program per BLOCK_M queries of one head): the query tile stays in registers, key/value tiles of BLOCK_N
@@ -41,24 +42,47 @@ FOLDER = Path(__file__).parent  # plans/<device key>.json: the plans `fuselab tu
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# ---------------------------------------------------------------------------------------------- tiles
+
+
+@triton.jit
+def _tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """Load a 2-D tile, zeros where masked: rows by rows_ok (dim 0) if MASK_ROWS, columns by cols_ok if MASK_COLS."""
+    if MASK_ROWS:
+        if MASK_COLS:
+            x = tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    elif MASK_COLS:
+        x = tl.load(ptrs, mask=cols_ok[None, :], other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
 # ---------------------------------------------------------------------------------------------- forward
 
 
 @triton.jit
 def _fwd_inner(
-    acc,
+    acc_a,
+    acc_b,
     l_i,
     m_i,
-    q,
+    q_a,
+    q_b,
     k_base,
     v_base,
-    kv_offs_k,
-    kv_offs_v,
+    kt_offs_a,
+    kt_offs_b,
+    v_offs_a,
+    v_offs_b,
     stride_kn,
     stride_vn,
     offs_m,
     offs_n,
-    d_mask,
+    ok_a,
+    ok_b,
     lo,
     hi,
     NK,
@@ -66,21 +90,20 @@ def _fwd_inner(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
-    EVEN_D: tl.constexpr,
+    MASK_A: tl.constexpr,
+    SPLIT: tl.constexpr,
+    MASK_B: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Stream key/value blocks [lo, hi) past one query tile; MASKED blocks mask keys >= NK (and j > i if CAUSAL)."""
+    """Stream key/value blocks [lo, hi) past one query tile; MASKED blocks mask keys >= NK (and j > i if CAUSAL).
+    The head dim is one chunk (a) or, if SPLIT, two (a then b): each product over d is a sum of the chunks'."""
     for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
-        k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kn + kv_offs_k
-        v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vn + kv_offs_v
-        if MASKED:
-            in_n = (start_n + offs_n) < NK
-            kt = tl.load(k_ptrs, mask=in_n[None, :] & d_mask[:, None], other=0.0)
-        elif EVEN_D:
-            kt = tl.load(k_ptrs)
-        else:
-            kt = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
-        qk = tl.dot(q, kt, input_precision=PREC)
+        k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kn
+        v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vn
+        in_n = (start_n + offs_n) < NK
+        qk = tl.dot(q_a, _tile(k_ptrs + kt_offs_a, ok_a, in_n, MASK_A, MASKED), input_precision=PREC)
+        if SPLIT:
+            qk = tl.dot(q_b, _tile(k_ptrs + kt_offs_b, ok_b, in_n, MASK_B, MASKED), qk, input_precision=PREC)
         if MASKED:
             keep = in_n[None, :]
             if CAUSAL:
@@ -94,16 +117,14 @@ def _fwd_inner(
         p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if MASKED:
-            v = tl.load(v_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
-        elif EVEN_D:
-            v = tl.load(v_ptrs)
-        else:
-            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        v_a = _tile(v_ptrs + v_offs_a, in_n, ok_a, MASKED, MASK_A)
+        p = p.to(v_a.dtype)
+        acc_a = tl.dot(p, v_a, acc_a * alpha[:, None], input_precision=PREC)
+        if SPLIT:
+            v_b = _tile(v_ptrs + v_offs_b, in_n, ok_b, MASKED, MASK_B)
+            acc_b = tl.dot(p, v_b, acc_b * alpha[:, None], input_precision=PREC)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc_a, acc_b, l_i, m_i
 
 
 @triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
@@ -136,7 +157,8 @@ def attention_fwd_kernel(
     NUM_M,
     qk_scale,
     HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -145,9 +167,12 @@ def attention_fwd_kernel(
     """O[z, h] = softmax(Q[z, h] K[z, h // GROUP]^T * scale) V[z, h // GROUP]; LSE[z*HQ + h, i] natural log.
 
     Q, O: (Z, HQ, NQ, HEAD_DIM) by strides; K, V: (Z, HQ / GROUP, NK, HEAD_DIM); LSE: (Z * HQ, NQ) contiguous fp32.
-    qk_scale = scale * log2(e). Grid: (NUM_M * Z * HQ,), NUM_M = cdiv(NQ, BLOCK_M).
+    qk_scale = scale * log2(e). The head dim in chunks of DA and DB columns (DB = 0: one chunk; see d_chunks).
+    Grid: (NUM_M * Z * HQ,), NUM_M = cdiv(NQ, BLOCK_M).
     """
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    SPLIT: tl.constexpr = DB > 0
+    MASK_A: tl.constexpr = HEAD_DIM < DA
+    MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale = tl.cast(qk_scale, tl.float32)  # torch.compile passes a Python float as fp64: all math stays fp32
     pid = tl.program_id(0)
     bh = pid // NUM_M
@@ -166,16 +191,25 @@ def attention_fwd_kernel(
     rows = tl.arange(0, BLOCK_M)
     offs_m = m0 + rows
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D_PAD)
-    d_mask = offs_d < HEAD_DIM
     in_m = offs_m < NQ
-    q = tl.load(q_base + rows[:, None] * sqn + offs_d[None, :] * sqd, mask=in_m[:, None] & d_mask[None, :], other=0.0)
-    kv_offs_k = offs_n[None, :] * skn + offs_d[:, None] * skd  # K^T tile (D_PAD, BLOCK_N)
-    kv_offs_v = offs_n[:, None] * svn + offs_d[None, :] * svd  # V tile (BLOCK_N, D_PAD)
+    offs_a = tl.arange(0, DA)
+    ok_a = offs_a < HEAD_DIM
+    q_a = _tile(q_base + rows[:, None] * sqn + offs_a[None, :] * sqd, in_m, ok_a, True, MASK_A)
+    kt_offs_a = offs_n[None, :] * skn + offs_a[:, None] * skd  # K^T tile (DA, BLOCK_N)
+    v_offs_a = offs_n[:, None] * svn + offs_a[None, :] * svd  # V tile (BLOCK_N, DA)
+    acc_a = tl.zeros([BLOCK_M, DA], dtype=tl.float32)
+    if SPLIT:
+        offs_b = DA + tl.arange(0, DB)
+        ok_b = offs_b < HEAD_DIM
+        q_b = _tile(q_base + rows[:, None] * sqn + offs_b[None, :] * sqd, in_m, ok_b, True, MASK_B)
+        kt_offs_b = offs_n[None, :] * skn + offs_b[:, None] * skd
+        v_offs_b = offs_n[:, None] * svn + offs_b[None, :] * svd
+        acc_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
+    else:  # placeholders, never read
+        ok_b, q_b, kt_offs_b, v_offs_b, acc_b = ok_a, q_a, kt_offs_a, v_offs_a, acc_a
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     nk_whole = (NK // BLOCK_N) * BLOCK_N
     if CAUSAL:
         full_hi = tl.minimum(((m0 + 1) // BLOCK_N) * BLOCK_N, nk_whole)  # blocks every row sees whole
@@ -183,19 +217,22 @@ def attention_fwd_kernel(
     else:
         full_hi = nk_whole
         hi = NK
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, kv_offs_k, kv_offs_v, skn, svn, offs_m, offs_n, d_mask,
-        0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, EVEN_D, PREC,
+    acc_a, acc_b, l_i, m_i = _fwd_inner(
+        acc_a, acc_b, l_i, m_i, q_a, q_b, k_base, v_base, kt_offs_a, kt_offs_b, v_offs_a, v_offs_b, skn, svn,
+        offs_m, offs_n, ok_a, ok_b, 0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
     )  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, kv_offs_k, kv_offs_v, skn, svn, offs_m, offs_n, d_mask,
-        full_hi, hi, NK, qk_scale, BLOCK_N, True, CAUSAL, EVEN_D, PREC,
+    acc_a, acc_b, l_i, m_i = _fwd_inner(
+        acc_a, acc_b, l_i, m_i, q_a, q_b, k_base, v_base, kt_offs_a, kt_offs_b, v_offs_a, v_offs_b, skn, svn,
+        offs_m, offs_n, ok_a, ok_b, full_hi, hi, NK, qk_scale, BLOCK_N, True, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
     )  # fmt: skip
-    out = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + bh.to(tl.int64) * NQ + offs_m, lse, mask=in_m)
-    o_ptrs = o_base + rows[:, None] * son + offs_d[None, :] * sod
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_m[:, None] & d_mask[None, :])
+    o_ptrs = o_base + rows[:, None] * son
+    out = (acc_a / l_i[:, None]).to(O.dtype.element_ty)
+    tl.store(o_ptrs + offs_a[None, :] * sod, out, mask=in_m[:, None] & ok_a[None, :])
+    if SPLIT:
+        out = (acc_b / l_i[:, None]).to(O.dtype.element_ty)
+        tl.store(o_ptrs + offs_b[None, :] * sod, out, mask=in_m[:, None] & ok_b[None, :])
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -239,21 +276,28 @@ def attention_bwd_delta_kernel(
 
 @triton.jit
 def _dkdv_inner(
-    dk,
-    dv,
-    k,
-    v,
+    dk_a,
+    dk_b,
+    dv_a,
+    dv_b,
+    k_a,
+    k_b,
+    v_a,
+    v_b,
     q_base,
     do_base,
     lse_base,
     delta_base,
-    q_offs,
-    do_offs,
+    q_offs_a,
+    q_offs_b,
+    do_offs_a,
+    do_offs_b,
     sqn,
     sdn,
     offs_n,
     rows,
-    d_mask,
+    ok_a,
+    ok_b,
     lo,
     hi,
     NQ,
@@ -261,41 +305,47 @@ def _dkdv_inner(
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
-    EVEN_D: tl.constexpr,
+    MASK_A: tl.constexpr,
+    SPLIT: tl.constexpr,
+    MASK_B: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi)."""
+    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), chunk by chunk of the head dim."""
     for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
-        q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn + q_offs
-        do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn + do_offs
+        q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn
+        do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn
         offs_m = start_m + rows
+        in_m = offs_m < NQ
+        q_a = _tile(q_ptrs + q_offs_a, in_m, ok_a, MASKED, MASK_A)
+        do_a = _tile(do_ptrs + do_offs_a, in_m, ok_a, MASKED, MASK_A)
         if MASKED:
-            in_m = offs_m < NQ
-            q = tl.load(q_ptrs, mask=in_m[:, None] & d_mask[None, :], other=0.0)
-            do = tl.load(do_ptrs, mask=in_m[:, None] & d_mask[None, :], other=0.0)
             lse = tl.load(lse_base + offs_m, mask=in_m, other=0.0)
             delta = tl.load(delta_base + offs_m, mask=in_m, other=0.0)
         else:
-            if EVEN_D:
-                q = tl.load(q_ptrs)
-                do = tl.load(do_ptrs)
-            else:
-                q = tl.load(q_ptrs, mask=d_mask[None, :], other=0.0)
-                do = tl.load(do_ptrs, mask=d_mask[None, :], other=0.0)
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
-        st = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BLOCK_N, BLOCK_M) = S^T
+        st = tl.dot(k_a, tl.trans(q_a), input_precision=PREC)  # (BLOCK_N, BLOCK_M) = S^T
+        if SPLIT:
+            q_b = _tile(q_ptrs + q_offs_b, in_m, ok_b, MASKED, MASK_B)
+            do_b = _tile(do_ptrs + do_offs_b, in_m, ok_b, MASKED, MASK_B)
+            st = tl.dot(k_b, tl.trans(q_b), st, input_precision=PREC)
         pt = tl.math.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
         if MASKED:
             keep = in_m[None, :]
             if CAUSAL:
                 keep = keep & (offs_m[None, :] >= offs_n[:, None])
             pt = tl.where(keep, pt, 0.0)
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
-        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
-        dst = pt * (dpt - delta[None, :])
-        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PREC)
-    return dk, dv
+        pt16 = pt.to(do_a.dtype)
+        dv_a = tl.dot(pt16, do_a, dv_a, input_precision=PREC)
+        dpt = tl.dot(v_a, tl.trans(do_a), input_precision=PREC)
+        if SPLIT:
+            dv_b = tl.dot(pt16, do_b, dv_b, input_precision=PREC)
+            dpt = tl.dot(v_b, tl.trans(do_b), dpt, input_precision=PREC)
+        dst = (pt * (dpt - delta[None, :])).to(q_a.dtype)
+        dk_a = tl.dot(dst, q_a, dk_a, input_precision=PREC)
+        if SPLIT:
+            dk_b = tl.dot(dst, q_b, dk_b, input_precision=PREC)
+    return dk_a, dk_b, dv_a, dv_b
 
 
 @triton.jit(do_not_specialize=["NQ", "NK", "NUM_N", "GROUP"])  # lengths: no recompiles per N
@@ -340,14 +390,17 @@ def attention_bwd_dkdv_kernel(
     qk_scale,
     sm_scale,
     HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV,)."""
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    SPLIT: tl.constexpr = DB > 0
+    MASK_A: tl.constexpr = HEAD_DIM < DA
+    MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     pid = tl.program_id(0)
     bh = pid // NUM_N
@@ -356,19 +409,31 @@ def attention_bwd_dkdv_kernel(
     hk = bh % HKV
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    d_mask = offs_d < HEAD_DIM
-    in_n = offs_n < NK
-    kv_mask = in_n[:, None] & d_mask[None, :]
-    k_ptrs = K + z.to(tl.int64) * skz + hk.to(tl.int64) * skh + n0.to(tl.int64) * skn
-    v_ptrs = V + z.to(tl.int64) * svz + hk.to(tl.int64) * svh + n0.to(tl.int64) * svn
     nrows = tl.arange(0, BLOCK_N)
-    k = tl.load(k_ptrs + nrows[:, None] * skn + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
-    v = tl.load(v_ptrs + nrows[:, None] * svn + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
-    dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-    q_offs = rows[:, None] * sqn + offs_d[None, :] * sqd
-    do_offs = rows[:, None] * sdn + offs_d[None, :] * sdd
+    in_n = offs_n < NK
+    k_ptrs = K + z.to(tl.int64) * skz + hk.to(tl.int64) * skh + n0.to(tl.int64) * skn + nrows[:, None] * skn
+    v_ptrs = V + z.to(tl.int64) * svz + hk.to(tl.int64) * svh + n0.to(tl.int64) * svn + nrows[:, None] * svn
+    dk_ptrs = DK + z.to(tl.int64) * sdkz + hk.to(tl.int64) * sdkh + n0.to(tl.int64) * sdkn + nrows[:, None] * sdkn
+    dv_ptrs = DV + z.to(tl.int64) * sdvz + hk.to(tl.int64) * sdvh + n0.to(tl.int64) * sdvn + nrows[:, None] * sdvn
+    offs_a = tl.arange(0, DA)
+    ok_a = offs_a < HEAD_DIM
+    k_a = _tile(k_ptrs + offs_a[None, :] * skd, in_n, ok_a, True, MASK_A)
+    v_a = _tile(v_ptrs + offs_a[None, :] * svd, in_n, ok_a, True, MASK_A)
+    dk_a = tl.zeros([BLOCK_N, DA], dtype=tl.float32)
+    dv_a = tl.zeros([BLOCK_N, DA], dtype=tl.float32)
+    q_offs_a = rows[:, None] * sqn + offs_a[None, :] * sqd
+    do_offs_a = rows[:, None] * sdn + offs_a[None, :] * sdd
+    if SPLIT:
+        offs_b = DA + tl.arange(0, DB)
+        ok_b = offs_b < HEAD_DIM
+        k_b = _tile(k_ptrs + offs_b[None, :] * skd, in_n, ok_b, True, MASK_B)
+        v_b = _tile(v_ptrs + offs_b[None, :] * svd, in_n, ok_b, True, MASK_B)
+        dk_b = tl.zeros([BLOCK_N, DB], dtype=tl.float32)
+        dv_b = tl.zeros([BLOCK_N, DB], dtype=tl.float32)
+        q_offs_b = rows[:, None] * sqn + offs_b[None, :] * sqd
+        do_offs_b = rows[:, None] * sdn + offs_b[None, :] * sdd
+    else:  # placeholders, never read
+        ok_b, k_b, v_b, dk_b, dv_b, q_offs_b, do_offs_b = ok_a, k_a, v_a, dk_a, dv_a, q_offs_a, do_offs_a
     nq_whole = (NQ // BLOCK_M) * BLOCK_M
     if CAUSAL:
         lo = (n0 // BLOCK_M) * BLOCK_M  # the first query block that sees any of these keys
@@ -386,42 +451,53 @@ def attention_bwd_dkdv_kernel(
         lse_base = LSE + (z * HKV * GROUP + h).to(tl.int64) * NQ
         delta_base = DELTA + (z * HKV * GROUP + h).to(tl.int64) * NQ
         if CAUSAL:  # the diagonal's blocks, masked
-            dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_offs, do_offs, sqn, sdn, offs_n, rows,
-                d_mask, lo, full_lo, NQ, qk_scale, BLOCK_M, True, True, EVEN_D, PREC,
+            dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
+                dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
+                q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, lo, full_lo, NQ, qk_scale,
+                BLOCK_M, True, True, MASK_A, SPLIT, MASK_B, PREC,
             )  # fmt: skip
-        dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_offs, do_offs, sqn, sdn, offs_n, rows,
-            d_mask, full_lo, nq_whole, NQ, qk_scale, BLOCK_M, False, False, EVEN_D, PREC,
+        dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
+            dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
+            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, full_lo, nq_whole, NQ, qk_scale,
+            BLOCK_M, False, False, MASK_A, SPLIT, MASK_B, PREC,
         )  # fmt: skip
-        dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_offs, do_offs, sqn, sdn, offs_n, rows,
-            d_mask, tl.maximum(nq_whole, full_lo), NQ, NQ, qk_scale, BLOCK_M, True, CAUSAL, EVEN_D, PREC,
+        dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
+            dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
+            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, tl.maximum(nq_whole, full_lo), NQ,
+            NQ, qk_scale, BLOCK_M, True, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
         )  # fmt: skip
         g += 1
-    dk = dk * sm_scale
-    dk_ptrs = DK + z.to(tl.int64) * sdkz + hk.to(tl.int64) * sdkh + n0.to(tl.int64) * sdkn
-    dv_ptrs = DV + z.to(tl.int64) * sdvz + hk.to(tl.int64) * sdvh + n0.to(tl.int64) * sdvn
-    tl.store(dk_ptrs + nrows[:, None] * sdkn + offs_d[None, :] * sdkd, dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptrs + nrows[:, None] * sdvn + offs_d[None, :] * sdvd, dv.to(DV.dtype.element_ty), mask=kv_mask)
+    out_mask = in_n[:, None] & ok_a[None, :]
+    tl.store(dk_ptrs + offs_a[None, :] * sdkd, (dk_a * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
+    tl.store(dv_ptrs + offs_a[None, :] * sdvd, dv_a.to(DV.dtype.element_ty), mask=out_mask)
+    if SPLIT:
+        out_mask = in_n[:, None] & ok_b[None, :]
+        tl.store(dk_ptrs + offs_b[None, :] * sdkd, (dk_b * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
+        tl.store(dv_ptrs + offs_b[None, :] * sdvd, dv_b.to(DV.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _dq_inner(
-    dq,
-    q,
-    do,
+    dq_a,
+    dq_b,
+    q_a,
+    q_b,
+    do_a,
+    do_b,
     lse,
     delta,
     k_base,
     v_base,
-    k_offs,
-    v_offs,
+    k_offs_a,
+    k_offs_b,
+    v_offs_a,
+    v_offs_b,
     skn,
     svn,
     offs_m,
     offs_n,
-    d_mask,
+    ok_a,
+    ok_b,
     lo,
     hi,
     NK,
@@ -429,34 +505,36 @@ def _dq_inner(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
-    EVEN_D: tl.constexpr,
+    MASK_A: tl.constexpr,
+    SPLIT: tl.constexpr,
+    MASK_B: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Accumulate one query block's dQ (unscaled) over key blocks [lo, hi)."""
+    """Accumulate one query block's dQ (unscaled) over key blocks [lo, hi), chunk by chunk of the head dim."""
     for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
-        k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + k_offs
-        v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + v_offs
-        if MASKED:
-            in_n = (start_n + offs_n) < NK
-            k = tl.load(k_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=in_n[:, None] & d_mask[None, :], other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC)
+        k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn
+        v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn
+        in_n = (start_n + offs_n) < NK
+        k_a = _tile(k_ptrs + k_offs_a, in_n, ok_a, MASKED, MASK_A)
+        v_a = _tile(v_ptrs + v_offs_a, in_n, ok_a, MASKED, MASK_A)
+        s = tl.dot(q_a, tl.trans(k_a), input_precision=PREC)
+        dp = tl.dot(do_a, tl.trans(v_a), input_precision=PREC)
+        if SPLIT:
+            k_b = _tile(k_ptrs + k_offs_b, in_n, ok_b, MASKED, MASK_B)
+            v_b = _tile(v_ptrs + v_offs_b, in_n, ok_b, MASKED, MASK_B)
+            s = tl.dot(q_b, tl.trans(k_b), s, input_precision=PREC)
+            dp = tl.dot(do_b, tl.trans(v_b), dp, input_precision=PREC)
         p = tl.math.exp2(s * qk_scale - lse[:, None])
         if MASKED:
             keep = in_n[None, :]
             if CAUSAL:
                 keep = keep & ((start_n + offs_n)[None, :] <= offs_m[:, None])
             p = tl.where(keep, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
-    return dq
+        ds = (p * (dp - delta[:, None])).to(k_a.dtype)
+        dq_a = tl.dot(ds, k_a, dq_a, input_precision=PREC)
+        if SPLIT:
+            dq_b = tl.dot(ds, k_b, dq_b, input_precision=PREC)
+    return dq_a, dq_b
 
 
 @triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
@@ -496,14 +574,17 @@ def attention_bwd_dq_kernel(
     qk_scale,
     sm_scale,
     HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """dQ of BLOCK_M queries of head (z, h), looping over key blocks. Grid: (NUM_M * Z * HQ,)."""
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    SPLIT: tl.constexpr = DB > 0
+    MASK_A: tl.constexpr = HEAD_DIM < DA
+    MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     pid = tl.program_id(0)
     bh = pid // NUM_M
@@ -517,21 +598,31 @@ def attention_bwd_dq_kernel(
     rows = tl.arange(0, BLOCK_M)
     offs_m = m0 + rows
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D_PAD)
-    d_mask = offs_d < HEAD_DIM
     in_m = offs_m < NQ
-    mask = in_m[:, None] & d_mask[None, :]
-    q_ptrs = Q + z.to(tl.int64) * sqz + h.to(tl.int64) * sqh + m0.to(tl.int64) * sqn
-    do_ptrs = DO + z.to(tl.int64) * sdz + h.to(tl.int64) * sdh + m0.to(tl.int64) * sdn
-    q = tl.load(q_ptrs + rows[:, None] * sqn + offs_d[None, :] * sqd, mask=mask, other=0.0)
-    do = tl.load(do_ptrs + rows[:, None] * sdn + offs_d[None, :] * sdd, mask=mask, other=0.0)
+    q_ptrs = Q + z.to(tl.int64) * sqz + h.to(tl.int64) * sqh + m0.to(tl.int64) * sqn + rows[:, None] * sqn
+    do_ptrs = DO + z.to(tl.int64) * sdz + h.to(tl.int64) * sdh + m0.to(tl.int64) * sdn + rows[:, None] * sdn
+    dq_ptrs = DQ + z.to(tl.int64) * sdqz + h.to(tl.int64) * sdqh + m0.to(tl.int64) * sdqn + rows[:, None] * sdqn
     lse = tl.load(LSE + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0)
     k_base = K + z.to(tl.int64) * skz + hk.to(tl.int64) * skh
     v_base = V + z.to(tl.int64) * svz + hk.to(tl.int64) * svh
-    k_offs = offs_n[:, None] * skn + offs_d[None, :] * skd
-    v_offs = offs_n[:, None] * svn + offs_d[None, :] * svd
-    dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    offs_a = tl.arange(0, DA)
+    ok_a = offs_a < HEAD_DIM
+    q_a = _tile(q_ptrs + offs_a[None, :] * sqd, in_m, ok_a, True, MASK_A)
+    do_a = _tile(do_ptrs + offs_a[None, :] * sdd, in_m, ok_a, True, MASK_A)
+    k_offs_a = offs_n[:, None] * skn + offs_a[None, :] * skd
+    v_offs_a = offs_n[:, None] * svn + offs_a[None, :] * svd
+    dq_a = tl.zeros([BLOCK_M, DA], dtype=tl.float32)
+    if SPLIT:
+        offs_b = DA + tl.arange(0, DB)
+        ok_b = offs_b < HEAD_DIM
+        q_b = _tile(q_ptrs + offs_b[None, :] * sqd, in_m, ok_b, True, MASK_B)
+        do_b = _tile(do_ptrs + offs_b[None, :] * sdd, in_m, ok_b, True, MASK_B)
+        k_offs_b = offs_n[:, None] * skn + offs_b[None, :] * skd
+        v_offs_b = offs_n[:, None] * svn + offs_b[None, :] * svd
+        dq_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
+    else:  # placeholders, never read
+        ok_b, q_b, do_b, k_offs_b, v_offs_b, dq_b = ok_a, q_a, do_a, k_offs_a, v_offs_a, dq_a
     nk_whole = (NK // BLOCK_N) * BLOCK_N
     if CAUSAL:
         full_hi = tl.minimum(((m0 + 1) // BLOCK_N) * BLOCK_N, nk_whole)
@@ -539,17 +630,25 @@ def attention_bwd_dq_kernel(
     else:
         full_hi = nk_whole
         hi = NK
-    dq = _dq_inner(
-        dq, q, do, lse, delta, k_base, v_base, k_offs, v_offs, skn, svn, offs_m, offs_n, d_mask,
-        0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, EVEN_D, PREC,
+    dq_a, dq_b = _dq_inner(
+        dq_a, dq_b, q_a, q_b, do_a, do_b, lse, delta, k_base, v_base, k_offs_a, k_offs_b, v_offs_a, v_offs_b, skn,
+        svn, offs_m, offs_n, ok_a, ok_b, 0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, MASK_A, SPLIT, MASK_B,
+        PREC,
     )  # fmt: skip
-    dq = _dq_inner(
-        dq, q, do, lse, delta, k_base, v_base, k_offs, v_offs, skn, svn, offs_m, offs_n, d_mask,
-        full_hi, hi, NK, qk_scale, BLOCK_N, True, CAUSAL, EVEN_D, PREC,
+    dq_a, dq_b = _dq_inner(
+        dq_a, dq_b, q_a, q_b, do_a, do_b, lse, delta, k_base, v_base, k_offs_a, k_offs_b, v_offs_a, v_offs_b, skn,
+        svn, offs_m, offs_n, ok_a, ok_b, full_hi, hi, NK, qk_scale, BLOCK_N, True, CAUSAL, MASK_A, SPLIT, MASK_B,
+        PREC,
     )  # fmt: skip
-    dq = dq * sm_scale
-    dq_ptrs = DQ + z.to(tl.int64) * sdqz + h.to(tl.int64) * sdqh + m0.to(tl.int64) * sdqn
-    tl.store(dq_ptrs + rows[:, None] * sdqn + offs_d[None, :] * sdqd, dq.to(DQ.dtype.element_ty), mask=mask)
+    tl.store(
+        dq_ptrs + offs_a[None, :] * sdqd, (dq_a * sm_scale).to(DQ.dtype.element_ty), mask=in_m[:, None] & ok_a[None, :]
+    )
+    if SPLIT:
+        tl.store(
+            dq_ptrs + offs_b[None, :] * sdqd,
+            (dq_b * sm_scale).to(DQ.dtype.element_ty),
+            mask=in_m[:, None] & ok_b[None, :],
+        )
 
 
 TRITON_KERNELS = (attention_fwd_kernel, attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel)
@@ -576,13 +675,32 @@ def d_pad(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
+def d_chunks(d: int) -> tuple[int, int]:
+    """The head dim as the kernels' tiles hold it: (DA, DB) columns, powers of two >= 16, DB = 0 for one chunk.
+
+    Two chunks where they pad less than one: 80 -> 64 + 16 and 96 -> 64 + 32 (not 128: 37% and 25% of the tensor
+    cores' work on zeros), 48 -> 32 + 16, 160 -> 128 + 32, 192 -> 128 + 64; 112 -> 128 (64 + 64 pads the same).
+    """
+    whole = d_pad(d)
+    if d <= 16 or d == whole:
+        return whole, 0
+    first = whole // 2
+    second = d_pad(d - first)
+    return (first, second) if first + second < whole else (whole, 0)
+
+
+def d_work(d: int) -> int:
+    """The columns of the head dim the tensor cores multiply: d padded chunk by chunk (d_chunks)."""
+    return sum(d_chunks(d))
+
+
 def plan_key(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> str:
-    """The plan table's key: kernel, padded head dim, element size, causal."""
-    return f"{kernel}|d{d_pad(d)}|{dtype.itemsize * 8}bit|{'causal' if causal else 'full'}"
+    """The plan table's key: kernel, the head dim as the tiles hold it (d_work), element size, causal."""
+    return f"{kernel}|d{d_work(d)}|{dtype.itemsize * 8}bit|{'causal' if causal else 'full'}"
 
 
 def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
-    """The plan by rule, from the bytes one tile row holds (padded d x element size).
+    """The plan by rule, from the bytes one tile row holds (d_work x element size).
 
     Forward: 128 queries x 64 keys at rows up to 256 bytes (d <= 128 in 16 bits), 8 warps past 128 bytes;
     wider rows halve the tile so K/V stages fit in shared memory. dK/dV: 64 queries x 128 keys (the accumulators
@@ -590,7 +708,7 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
     """
     if INTERPRET:
         return Plan(16, 16, 1, 1)
-    row = d_pad(d) * dtype.itemsize
+    row = d_work(d) * dtype.itemsize
     if kernel == "fwd":
         if row <= 128:
             return Plan(128, 64, 4, 3)
@@ -688,8 +806,8 @@ def forward(
         _launch(
             attention_fwd_kernel, (num_m * z * hq,), q4, k4, v4, o, lse,
             *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(), hq, hq // hkv, nq, nk, num_m, scale * LOG2E,
-            plan=plan, HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-            PREC=_precision(q.dtype),
+            plan=plan, HEAD_DIM=d, DA=d_chunks(d)[0], DB=d_chunks(d)[1], BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+            CAUSAL=causal, PREC=_precision(q.dtype),
         )  # fmt: skip
     return o.reshape(q.shape), lse.reshape(q.shape[:-1])
 
@@ -729,13 +847,14 @@ def backward(
             plan=Plan(block, block, 1 if INTERPRET else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=block,
         )  # fmt: skip
         prec = _precision(q.dtype)
+        da, db = d_chunks(d)
         plan = choose_plan("dkdv", d, q.dtype, causal, q.device, nk, z * hkv)
         num = triton.cdiv(nk, plan.block_n)
         _launch(
             attention_bwd_dkdv_kernel, (num * z * hkv,), q4, k4, v4, do4, lse4, delta, dk, dv,
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(),
             hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
-            plan=plan, HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
+            plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
             PREC=prec,
         )  # fmt: skip
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, z * hq)
@@ -744,7 +863,7 @@ def backward(
             attention_bwd_dq_kernel, (num * z * hq,), q4, k4, v4, do4, lse4, delta, dq,
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq.stride(),
             hq, hq // hkv, nq, nk, num, scale * LOG2E, scale,
-            plan=plan, HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
+            plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
             PREC=prec,
         )  # fmt: skip
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)

@@ -34,7 +34,7 @@ N = 3000  # the tuning shape's sequence length
 
 def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
     """The rule's plan first, then alternatives around it (tile shapes, warps, stages), without repeats."""
-    row = tk.d_pad(d) * dtype.itemsize
+    row = tk.d_work(d) * dtype.itemsize
     plans = [tk.rule_plan(kernel, d, dtype, False)]
     if kernel == "fwd":
         plans += [
