@@ -1,8 +1,11 @@
 """Test setup: GPU tests are marked `gpu`; without a CUDA GPU they are skipped with a reason, never passed."""
 
+import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,3 +67,20 @@ def busy_cpu():
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    """A cache folder with a (fake) ceiling for this CPU, so no test spends time measuring it."""
+    from fuselab.bench import ceilings
+
+    folder = tmp_path / "cache"
+    old = os.environ.get("FUSELAB_CACHE")
+    os.environ["FUSELAB_CACHE"] = str(folder)
+    try:
+        path = ceilings.cache_dir() / f"{ceilings.cache_key('cpu')}.json"
+    finally:
+        os.environ.pop("FUSELAB_CACHE") if old is None else os.environ.__setitem__("FUSELAB_CACHE", old)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"copy_gbps": 10.0, "matmul_tflops": {}, "quick": False}))
+    return folder

@@ -16,23 +16,6 @@ USERFN = ROOT / "tests" / "data" / "userfn.py"
 FAST = ["--rep-ms", "5", "--warmup-ms", "1"]
 
 
-@pytest.fixture
-def cache(tmp_path: Path) -> Path:
-    """A cache folder with a (fake) ceiling for this CPU, so no test spends time measuring it."""
-    from fuselab.bench import ceilings
-
-    folder = tmp_path / "cache"
-    old = os.environ.get("FUSELAB_CACHE")
-    os.environ["FUSELAB_CACHE"] = str(folder)
-    try:
-        path = ceilings.cache_dir() / f"{ceilings.cache_key('cpu')}.json"
-    finally:
-        os.environ.pop("FUSELAB_CACHE") if old is None else os.environ.__setitem__("FUSELAB_CACHE", old)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"copy_gbps": 10.0, "matmul_tflops": {}, "quick": False}))
-    return folder
-
-
 def fuselab(*args: str, cache: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "FUSELAB_CACHE": str(cache)}
     env.pop("FUSELAB_DEBUG", None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,23 +10,6 @@ from pathlib import Path
 
 import pytest
 from clirun import ROOT  # tests/cli/clirun.py (pytest puts this folder on sys.path)
-
-
-@pytest.fixture
-def cache(tmp_path: Path) -> Path:
-    """A cache folder with a (fake) ceiling for this CPU, so no test spends time measuring it."""
-    from fuselab.bench import ceilings
-
-    folder = tmp_path / "cache"
-    old = os.environ.get("FUSELAB_CACHE")
-    os.environ["FUSELAB_CACHE"] = str(folder)
-    try:
-        path = ceilings.cache_dir() / f"{ceilings.cache_key('cpu')}.json"
-    finally:
-        os.environ.pop("FUSELAB_CACHE") if old is None else os.environ.__setitem__("FUSELAB_CACHE", old)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"copy_gbps": 10.0, "matmul_tflops": {}, "quick": False}))
-    return folder
 
 
 @pytest.fixture
