@@ -223,6 +223,28 @@ def test_head_dim_chunks_pad_less_than_one_power_of_two() -> None:
         assert all(c == 0 or (c >= 16 and c & (c - 1) == 0) for c in (first, second))
 
 
+@pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
+def test_plans_fit_short_sequences_and_keep_long_ones() -> None:
+    """No tile is longer than its sequence padded (>= 16), warps shrink with the tile, long sequences keep the plan."""
+    from fuselab.ops.attention.triton_kernels import Plan, fit_plan
+
+    fwd, dkdv = Plan(128, 64, 8, 3), Plan(64, 128, 8, 3)
+    assert fit_plan("fwd", fwd, 3000, 3000, 80, 132, 128) == fwd  # many programs: as tuned
+    assert fit_plan("fwd", fwd, 3, 3, 30000, 132, 128) == Plan(16, 16, 1, 3)  # N = 3: 16 x 16, one warp
+    assert fit_plan("dq", fwd, 3, 3, 30000, 132, 512).warps == 4  # 512-byte rows keep 4 warps' registers
+    assert fit_plan("dkdv", dkdv, 20, 20, 30000, 132, 192) == Plan(32, 32, 2, 3)
+    assert fit_plan("fwd", fwd, 12, 9243, 30000, 132, 128) == Plan(16, 64, 1, 3)  # few queries, many keys
+    assert fit_plan("dkdv", dkdv, 9243, 12, 30000, 132, 128) == Plan(64, 16, 1, 3)
+    # few programs: the block along the grid is halved to fill the SMs (as before), the warps kept
+    assert fit_plan("fwd", fwd, 1000, 1000, 8, 132, 128) == Plan(32, 32, 8, 3)
+    assert fit_plan("dkdv", dkdv, 1000, 1000, 8, 132, 128) == Plan(32, 32, 8, 3)
+    for n in range(1, 300, 7):
+        for kernel, plan in (("fwd", fwd), ("dq", fwd), ("dkdv", dkdv)):
+            fitted = fit_plan(kernel, plan, n, n + 5, 1 + n % 50, 132, 256)
+            assert 16 <= fitted.block_m <= max(16, 1 << (n - 1).bit_length())
+            assert fitted.warps >= 1 and fitted.warps & (fitted.warps - 1) == 0
+
+
 @needs_triton
 def test_triton_function_saves_exactly_q_k_v_o_and_logsumexp() -> None:
     from fuselab.ops.attention import FlashAttentionTriton
@@ -327,6 +349,16 @@ def test_gpu_triton_head_dims_and_dtypes(d: int, dtype: torch.dtype, causal: boo
 def test_gpu_triton_lengths(n: int, causal: bool) -> None:
     check_against_reference("triton", (1, 2, n, max(1, n // 3 + 5), 64), causal, torch.bfloat16, "cuda")
     check_against_reference("triton", (1, 2, n, 64), causal, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_triton_short_sequences_with_fitted_tiles(dtype: torch.dtype, causal: bool) -> None:
+    """Many heads of a few queries (16 x 16 tiles of 1-4 warps), few queries over many keys, and the reverse."""
+    for shape in [(37, 8, 4, 3, 3, 96), (5, 4, 1, 20, 20, 256), (3, 2, 2, 40, 9, 48), (2, 2, 1, 12, 300, 80),
+                  (2, 3, 3, 300, 12, 128), (64, 2, 2, 2, 2, 192)]:  # fmt: skip
+        check_against_reference("triton", shape, causal, dtype, "cuda")
 
 
 @pytest.mark.gpu

@@ -225,7 +225,10 @@ def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypa
     monkeypatch.setattr(tk, "FOLDER", tmp_path)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
     kept = tk.plan_key("dq", 128, torch.bfloat16, False)
-    tuning.write_table(tmp_path, "cpu", {kept: asdict(dq)}, {})
+    earlier = {"case": {"dtype": "bfloat16", "d": 128, "causal": False, "n": 3000}, "best": {}, "trials": {}}
+    retuned = {"case": {"dtype": "bfloat16", "d": 64, "causal": True, "n": 3000}, "best": {}, "trials": {}}
+    evidence = {"cases": [earlier, retuned], "environment": {"gpu": "Older GPU"}}
+    tuning.write_table(tmp_path, "cpu", {kept: asdict(dq)}, evidence)
     case = tune.cases([(64,)], [torch.bfloat16], causals=(True,), n=1000)[0]
     measured = tune.measure(case, torch.device("cpu"), False, True)
     assert calls == [(64, torch.bfloat16, True, 1000)] and json.loads(json.dumps(measured)) == measured
@@ -233,7 +236,8 @@ def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypa
     assert path == tmp_path / "plans" / "cpu.json"
     table = tuning.load_table(tmp_path, "cpu")
     assert {k: tk.Plan(**v) for k, v in table.items()} == {kept: dq, tk.plan_key("fwd", 64, torch.bfloat16, True): fwd}
-    assert json.loads(path.read_text())["evidence"]["environment"]["gpu"] == "Test GPU"
+    cases = json.loads(path.read_text())["evidence"]["cases"]  # the case not tuned again keeps its evidence
+    assert [(c["case"]["d"], c["environment"]["gpu"]) for c in cases] == [(128, "Older GPU"), (64, "Test GPU")]
 
 
 def test_the_committed_attention_table_is_read_by_the_launchers() -> None:

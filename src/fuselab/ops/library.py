@@ -67,14 +67,21 @@ except ImportError:  # pragma: no cover (older torch: wrapping is always on)
 def wrap_triton(kernel: object) -> object:
     """`kernel` (a @triton.jit function) as an impl's launcher must launch it: ``wrap_triton(k)[grid](...)``.
 
-    While torch traces a triton_op (torch.compile's functional pass), torch.library.wrap_triton's traceable wrapper,
-    so the launch becomes a node of the graph; in eager mode the kernel itself, for the cost of one flag read
-    (torch's own wrap_triton imports three modules a call). Under the interpreter, kernels are never wrapped.
+    While torch traces (torch.compile, or a dispatch mode such as the functional pass over a triton_op's body),
+    torch.library.wrap_triton's traceable wrapper, so the launch becomes a node of the graph; otherwise the kernel
+    itself. The wrapper is never taken in plain eager code, even where torch leaves its switch on (a kernel launched
+    outside a triton_op's eager body, as the CS336 autograd Function and the tuner do): there it would run the
+    launch through a higher-order op, some 300 us more a call. Under the interpreter, kernels are never wrapped.
     The name matters: torch finds the kernels of a triton_op by looking for calls named ``wrap_triton``.
     """
-    if not is_wrap_triton_enabled() or _interpreted():
+    if not is_wrap_triton_enabled() or _interpreted() or not _tracing():
         return kernel
     return torch.library.wrap_triton(kernel)
+
+
+def _tracing() -> bool:
+    """Whether torch is tracing this call: Dynamo compiling, or a dispatch mode on the stack (fake, functional)."""
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
 def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:

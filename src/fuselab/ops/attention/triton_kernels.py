@@ -702,9 +702,11 @@ def plan_key(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> str:
 def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
     """The plan by rule, from the bytes one tile row holds (d_work x element size).
 
-    Forward: 128 queries x 64 keys at rows up to 256 bytes (d <= 128 in 16 bits), 8 warps past 128 bytes;
-    wider rows halve the tile so K/V stages fit in shared memory. dK/dV: 64 queries x 128 keys (the accumulators
-    live with the keys); dQ: 128 queries x 64 keys; both halve past 256-byte rows. Under the interpreter: 16 x 16.
+    Forward: 128 queries x 64 keys, 4 warps, at rows up to 128 bytes; up to 256 bytes (d <= 128 in 16 bits), 64 x 64
+    with 4 warps in 16 bits (what tuning chose at d 80, 96 and 128 causal on the H200) and 128 x 64 with 8 warps in
+    fp32 (its registers); wider rows halve the tile so K/V stages fit in shared memory. dK/dV: 64 queries x 128
+    keys (the accumulators live with the keys); dQ: 128 queries x 64 keys; both halve past 256-byte rows. Under the
+    interpreter: 16 x 16.
     """
     if INTERPRET:
         return Plan(16, 16, 1, 1)
@@ -713,7 +715,7 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
         if row <= 128:
             return Plan(128, 64, 4, 3)
         if row <= 256:
-            return Plan(128, 64, 8, 3)
+            return Plan(64, 64, 4, 3) if dtype.itemsize == 2 else Plan(128, 64, 8, 3)
         return Plan(64, 32, 4, 2) if row <= 512 else Plan(32, 32, 4, 1)
     if kernel == "dkdv":
         if row <= 128:
@@ -750,11 +752,9 @@ def forced_plans(plans: dict[str, Plan]) -> Iterator[None]:
 
 
 def choose_plan(
-    kernel: str, d: int, dtype: torch.dtype, causal: bool, device: torch.device, rows: int, heads: int
+    kernel: str, d: int, dtype: torch.dtype, causal: bool, device: torch.device, nq: int, nk: int, heads: int
 ) -> Plan:
-    """The tuned plan for this GPU if its table has one, else the rule's. Then, while the grid (cdiv(rows, block) x
-    heads programs, the block along `rows`: keys for dkdv, queries otherwise) would not give every SM one program,
-    that block is halved, down to 32."""
+    """The tuned plan for this GPU if its table has one, else the rule's, fitted to the shape (`fit_plan`)."""
     if kernel in FORCED:
         return FORCED[kernel]
     plan = rule_plan(kernel, d, dtype, causal)
@@ -762,13 +762,30 @@ def choose_plan(
         return plan
     key, sms = _device_info(device.index if device.index is not None else torch.cuda.current_device())
     tuned = tuning.load_table(FOLDER, key).get(plan_key(kernel, d, dtype, causal))
-    plan = Plan(**tuned) if tuned else plan
-    major = plan.block_n if kernel == "dkdv" else plan.block_m
+    return fit_plan(kernel, Plan(**tuned) if tuned else plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
+
+
+def fit_plan(kernel: str, plan: Plan, nq: int, nk: int, heads: int, sms: int, row_bytes: int) -> Plan:
+    """`plan` fitted to a shape of nq queries and nk keys over `heads` (batch x heads) programs' rows.
+
+    No tile is longer than its sequence padded to a power of two (>= 16): at N = 3 a 128 x 64 tile multiplies 99.9%
+    zeros. A tile so cut to a fraction of the plan's area keeps that fraction of its warps (at least 1; 2 past
+    128-byte rows, 4 past 256: their accumulators' registers). Then, while the grid (cdiv(rows, block) x heads
+    programs; the block along the keys for dkdv, the queries otherwise) would not give every SM one program, that
+    block is halved, down to 32, and the other block cut to it where it is longer (the warps kept).
+    """
+    block_m = min(plan.block_m, d_pad(nq))
+    block_n = min(plan.block_n, d_pad(nk))
+    least = 4 if row_bytes > 256 else 2 if row_bytes > 128 else 1
+    warps = max(min(least, plan.warps), plan.warps * block_m * block_n // (plan.block_m * plan.block_n))
+    rows, major = (nk, block_n) if kernel == "dkdv" else (nq, block_m)
     while major > 32 and triton.cdiv(rows, major) * heads < sms:
         major //= 2
-    if kernel == "dkdv":
-        return Plan(min(plan.block_m, major), major, plan.warps, plan.stages)
-    return Plan(major, min(plan.block_n, major), plan.warps, plan.stages)
+    if kernel == "dkdv" and major < block_n:
+        block_m, block_n = min(block_m, major), major
+    elif kernel != "dkdv" and major < block_m:
+        block_m, block_n = major, min(block_n, major)
+    return Plan(block_m, block_n, warps, plan.stages)
 
 
 # ---------------------------------------------------------------------------------------------- launchers
@@ -801,7 +818,7 @@ def forward(
     o = torch.empty((z, hq, nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((z, hq, nq), dtype=torch.float32, device=q.device)
     if o.numel() > 0:
-        plan = choose_plan("fwd", d, q.dtype, causal, q.device, nq, z * hq)
+        plan = choose_plan("fwd", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num_m = triton.cdiv(nq, plan.block_m)
         _launch(
             attention_fwd_kernel, (num_m * z * hq,), q4, k4, v4, o, lse,
@@ -848,7 +865,7 @@ def backward(
         )  # fmt: skip
         prec = _precision(q.dtype)
         da, db = d_chunks(d)
-        plan = choose_plan("dkdv", d, q.dtype, causal, q.device, nk, z * hkv)
+        plan = choose_plan("dkdv", d, q.dtype, causal, q.device, nq, nk, z * hkv)
         num = triton.cdiv(nk, plan.block_n)
         _launch(
             attention_bwd_dkdv_kernel, (num * z * hkv,), q4, k4, v4, do4, lse4, delta, dk, dv,
@@ -857,7 +874,7 @@ def backward(
             plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
             PREC=prec,
         )  # fmt: skip
-        plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, z * hq)
+        plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num = triton.cdiv(nq, plan.block_m)
         _launch(
             attention_bwd_dq_kernel, (num * z * hq,), q4, k4, v4, do4, lse4, delta, dq,

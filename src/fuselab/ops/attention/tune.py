@@ -14,6 +14,7 @@ first; a candidate that fails to compile (shared memory) or is wrong is dropped.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -186,8 +187,28 @@ def table_key(device: torch.device) -> str:
 
 def write(params: dict, evidence: dict, device: torch.device) -> Path:
     """Lay `params` over this GPU's table (plans/<device key>.json, what the launchers read): the keys not tuned this
-    time keep their plans."""
+    time keep their plans, and the cases not tuned this time their evidence (each case names its environment)."""
     key = table_key(device)
     plans = {**tuning.load_table(tk.FOLDER, key), **params}
     environment = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
-    return tuning.write_table(tk.FOLDER, key, plans, {**evidence, "environment": environment})
+    cases = [{**c, "environment": environment} for c in evidence["cases"]]
+    return tuning.write_table(tk.FOLDER, key, plans, {"cases": merge_cases(earlier_cases(key), cases)})
+
+
+def earlier_cases(key: str) -> list[dict]:
+    """The evidence cases of this GPU's committed table (none without one)."""
+    path = tuning.table_path(tk.FOLDER, key)
+    if not path.exists():
+        return []
+    evidence = json.loads(path.read_text()).get("evidence", {})
+    return [{"environment": evidence.get("environment"), **c} for c in evidence.get("cases", [])]
+
+
+def merge_cases(earlier: Sequence[dict], latest: Sequence[dict]) -> list[dict]:
+    """`earlier` evidence cases without those `latest` tuned again (same dtype, d, causal), then `latest`."""
+
+    def same(case: dict) -> tuple:
+        return case["case"]["dtype"], case["case"]["d"], case["case"]["causal"]
+
+    tuned = {same(c) for c in latest}
+    return [c for c in earlier if same(c) not in tuned] + list(latest)
