@@ -87,15 +87,8 @@ def non_negative(kind: type) -> callable:
 
 
 def percent(text: str) -> float:
-    """argparse type: a percentage >= 0, with or without its sign ('5', '5%', '2.5 %') -> 5.0."""
-    number = text.strip().removesuffix("%").strip()
-    try:
-        value = float(number)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage like 5 or 5%, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+    """argparse type: a percentage >= 0, with or without its sign ('5', '5%', '2.5 %') -> 5.0 (`non_negative`)."""
+    return non_negative(float)(text.strip().removesuffix("%").strip())
 
 
 def device_arg(text: str) -> str:
