@@ -33,3 +33,5 @@ def test_unknown_impls_and_undeclared_dtypes_are_refused_naming_what_is_known():
         Selection(dtypes=[torch.bfloat16]).checked(fp32_only)
     with pytest.raises(ValueError, match="unknown dtype"):
         Selection(dtypes=["int8"])
+    with pytest.raises(ValueError, match="unknown purpose 'tune'"):
+        Selection().resolved(op, "tune")

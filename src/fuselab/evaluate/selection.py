@@ -52,8 +52,10 @@ class Selection:
         return self
 
     def resolved(self, op: Op, purpose: Purpose) -> Selection:
-        """Every field filled for a `purpose` run of `op`: all its impls (named ones checked: UnknownName listing the
-        known), and its check or bench shapes; dtypes: a check's the op's, a bench's BENCH_DTYPES."""
+        """Impls, dtypes and shapes filled for a `purpose` run of `op`: all its impls (named ones checked:
+        UnknownName listing the known), its check or bench shapes, and a check's op.dtypes or a bench's BENCH_DTYPES."""
+        if purpose not in ("check", "bench"):
+            raise ValueError(f"unknown purpose {purpose!r}; accepted: check, bench")
         impls = _known(op, self.impls or tuple(op.impls))
         check = purpose == "check"
         dtypes = self.dtypes or (op.dtypes if check else BENCH_DTYPES)
