@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fuselab.evaluate import check_op
+from fuselab.evaluate import Selection, check_op
 from fuselab.gate import jobs, stages
 from fuselab.gate.__main__ import Suite, finish_pytest
 from fuselab.gate.pytest_log import LOG_VARIABLE
@@ -173,5 +173,6 @@ def test_a_failed_check_names_the_seed_and_command_that_reproduce_it(monkeypatch
     (check,) = stages.check_rows(op, "wrong", "transposed", stages.Log(None), device="cpu")
     assert check.outcome == "fail"
     seed = int(re.search(r"--seed (\d+) --layout transposed\)", check.detail).group(1))
-    (row,) = check_op(op, impls=["wrong"], device="cpu", seed=seed, layout="transposed", show_progress=False)
+    again = Selection(impls=["wrong"], device="cpu", layout="transposed")
+    (row,) = check_op(op, again, seed=seed, show_progress=False)
     assert row.rel_err == pytest.approx(check.figure)  # the same inputs again

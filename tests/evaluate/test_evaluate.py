@@ -3,6 +3,7 @@
 import json
 import math
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from fuselab.bench.accuracy import gradient_error, relative_error
 from fuselab.bench.dtypes import parse_dtype
 from fuselab.bench.record import Case, CheckRow, Row
 from fuselab.bench.sweep import Unavailable
-from fuselab.evaluate import add_derived, bench_op, check_op
+from fuselab.evaluate import Selection, add_derived, bench_op, check_op
 from fuselab.ops.registry import Defaults, Op, UnknownName, get_op, parse_shape
 
 
@@ -80,7 +81,8 @@ def test_gradient_error_measures_against_the_op_scale_where_the_gradient_cancels
 
 def test_an_impl_is_held_to_its_tolerance_scale():
     op = get_op("gelu")
-    rows = check_op(op, impls=["naive", "torch"], dtypes=[torch.float32], shapes=[(17,)], show_progress=False)
+    chosen = Selection(impls=["naive", "torch"], dtypes=[torch.float32], shapes=[(17,)])
+    rows = check_op(op, chosen, show_progress=False)
     tolerance = {r.case.impl: r.tolerance for r in rows}
     scale = op.get_impl("naive").tolerance_scale
     fp32 = op.tolerance[torch.float32]
@@ -88,13 +90,13 @@ def test_an_impl_is_held_to_its_tolerance_scale():
 
 
 def test_a_check_over_its_tolerance_says_by_how_much():
-    rows = check_op(make_toy(), impls=["wrong"], dtypes=[torch.float32], device="cpu", show_progress=False)
+    rows = check_op(make_toy(), Selection(impls=["wrong"], dtypes=[torch.float32], device="cpu"), show_progress=False)
     assert rows and all(r.status == "FAIL" for r in rows)
     assert all(re.search(r"output relative error \S+ over the float32 tolerance 1e-06", r.reason) for r in rows)
 
 
 def test_check_passes_right_impls_fails_wrong_and_unwritten_ones_and_explains_unavailable():
-    rows = check_op(make_toy(), dtypes=[torch.float32], device="cpu", show_progress=False)
+    rows = check_op(make_toy(), Selection(dtypes=[torch.float32], device="cpu"), show_progress=False)
     status = {}
     for row in rows:
         status.setdefault(row.case.impl, set()).add(str(row.status))
@@ -109,21 +111,22 @@ def test_check_passes_right_impls_fails_wrong_and_unwritten_ones_and_explains_un
 
 def test_an_impl_is_unavailable_in_the_dtypes_it_does_not_compute_in(tmp_path):
     op = make_toy()
-    rows = check_op(op, impls=["half_only"], dtypes=[torch.float32, torch.float16], device="cpu", show_progress=False)
+    half_only = Selection(impls=["half_only"], dtypes=[torch.float32, torch.float16], device="cpu")
+    rows = check_op(op, half_only, show_progress=False)
     by_dtype = {r.case.dtype: r for r in rows}
     assert by_dtype["float32"].status == "unavailable"
     assert "float16, bfloat16 only, not float32" in by_dtype["float32"].reason
     assert by_dtype["float16"].status == "pass"  # not refused: the impl is run, and right, in what it declares
     timing = {"warmup_ms": 1, "rep_ms": 2, "min_reps": 3}
-    rows = bench_op(op, impls=["torch", "half_only"], dtypes=[torch.float32], device="cpu", timing=timing,
-                    out=tmp_path / "r.jsonl", show_progress=False)  # fmt: skip
+    fp32 = Selection(impls=["torch", "half_only"], dtypes=[torch.float32], device="cpu")
+    rows = bench_op(op, fp32, timing=timing, out=tmp_path / "r.jsonl", show_progress=False)
     by_impl = {r.case.impl: r for r in rows}
     assert by_impl["torch"].median_ms > 0 and "not float32" in by_impl["half_only"].error
 
 
 def test_a_case_the_impl_has_no_kernel_for_is_unavailable_not_failed():
-    rows = check_op(make_toy(), impls=["no_kernel_past_1000"], dtypes=[torch.float32], device="cpu",
-                    show_progress=False)  # fmt: skip
+    chosen = Selection(impls=["no_kernel_past_1000"], dtypes=[torch.float32], device="cpu")
+    rows = check_op(make_toy(), chosen, show_progress=False)
     by_shape = {r.case.shape: r for r in rows}
     assert by_shape[(1,)].status == "pass" and by_shape[(3, 17)].status == "pass"
     assert by_shape[(1023,)].status == "unavailable" and "no kernel for 1023" in by_shape[(1023,)].reason
@@ -131,11 +134,12 @@ def test_a_case_the_impl_has_no_kernel_for_is_unavailable_not_failed():
 
 def test_check_uses_fresh_inputs_unless_seeded():
     op = make_toy()
-    a = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", show_progress=False)
-    b = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", show_progress=False)
+    chosen = Selection(impls=["torch"], dtypes=[torch.float32], device="cpu")
+    a = check_op(op, chosen, show_progress=False)
+    b = check_op(op, chosen, show_progress=False)
     assert [r.seed for r in a] != [r.seed for r in b]
-    c = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", seed=5, show_progress=False)
-    d = check_op(op, impls=["torch"], dtypes=[torch.float32], device="cpu", seed=5, show_progress=False)
+    c = check_op(op, chosen, seed=5, show_progress=False)
+    d = check_op(op, chosen, seed=5, show_progress=False)
     assert [r.seed for r in c] == [r.seed for r in d]
 
 
@@ -144,9 +148,7 @@ def test_bench_rows_carry_speed_errors_and_environment(tmp_path):
     timing = {"warmup_ms": 1, "rep_ms": 5, "min_reps": 3}
     rows = bench_op(
         op,
-        impls=["torch", "compiled", "gpu_only"],
-        dtypes=[torch.float32],
-        device="cpu",
+        Selection(impls=["torch", "compiled", "gpu_only"], dtypes=[torch.float32], device="cpu"),
         out=tmp_path / "r.jsonl",
         timing=timing,
         show_progress=False,
@@ -169,8 +171,8 @@ def test_bench_times_the_impls_of_one_case_back_to_back(tmp_path):
     log = tmp_path / "r.jsonl"
     impls, shapes = ["torch", "wrong"], [(64,), (128,)]
     dtypes = [torch.float32, torch.bfloat16]
-    rows = bench_op(make_toy(), impls=impls, dtypes=dtypes, shapes=shapes, device="cpu", out=log, timing=timing,
-                    show_progress=False)  # fmt: skip
+    chosen = Selection(impls=impls, dtypes=dtypes, shapes=shapes, device="cpu")
+    rows = bench_op(make_toy(), chosen, out=log, timing=timing, show_progress=False)
     expected = [(d, list(s), i) for d in ("float32", "bfloat16") for s in shapes for i in impls]
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(r["dtype"], r["shape"], r["impl"]) for r in logged] == expected
@@ -195,8 +197,8 @@ def test_bench_impls_of_a_case_take_turns_on_one_input(tmp_path):
     op.impl("broken")(lambda x: x.reshape(3, -1))  # 4096 elements: raises
     timing = {"warmup_ms": 0, "min_warmup": 1, "rep_ms": 0, "min_reps": 6, "max_reps": 6}
     # call_cost_ms=0: the call-cost measurement would call the impls again after the timed rounds
-    rows = bench_op(op, impls=["first", "broken", "second"], dtypes=[torch.float32], device="cpu", timing=timing,
-                    rounds=3, show_progress=False, call_cost_ms=0)  # fmt: skip
+    chosen = Selection(impls=["first", "broken", "second"], dtypes=[torch.float32], device="cpu")
+    rows = bench_op(op, chosen, timing=timing, rounds=3, show_progress=False, call_cost_ms=0)
     by_impl = {r.case.impl: r for r in rows}
     assert by_impl["first"].rounds == 3 and by_impl["first"].n == 6 and by_impl["second"].n == 6
     assert "RuntimeError" in by_impl["broken"].error and by_impl["second"].error is None
@@ -204,7 +206,7 @@ def test_bench_impls_of_a_case_take_turns_on_one_input(tmp_path):
     timed = [name for name, _ in seen[-12:]]
     assert timed == ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2
     with pytest.raises(ValueError, match="rounds"):
-        bench_op(op, impls=["first"], device="cpu", rounds=0, show_progress=False)
+        bench_op(op, Selection(impls=["first"], device="cpu"), rounds=0, show_progress=False)
 
 
 def test_bench_call_cap_leaves_a_slow_impl_out_of_costlier_cases_and_keeps_it_out_on_resume(tmp_path):
@@ -224,27 +226,27 @@ def test_bench_call_cap_leaves_a_slow_impl_out_of_costlier_cases_and_keeps_it_ou
     timing = {"warmup_ms": 0, "min_warmup": 1, "rep_ms": 0, "min_reps": 3, "max_reps": 3}
     log = tmp_path / "capped.jsonl"
     shapes = [(64,), (101,), (11, 10), (300,), (30, 30)]
-    kwargs = dict(impls=["torch", "slow"], dtypes=[torch.float32], shapes=shapes, device="cpu", out=log, timing=timing,
-                  rounds=1, show_progress=False, call_cost_ms=0, max_call_ms=2.0)  # fmt: skip
-    rows = bench_op(op, **kwargs)
+    chosen = Selection(impls=["torch", "slow"], dtypes=[torch.float32], shapes=shapes, device="cpu")
+    kwargs = dict(out=log, timing=timing, rounds=1, show_progress=False, call_cost_ms=0, max_call_ms=2.0)
+    rows = bench_op(op, chosen, **kwargs)
     slow = {r.case.shape: r for r in rows if r.case.impl == "slow"}
     assert slow[(64,)].status == "ok" and slow[(101,)].status == "ok" and slow[(101,)].median_ms > 2.0
     assert slow[(11, 10)].status == "skipped" and slow[(300,)].status == "skipped"
     assert "ms a call already at 101" in slow[(300,)].error and "2 ms a call this sweep allows" in slow[(300,)].error
     assert all(r.status == "ok" for r in rows if r.case.impl == "torch")
     start = time.perf_counter()
-    again = bench_op(op, **kwargs)  # resumed: the skipped rows are run again, and skipped again
+    again = bench_op(op, chosen, **kwargs)  # resumed: the skipped rows are run again, and skipped again
     assert [r.status for r in again] == [r.status for r in rows]
     assert time.perf_counter() - start < 1.0
-    uncapped = bench_op(op, **{**kwargs, "out": None, "max_call_ms": None, "shapes": [(300,)]})
+    uncapped = bench_op(op, replace(chosen, shapes=[(300,)]), **{**kwargs, "out": None, "max_call_ms": None})
     assert all(r.status == "ok" for r in uncapped)
-    backwards = bench_op(op, **{**kwargs, "out": None, "shapes": shapes[::-1]})  # timed cheapest first all the same
+    backwards = bench_op(op, replace(chosen, shapes=shapes[::-1]), **{**kwargs, "out": None})  # cheapest first too
     assert {r.case: r.status for r in backwards} == {r.case: r.status for r in rows}
     assert [r.case.shape for r in backwards][::2] == shapes
-    second_sweep = {**kwargs, "out": None, "shapes": [(17, 19)]}  # another sweep, as the report's second one
-    alone = {r.case.impl: r.status for r in bench_op(op, **second_sweep)}
+    second, unlogged = replace(chosen, shapes=[(17, 19)]), {**kwargs, "out": None}  # a sweep as the report's second
+    alone = {r.case.impl: r.status for r in bench_op(op, second, **unlogged)}
     assert alone == {"torch": "ok", "slow": "ok"}  # its own cap has seen no slow call yet
-    after = {r.case.impl: r for r in bench_op(op, **second_sweep, slow_before=rows)}
+    after = {r.case.impl: r for r in bench_op(op, second, **unlogged, slow_before=rows)}
     assert after["slow"].status == "skipped" and "already at 101" in after["slow"].error
     assert after["torch"].status == "ok"
 
@@ -263,12 +265,12 @@ def test_a_resumed_bench_times_only_the_impls_its_log_lacks(tmp_path):
     op.impl("first")(counted("first"))
     op.impl("second")(counted("second"))
     timing = {"warmup_ms": 0, "min_warmup": 1, "rep_ms": 0, "min_reps": 3, "max_reps": 3}
-    kwargs = dict(dtypes=[torch.float32], shapes=[(64,), (101,)], device="cpu", out=tmp_path / "log.jsonl",
-                  timing=timing, rounds=1, show_progress=False, call_cost_ms=0)  # fmt: skip
-    bench_op(op, impls=["first"], **kwargs)
+    chosen = Selection(dtypes=[torch.float32], shapes=[(64,), (101,)], device="cpu")
+    kwargs = dict(out=tmp_path / "log.jsonl", timing=timing, rounds=1, show_progress=False, call_cost_ms=0)
+    bench_op(op, replace(chosen, impls=["first"]), **kwargs)
     assert calls["first"] > 0 and calls["second"] == 0
     calls["first"] = 0
-    rows = bench_op(op, impls=["first", "second"], **kwargs)
+    rows = bench_op(op, replace(chosen, impls=["first", "second"]), **kwargs)
     assert calls["first"] == 0 and calls["second"] > 0  # the logged impl is not timed again beside the new one
     assert [(r.case.impl, r.status) for r in rows] == [("first", "ok"), ("second", "ok")] * 2
 
@@ -329,7 +331,7 @@ def test_a_rate_past_the_copy_ceiling_is_flagged_on_the_row_and_in_the_table():
 def test_names_shapes_dtypes_options_are_validated():
     op = make_toy()
     with pytest.raises(UnknownName, match="known: torch, wrong"):
-        check_op(op, impls=["nope"], device="cpu")
+        check_op(op, Selection(impls=["nope"], device="cpu"))
     assert parse_shape("2^10x3") == (1024, 3) and parse_shape("scalar") == ()
     with pytest.raises(ValueError, match="bad shape"):
         parse_shape("3x-")

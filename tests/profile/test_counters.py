@@ -114,8 +114,8 @@ def test_failed_case_keeps_its_error():
 def test_roofline_points_move_with_measured_bytes(sample):
     rows = [cn.assess_case(cn.Case("gelu", "naive", (2**24,)), [sample[1]] * 4)]
     modelled, measured = cn.roofline_points(rows)
-    assert modelled[0]["flops"] == measured[0]["flops"] and modelled[0]["median_ms"] == measured[0]["median_ms"]
-    assert measured[0]["bytes"] / modelled[0]["bytes"] == pytest.approx(rows[0]["bytes_ratio"])
+    assert modelled[0].flops == measured[0].flops and modelled[0].median_ms == measured[0].median_ms
+    assert measured[0].bytes / modelled[0].bytes == pytest.approx(rows[0]["bytes_ratio"])
     peak = cn.dram_peak_gbps(rows)  # bytes/ns over 73.13% of peak: the DRAM peak ncu counts against, GB/s
     assert peak == pytest.approx(109892864 / 31264 / 0.7313)
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fuselab.bench import ceilings
-from fuselab.evaluate import ABOVE_PEAK_NOTE, bench_op
+from fuselab.evaluate import ABOVE_PEAK_NOTE, Selection, bench_op
 from fuselab.ops import get_op
 from fuselab.report.doc import Doc, blocks_to_markdown
 from fuselab.report.runner import Context
@@ -24,8 +24,10 @@ def past_the_peak(tmp_path, monkeypatch):
     path.write_text(json.dumps({**LOW, "quick": False}))
     op = get_op("attention")
     timing = {"rep_ms": 2, "warmup_ms": 1}
-    rows = bench_op(op, impls=["sdpa"], dtypes=["float32"], shapes=[(1, 2, 64, 32)], options={"causal": False},
-                    device="cpu", timing=timing, call_cost_ms=0, show_progress=False)  # fmt: skip
+    sdpa = Selection(
+        impls=["sdpa"], dtypes=["float32"], shapes=[(1, 2, 64, 32)], options={"causal": False}, device="cpu"
+    )
+    rows = bench_op(op, sdpa, timing=timing, call_cost_ms=0, show_progress=False)
     ctx = Context(out=tmp_path / "out", device="cpu", mode="quick", budget={}, show_progress=False)
     ctx.results["device"] = dict(LOW)
     return op, rows, ctx
@@ -81,8 +83,8 @@ def test_the_op_section_says_when_its_timings_ran_on_a_busy_cpu(tmp_path, monkey
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"copy_gbps": 10.0, "matmul_tflops": {"fp32": 0.1}, "quick": False}))
     op = get_op("softmax")
-    rows = bench_op(op, impls=["torch"], dtypes=["float32"], shapes=[(64, 64)], device="cpu",
-                    timing={"rep_ms": 20, "warmup_ms": 10}, call_cost_ms=0, show_progress=False)  # fmt: skip
+    chosen = Selection(impls=["torch"], dtypes=["float32"], shapes=[(64, 64)], device="cpu")
+    rows = bench_op(op, chosen, timing={"rep_ms": 20, "warmup_ms": 10}, call_cost_ms=0, show_progress=False)
     assert rows[0].cpu_busy > 0.1
     ctx = Context(out=tmp_path / "out", device="cpu", mode="quick", budget={}, show_progress=False)
     ctx.results["device"] = {"copy_gbps": 10.0, "matmul_tflops": {"fp32": 0.1}}

@@ -1,6 +1,6 @@
 import pytest
 
-from fuselab.studies.roofline import attainable_tflops, peak_for, place, place_all, plot_roofline, ridge_point
+from fuselab.studies.roofline import Point, attainable_tflops, peak_for, place, place_all, plot_roofline, ridge_point
 
 COPY = 4000.0  # GB/s
 PEAKS = {"fp32": 50.0, "tf32": 400.0, "bf16": 700.0}  # TFLOP/s
@@ -18,33 +18,31 @@ def test_ridge_point_and_the_two_roofs():
 def test_an_elementwise_kernel_is_memory_bound_and_measured_against_the_memory_roof():
     # 2^28 fp32 GELU: 9 FLOPs and 8 bytes per element, at 0.5 ms
     n = 2**28
-    p = place(
-        {"label": "gelu", "kind": "elementwise", "dtype": "bfloat16", "flops": 9 * n, "bytes": 8 * n, "median_ms": 0.5},
-        COPY,
-        PEAKS,
-    )
-    assert p["ai"] == pytest.approx(9 / 8)
-    assert p["gbps"] == pytest.approx(8 * n / 0.5e-3 / 1e9)
-    assert p["tflops"] == pytest.approx(9 * n / 0.5e-3 / 1e12)
-    assert p["peak"] == "fp32"  # not a matmul: held against the plain-core rate whatever its dtype
-    assert p["bound"] == "memory"
-    assert p["roof_tflops"] == pytest.approx(9 / 8 * COPY / 1e3)
-    assert p["pct_of_roof"] == pytest.approx(100 * p["gbps"] / COPY)  # on the memory roof, % roof = % bandwidth
+    gelu = Point("gelu", flops=9 * n, bytes=8 * n, median_ms=0.5, dtype="bfloat16", kind="elementwise")
+    p = place(gelu, COPY, PEAKS)
+    assert p.ai == pytest.approx(9 / 8)
+    assert p.gbps == pytest.approx(8 * n / 0.5e-3 / 1e9)
+    assert p.tflops == pytest.approx(9 * n / 0.5e-3 / 1e12)
+    assert p.peak == "fp32"  # not a matmul: held against the plain-core rate whatever its dtype
+    assert p.bound == "memory"
+    assert p.roof_tflops == pytest.approx(9 / 8 * COPY / 1e3)
+    assert p.pct_of_roof == pytest.approx(100 * p.gbps / COPY)  # on the memory roof, % roof = % bandwidth
+    assert list(p.to_json()) == [  # the flat form the report's results hold, in their order
+        *("label", "group", "family", "kind", "dtype", "flops", "bytes", "median_ms", "ai", "tflops", "gbps"),
+        *("peak", "peak_tflops", "ridge_ai", "roof_tflops", "pct_of_roof", "bound"),
+    ]
+    assert p.to_json()["label"] == "gelu" and p.to_json()["bound"] == "memory"
 
 
 def test_a_large_bf16_matmul_is_compute_bound_against_its_dtype_peak():
     n = 8192
     flops, nbytes = 2 * n**3, 3 * n * n * 2
-    p = place(
-        {"label": "mm", "kind": "matmul", "dtype": "bfloat16", "flops": flops, "bytes": nbytes, "median_ms": 2.0},
-        COPY,
-        PEAKS,
-    )
-    assert p["peak"] == "bf16" and p["peak_tflops"] == 700.0
-    assert p["ai"] == pytest.approx(2 * n / 6)
-    assert p["bound"] == "compute"
-    assert p["roof_tflops"] == pytest.approx(700.0)
-    assert p["pct_of_roof"] == pytest.approx(100 * (flops / 2e-3 / 1e12) / 700.0)
+    p = place(Point("mm", flops=flops, bytes=nbytes, median_ms=2.0, dtype="bfloat16", kind="matmul"), COPY, PEAKS)
+    assert p.peak == "bf16" and p.peak_tflops == 700.0
+    assert p.ai == pytest.approx(2 * n / 6)
+    assert p.bound == "compute"
+    assert p.roof_tflops == pytest.approx(700.0)
+    assert p.pct_of_roof == pytest.approx(100 * (flops / 2e-3 / 1e12) / 700.0)
 
 
 def test_peak_falls_back_to_fp32_when_a_dtype_was_not_measured():
@@ -54,22 +52,14 @@ def test_peak_falls_back_to_fp32_when_a_dtype_was_not_measured():
 
 def test_place_rejects_a_zero_time():
     with pytest.raises(ValueError, match="positive"):
-        place({"label": "x", "flops": 1, "bytes": 1, "median_ms": 0.0}, COPY, PEAKS)
+        place(Point("x", flops=1, bytes=1, median_ms=0.0), COPY, PEAKS)
 
 
 def test_plot_writes_a_png(tmp_path):
     points = place_all(
         [
-            {"label": "a", "family": "gelu", "group": "gelu", "flops": 9e6, "bytes": 8e6, "median_ms": 0.01},
-            {
-                "label": "b",
-                "family": "matmul",
-                "kind": "matmul",
-                "group": "mm",
-                "flops": 2e9,
-                "bytes": 3e6,
-                "median_ms": 0.1,
-            },
+            Point("a", flops=9e6, bytes=8e6, median_ms=0.01, family="gelu", group="gelu"),
+            Point("b", flops=2e9, bytes=3e6, median_ms=0.1, family="matmul", kind="matmul", group="mm"),
         ],
         COPY,
         PEAKS,

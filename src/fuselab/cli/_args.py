@@ -6,13 +6,15 @@ tuple, a checked device string, typed option values); commands never parse them 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
 
 import torch
 
-from fuselab.bench.dtypes import DTYPES, dtype_name, parse_dtype
+from fuselab.bench.dtypes import DTYPES, parse_dtype
+from fuselab.evaluate.selection import Selection
 from fuselab.ops.registry import Op, Shape, all_ops, get_op, parse_shape
 from fuselab.ops.user import user_op
 
@@ -85,15 +87,8 @@ def non_negative(kind: type) -> callable:
 
 
 def percent(text: str) -> float:
-    """argparse type: a percentage >= 0, with or without its sign ('5', '5%', '2.5 %') -> 5.0."""
-    number = text.strip().removesuffix("%").strip()
-    try:
-        value = float(number)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage like 5 or 5%, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+    """argparse type: a percentage >= 0, with or without its sign ('5', '5%', '2.5 %') -> 5.0 (`non_negative`)."""
+    return non_negative(float)(text.strip().removesuffix("%").strip())
 
 
 def device_arg(text: str) -> str:
@@ -197,33 +192,11 @@ def parse_options(op: Op, items: list[str]) -> dict[str, object] | None:
     return op.resolve_options(given)
 
 
-def check_impls(op: Op, impls: list[str] | None) -> list[str] | None:
-    """Unknown impl names fail here, before any work, with the known ones listed."""
-    for name in impls or []:
-        op.get_impl(name)
-    return impls
-
-
-def check_dtypes(op: Op, dtypes: list[torch.dtype] | None) -> list[torch.dtype] | None:
-    """dtypes the op does not declare are refused before any work (ValueError listing the ones it does)."""
-    for dtype in dtypes or []:
-        if dtype not in op.dtypes:
-            accepted = ", ".join(dtype_name(d) for d in op.dtypes)
-            raise ValueError(f"{op.name} does not take {dtype_name(dtype)}; accepted: {accepted}")
-    return dtypes
-
-
-def resolve(args: argparse.Namespace) -> tuple[Op, dict]:
-    """The op and the keyword arguments for check_op/bench_op from parsed arguments (everything checked)."""
+def resolve(args: argparse.Namespace) -> tuple[Op, Selection]:
+    """The op and the Selection for check_op/bench_op from parsed arguments (everything checked)."""
     op = load_op(args.op, args.nargs)
-    kwargs = {
-        "impls": check_impls(op, split(args.impl)),
-        "dtypes": check_dtypes(op, args.dtype),
-        "shapes": args.shape,
-        "options": parse_options(op, args.opt),
-        "device": args.device or default_device(),
-    }
-    return op, kwargs
+    chosen = Selection(split(args.impl), args.dtype, args.shape, device=args.device, layout=args.layout).checked(op)
+    return op, dataclasses.replace(chosen, options=parse_options(op, args.opt))  # --opt's errors after the names
 
 
 # ------------------------------------------------------------------------------------------ output paths

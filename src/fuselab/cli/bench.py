@@ -7,6 +7,7 @@ some failed or were unavailable; 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable
@@ -90,19 +91,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    op, kwargs = resolve(args)
+    op, selection = resolve(args)
     baseline = load_rows(args.compare) if args.compare else None  # a bad baseline stops before any timing
     if args.out and args.out.suffix not in (".json", ".jsonl"):
         raise ValueError(f"--out {args.out}: give FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl")
     for path in (args.out, args.csv, args.plot):
         check_writable(path)
-    if args.cuda_graph and not kwargs["device"].startswith("cuda"):
-        raise ValueError(f"--cuda-graph needs a CUDA device; this run is on {kwargs['device']}")
+    device = selection.device
+    if args.cuda_graph and not device.startswith("cuda"):
+        raise ValueError(f"--cuda-graph needs a CUDA device; this run is on {device}")
     console = Console(highlight=False)
-    chosen = bench_cases(op, kwargs["device"], kwargs["shapes"], kwargs["impls"], random_draw(args), args.seed)
+    chosen = bench_cases(op, device, selection.shapes, selection.impls, random_draw(args), args.seed)
     for note in chosen.notes:
         print(note, file=sys.stderr)
-    kwargs["shapes"], kwargs["impls"] = chosen.shapes, chosen.impls
+    selection = dataclasses.replace(selection, shapes=chosen.shapes, impls=chosen.impls)
     drawn = chosen.shapes if chosen.drawn else []
     log = args.out.with_suffix(".jsonl") if args.out and args.out.suffix == ".json" else args.out
     timing = Timing(
@@ -112,14 +114,13 @@ def run(args: argparse.Namespace) -> int:
     passes = ("forward", "forward+backward") if args.backward else ("forward",)
     rows = bench_op(
         op,
+        selection,
         out=log,
         timing=timing,
         rounds=args.rounds,
         passes=passes,
         call_cost_ms=args.call_cost_ms,
-        layout=args.layout,
         refuse_early=True,
-        **kwargs,
     )
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 0
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]{busy_line(measured)}[/yellow]", soft_wrap=True)
     for line in not_measured_lines(rows) + above_ceiling_lines(measured):
         console.print(line, soft_wrap=True)
-    ceilings = get_ceilings(kwargs["device"], measure=False)
+    ceilings = get_ceilings(device, measure=False)
     if measured and busy_note(ceilings):
         console.print(f"[yellow]{busy_note(ceilings)}[/yellow]", soft_wrap=True)
     summary = None
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         title = f"{op.name}: time / best of {', '.join(op.defaults.peers)}"
         print_table(make_table(summary, shown, title=title), console)
     if args.out and args.out.suffix == ".json":
-        meta = {"env": provenance(kwargs["device"]), "ceilings": ceilings}
+        meta = {"env": provenance(device), "ceilings": ceilings}
         if drawn:
             peers = list(op.defaults.peers)
             meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": peers}

@@ -33,9 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    op, kwargs = resolve(args)
+    op, selection = resolve(args)
     check_writable(args.out)
-    rows = check_op(op, seed=args.seed, layout=args.layout, refuse_early=True, **kwargs)
+    rows = check_op(op, selection, seed=args.seed, refuse_early=True)
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 1 if any(r.status is Verdict.FAIL for r in rows) else 0
     console = Console(highlight=False)
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         columns.append(("reason", "reason", fmt_plain))
     if args.all:
         columns.insert(2, ("shape", "shape", fmt_plain))
-    print_table(make_table(shown, columns, title=f"check {op.name} on {kwargs['device']}"), console)
+    print_table(make_table(shown, columns, title=f"check {op.name} on {selection.device}"), console)
     unavailable: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if not r.status.ran:
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     passed = sum(r.status is Verdict.PASS for r in rows)
     console.print(f"{passed} passed, {len(failed)} failed, {len(rows) - passed - len(failed)} unavailable")
     if args.out:
-        write_json(rows, args.out, meta={"env": provenance(kwargs["device"])})
+        write_json(rows, args.out, meta={"env": provenance(selection.device)})
     if failed:
         return 1
     if not passed and args.device:

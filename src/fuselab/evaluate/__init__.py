@@ -1,9 +1,10 @@
 """Check and benchmark any registered op: every impl against the float64 reference, then timed side by side.
 
 `check_op` (check.py) answers "is it right on every input?"; `bench_op` (bench.py) "how fast, and how far from the
-limit?", one Row a case. Beside them: what a case needs before it runs (cases.py), what a bench run times when the
-user left it out (choices.py), shapes drawn at random and ratios to the peers (draws.py), the cost of one call
-(call_cost.py). Generic over ops: nothing here names one.
+limit?", one Row a case; both run a `Selection` (selection.py: impls, dtypes, shapes, options, device, layout; the
+op's defaults filled in one place). Beside them: what a case needs before it runs (cases.py), what a bench run times
+when the user left it out (choices.py), shapes drawn at random and ratios to the peers (draws.py), the cost of one
+call (call_cost.py). Generic over ops: nothing here names one.
 """
 
 from fuselab.evaluate.bench import (
@@ -61,11 +62,13 @@ from fuselab.evaluate.choices import (
     speed_axis,
 )
 from fuselab.evaluate.draws import draw_op_shapes, load_of, shape_ratios
+from fuselab.evaluate.selection import BENCH_DTYPES, Selection
 
 __all__ = [
     "ABOVE_CEILING_NOTE",
     "ABOVE_CEILING_PCT",
     "ABOVE_PEAK_NOTE",
+    "BENCH_DTYPES",
     "CEILING_SHARES",
     "CPU_DEFAULT_FLOPS",
     "CPU_DEFAULT_NUMEL",
@@ -81,6 +84,7 @@ __all__ = [
     "CallCap",
     "ImplStatus",
     "Reference",
+    "Selection",
     "above_ceiling",
     "add_derived",
     "back_to_back",

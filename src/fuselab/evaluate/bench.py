@@ -31,6 +31,7 @@ from fuselab.evaluate.cases import (
     refuse_if_too_big,
     sweep_cost,
 )
+from fuselab.evaluate.selection import Selection
 from fuselab.ops.registry import Impl, Op, Shape
 
 PASSES = ("forward", "forward+backward")
@@ -183,16 +184,11 @@ def back_to_back(
 
 def bench_op(
     op: Op,
+    selection: Selection | None = None,
     *,
-    impls: Sequence[str] | None = None,
-    dtypes: Sequence[torch.dtype] | None = None,
-    shapes: Sequence[Shape] | None = None,
-    options: dict[str, object] | None = None,
-    device: str | None = None,
     out: str | Path | None = None,
     timing: Timing | dict | None = None,
     rounds: int = 5,
-    layout: str = "contiguous",
     show_progress: bool = True,
     passes: Sequence[str] = ("forward",),
     call_cost_ms: float = 100.0,
@@ -200,7 +196,8 @@ def bench_op(
     slow_before: Sequence[Row] = (),
     refuse_early: bool = False,
 ) -> list[Row]:
-    """Sweep impls x dtypes x shapes (x option values) x passes, one Row per case, appended to `out` (JSON lines).
+    """Sweep the selection's impls x dtypes x shapes (x option values) x passes, one Row per case, appended to `out`
+    (JSON lines). selection: what to time (None: everything, `Selection.resolved` fills what it leaves out).
 
     The impls of one case are timed together on the same input, taking turns over `rounds` rounds, so the ratios
     between them are not at the mercy of what drifts (clocks under a power limit, temperature). A resumed sweep times
@@ -211,7 +208,8 @@ def bench_op(
     passes: "forward" and/or "forward+backward" (each case's `pass`; the cost model is asked for the backward's
     bytes and FLOPs with backward=True).
     call_cost_ms > 0 adds the host's cost of a call and the end-to-end time of back-to-back calls (host_us, e2e_us).
-    layout: the inputs' memory layout (`bench_case`); rows of a layout other than contiguous carry it.
+    The selection's layout is the inputs' memory layout (`bench_case`); rows of a layout other than contiguous carry
+    it.
     max_call_ms: an impl whose median call took longer at one case is not timed at the sweep's costlier cases of the
     same dtype, options and pass (`CallCap`): their rows are skipped, saying why (None: every case is timed).
     slow_before: rows of earlier sweeps (of the same op) whose slow calls keep their impls out of this sweep's
@@ -219,22 +217,19 @@ def bench_op(
     refuse_early: when no case fits in the device's free memory, raise TooBig (`refuse_if_nothing_fits`) before any
     work (nothing logged) instead of returning refused rows.
     """
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     timing = Timing.of(timing)
     unknown = [p for p in passes if p not in PASSES]
     if unknown or not passes:
         raise ValueError(f"unknown pass {unknown or passes}; accepted: {', '.join(PASSES)}")
-    names = list(impls or op.impls)
-    for name in names:
-        op.get_impl(name)
+    chosen = (selection or Selection()).resolved(op, "bench")
+    names, dtypes, options, device, layout = chosen.impls, chosen.dtypes, chosen.options, chosen.device, chosen.layout
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    dtypes = list(dtypes or [torch.float32, torch.bfloat16])
     if refuse_early:
-        refuse_if_nothing_fits(op, shapes or op.defaults.bench_shapes, dtypes, device, option_grid(op, options), True)
+        refuse_if_nothing_fits(op, chosen.shapes, dtypes, device, option_grid(op, options), True)
     # Case-major, impl fastest: the log is written in the order the impls were measured.
     cap = CallCap(op, max_call_ms)
-    shapes = cap.cheapest_first(shapes or op.defaults.bench_shapes, dtypes[0], op.resolve_options(options))
+    shapes = cap.cheapest_first(chosen.shapes, dtypes[0], op.resolve_options(options))
     cases = [
         Case.of(op.name, name, dtype, shape, opts, layout=layout, pass_=pass_)
         for dtype in dtypes

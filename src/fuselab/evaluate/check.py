@@ -21,6 +21,7 @@ from fuselab.evaluate.cases import (
     refuse_if_too_big,
     sweep_cost,
 )
+from fuselab.evaluate.selection import Selection
 from fuselab.ops.registry import Impl, Op, Shape
 
 
@@ -65,34 +66,28 @@ def check_case(
 
 def check_op(
     op: Op,
+    selection: Selection | None = None,
     *,
-    impls: Sequence[str] | None = None,
-    dtypes: Sequence[torch.dtype] | None = None,
-    shapes: Sequence[Shape] | None = None,
-    options: dict[str, object] | None = None,
-    device: str | None = None,
     seed: int | None = None,
     show_progress: bool = True,
-    layout: str = "contiguous",
     grad: bool = True,
     refuse_early: bool = False,
 ) -> list[CheckRow]:
-    """A CheckRow (its Case, rel_err, grad_rel_err, tolerance, status, reason, seed) for every combination.
+    """A CheckRow (its Case, rel_err, grad_rel_err, tolerance, status, reason, seed) for every combination of the
+    selection (None: everything, `Selection.resolved` fills what it leaves out).
 
     status: "pass", "FAIL" (error over tolerance, or an exception), "unavailable" or "refused" (with the reason).
     Triton under the CPU interpreter is checked in float32 only (the interpreter is weak below fp32).
-    layout: the inputs' memory layout (`check_case`); rows of a layout other than contiguous carry it.
+    The selection's layout is the inputs' memory layout (`check_case`); rows of a layout other than contiguous carry
+    it.
     grad: check gradients too, where the impl has a backward.
     refuse_early: when no case fits in the device's free memory, raise TooBig (`refuse_if_nothing_fits`) before any
     work instead of returning refused rows.
     """
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    names = list(impls or op.impls)
-    for name in names:
-        op.get_impl(name)  # unknown names fail before any work
-    dtypes = list(dtypes or op.dtypes)
+    chosen = (selection or Selection()).resolved(op, "check")  # unknown impl names fail before any work
+    names, dtypes, shapes, options = chosen.impls, chosen.dtypes, chosen.shapes, chosen.options
+    device, layout = chosen.device, chosen.layout
     seed = fresh_seed() if seed is None else seed
-    shapes = shapes or op.defaults.check_shapes
     if refuse_early:
         refuse_if_nothing_fits(op, shapes, dtypes, device, option_grid(op, options))
     cases = [

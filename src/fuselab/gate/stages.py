@@ -19,7 +19,7 @@ from fuselab.bench.dtypes import dtype_name, parse_dtype, short_name
 from fuselab.bench.record import Verdict
 from fuselab.bench.shapes import format_shape
 from fuselab.bench.timer import Timing
-from fuselab.evaluate import bench_op, check_op, fresh_seed
+from fuselab.evaluate import Selection, bench_op, check_op, fresh_seed
 from fuselab.gate.record import Check
 from fuselab.ops.registry import Op, all_ops
 
@@ -75,16 +75,16 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
     layout "large", its large shape (forward only, fp32 and bf16). A failure of an upstream impl (PyTorch's own
     kernels) is reported as such."""
     if layout == "large":
-        kwargs: dict = {"dtypes": list(LARGE_DTYPES), "shapes": [op.defaults.large_shape], "grad": False}
+        chosen = Selection(impls=[impl], dtypes=LARGE_DTYPES, shapes=[op.defaults.large_shape], device=device)
     else:
-        kwargs = {"dtypes": list(DTYPES), "layout": layout}
+        chosen = Selection(impls=[impl], dtypes=DTYPES, device=device, layout=layout)
     upstream = op.get_impl(impl).upstream
     seed = fresh_seed()  # fresh inputs each gate; a failure names the seed that reproduces it
     again = f"seed {seed}: fuselab check {op.name} --impl {impl} --seed {seed}"
     again += f" --layout {layout}" if layout not in ("contiguous", "large") else ""
     start = time.perf_counter()
     try:
-        rows = check_op(op, impls=[impl], device=device, show_progress=False, seed=seed, **kwargs)
+        rows = check_op(op, chosen, seed=seed, grad=layout != "large", show_progress=False)
     except Exception as exc:
         log.write(f"check {op.name} {impl} {layout}", traceback.format_exc())
         outcome = "upstream" if upstream else "fail"
@@ -219,10 +219,8 @@ def bench_rows(op: Op, log: Log, device: str = "cuda") -> list[Check]:
     checks: list[Check] = []
     start = time.perf_counter()
     try:
-        rows = bench_op(
-            op, dtypes=[torch.bfloat16], shapes=[shape], device=device, timing=BENCH_TIMING, rounds=1,
-            show_progress=False, passes=passes, call_cost_ms=2.0,
-        )  # fmt: skip
+        chosen = Selection(dtypes=[torch.bfloat16], shapes=[shape], device=device)
+        rows = bench_op(op, chosen, timing=BENCH_TIMING, rounds=1, show_progress=False, passes=passes, call_cost_ms=2.0)
     except Exception as exc:
         log.write(f"bench {op.name}", traceback.format_exc())
         return [Check("bench", op.name, "fail", None, f"{type(exc).__name__}: {exc}"[:400])]

@@ -9,7 +9,9 @@ stands in for the plain-core compute roof).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from fuselab.bench.dtypes import short_name
@@ -41,44 +43,84 @@ def peak_for(dtype: str, kind: str, matmul_tflops: dict[str, float]) -> tuple[st
     return name, matmul_tflops[name]
 
 
-def place(point: dict, copy_gbps: float, matmul_tflops: dict[str, float]) -> dict:
-    """One kernel on the roofline. point: label, family, kind, dtype, flops, bytes, median_ms.
+@dataclass(frozen=True)
+class Point:
+    """One measured kernel to place: its label, group (one colour in the plot; None: its label), family (its
+    marker), kind ("matmul": held against its dtype's matmul rate, else fp32's), dtype, FLOPs, the fewest bytes it
+    must move, and its median time."""
 
-    Adds ai (FLOP/byte), tflops and gbps achieved, the roof's name and value there, pct_of_roof (achieved /
-    attainable, %) and bound: "memory" left of the ridge point, "compute" right of it.
-    """
-    seconds = point["median_ms"] * 1e-3
-    if seconds <= 0 or point["bytes"] <= 0:
-        raise ValueError(f"cannot place {point.get('label')!r}: needs positive time and bytes")
-    ai = point["flops"] / point["bytes"]
-    peak_name, peak = peak_for(point.get("dtype", "float32"), point.get("kind", ""), matmul_tflops)
+    label: str
+    flops: float
+    bytes: float
+    median_ms: float
+    dtype: str = "float32"
+    kind: str = ""
+    family: str = ""
+    group: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        order = ("label", "group", "family", "kind", "dtype", "flops", "bytes", "median_ms")  # as results hold them
+        return {name: getattr(self, name) for name in order}
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A Point on the roofline: its ai (FLOP/byte), achieved tflops and gbps, the compute roof it is held against
+    (peak, peak_tflops) and that roof's ridge point (ridge_ai), the roof at its ai (roof_tflops), pct_of_roof
+    (achieved / roof, %) and bound: "memory" left of the ridge point, "compute" right of it."""
+
+    point: Point
+    ai: float
+    tflops: float
+    gbps: float
+    peak: str
+    peak_tflops: float
+    ridge_ai: float
+    roof_tflops: float
+    pct_of_roof: float | None
+    bound: str
+
+    def to_json(self) -> dict[str, object]:
+        """The flat JSON form the report's results hold: the point's fields, then the placement's."""
+        placed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "point"}
+        return {**self.point.to_json(), **placed}
+
+
+def place(point: Point, copy_gbps: float, matmul_tflops: dict[str, float]) -> Placed:
+    """One kernel on the roofline (`Placed`)."""
+    seconds = point.median_ms * 1e-3
+    if seconds <= 0 or point.bytes <= 0:
+        raise ValueError(f"cannot place {point.label!r}: needs positive time and bytes")
+    ai = point.flops / point.bytes
+    peak_name, peak = peak_for(point.dtype, point.kind, matmul_tflops)
     roof = attainable_tflops(ai, copy_gbps, peak)
-    tflops = point["flops"] / seconds / 1e12
-    return {
-        **point,
-        "ai": ai,
-        "tflops": tflops,
-        "gbps": point["bytes"] / seconds / 1e9,
-        "peak": peak_name,
-        "peak_tflops": peak,
-        "ridge_ai": ridge_point(copy_gbps, peak),
-        "roof_tflops": roof,
-        "pct_of_roof": 100 * tflops / roof if roof > 0 else None,
-        "bound": "memory" if ai < ridge_point(copy_gbps, peak) else "compute",
-    }
+    tflops = point.flops / seconds / 1e12
+    ridge = ridge_point(copy_gbps, peak)
+    return Placed(
+        point=point,
+        ai=ai,
+        tflops=tflops,
+        gbps=point.bytes / seconds / 1e9,
+        peak=peak_name,
+        peak_tflops=peak,
+        ridge_ai=ridge,
+        roof_tflops=roof,
+        pct_of_roof=100 * tflops / roof if roof > 0 else None,
+        bound="memory" if ai < ridge else "compute",
+    )
 
 
-def place_all(points: Iterable[dict], copy_gbps: float, matmul_tflops: dict[str, float]) -> list[dict]:
+def place_all(points: Iterable[Point], copy_gbps: float, matmul_tflops: dict[str, float]) -> list[Placed]:
     return [place(p, copy_gbps, matmul_tflops) for p in points]
 
 
 def plot_roofline(
-    placed: Sequence[dict], copy_gbps: float, matmul_tflops: dict[str, float], path: str | Path, title: str = ""
+    placed: Sequence[Placed], copy_gbps: float, matmul_tflops: dict[str, float], path: str | Path, title: str = ""
 ) -> Path:
     """Log-log chart: the memory roof, one compute roof per measured matmul dtype, each kernel a marker."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(12, 6.5))
-    ais = [p["ai"] for p in placed] or [1.0]
+    ais = [p.ai for p in placed] or [1.0]
     lo, hi = (
         min(min(ais) / 4, 0.05),
         max(max(ais) * 4, 4 * max(ridge_point(copy_gbps, p) for p in matmul_tflops.values())),
@@ -95,19 +137,19 @@ def plot_roofline(
             linestyle=styles.get(name, ":"),
             label=f"roof {name}: {peak:.3g} TFLOP/s, {copy_gbps:.0f} GB/s",
         )
-    families = sorted({p.get("family", "") for p in placed} - {"matmul"})
+    families = sorted({p.point.family for p in placed} - {"matmul"})
     markers = {"matmul": "s", **{f: "o^vD<>ph*"[i % 9] for i, f in enumerate(families)}}
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[Placed]] = {}
     for p in placed:
-        groups.setdefault(p.get("group") or p["label"], []).append(p)
+        groups.setdefault(p.point.group or p.point.label, []).append(p)
     cmap = plt.get_cmap("tab20")
     for i, (group, members) in enumerate(sorted(groups.items())):
         ax.scatter(
-            [m["ai"] for m in members],
-            [m["tflops"] for m in members],
+            [m.ai for m in members],
+            [m.tflops for m in members],
             s=36,
             color=cmap(i % 20),
-            marker=markers.get(members[0].get("family", ""), "D"),
+            marker=markers.get(members[0].point.family, "D"),
             label=group,
             zorder=3,
             edgecolors="black",

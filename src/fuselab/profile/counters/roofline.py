@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fuselab.studies.roofline import Point
 
 # ------------------------------------------------------------------------------------------------ roofline
 
 
-def roofline_points(rows: Iterable[dict]) -> tuple[list[dict], list[dict]]:
+def roofline_points(rows: Iterable[dict]) -> tuple[list[Point], list[Point]]:
     """(modelled, measured) roofline points per impl: FLOPs over the model's minimum bytes, and over DRAM bytes.
 
     Both take the impl's summed kernel time under ncu, so the pair differs only in bytes: a point that moves left
     from modelled to measured moves more than the minimum.
     """
+    from fuselab.studies.roofline import Point
+
     modelled, measured = [], []
     for r in rows:
         if r.get("error") or not r.get("duration_ns") or not r.get("dram_bytes"):
@@ -27,8 +33,8 @@ def roofline_points(rows: Iterable[dict]) -> tuple[list[dict], list[dict]]:
             "flops": r["model_flops"],
             "median_ms": r["duration_ns"] / 1e6,
         }
-        modelled.append({**base, "bytes": r["model_bytes"]})
-        measured.append({**base, "bytes": r["dram_bytes"]})
+        modelled.append(Point(**base, bytes=r["model_bytes"]))
+        measured.append(Point(**base, bytes=r["dram_bytes"]))
     return modelled, measured
 
 

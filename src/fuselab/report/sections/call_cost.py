@@ -15,6 +15,7 @@ from fuselab.bench.shapes import format_shape
 from fuselab.evaluate import (
     GPU_BOUND_FACTOR,
     GROWTH_FACTOR,
+    Selection,
     bench_op,
     bound_from,
     call_cost_row,
@@ -98,11 +99,7 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
     left = [n for n in op.impls if n not in impls]
     bench = bench_op(
         op,
-        impls=impls,
-        dtypes=[DTYPES[dtype]],
-        shapes=shapes,
-        options=options,
-        device=ctx.device,
+        Selection(impls=impls, dtypes=[dtype], shapes=shapes, options=options, device=ctx.device),
         out=ctx.log(NAME, op.name),
         timing=budget["timing"],
         show_progress=ctx.show_progress,

@@ -15,22 +15,22 @@ from fuselab.studies import claims as claims_mod
 from fuselab.studies import roofline
 
 
-def roofline_points(results: dict[str, dict]) -> list[dict]:
+def roofline_points(results: dict[str, dict]) -> list[roofline.Point]:
     """The measured kernels as roofline points: matmuls at every size, every op's timings at its default options."""
     points = []
     for r in results.get("matmul", {}).get("rows", []):
         if not r.get("error"):
             points.append(
-                {
-                    "label": f"matmul {r['n']} {short_name(r['dtype'])}",
-                    "group": f"matmul {short_name(r['dtype'])}",
-                    "family": "matmul",
-                    "kind": "matmul",
-                    "dtype": r["dtype"],
-                    "flops": r["flops"],
-                    "bytes": r["bytes"],
-                    "median_ms": r["median_ms"],
-                }
+                roofline.Point(
+                    label=f"matmul {r['n']} {short_name(r['dtype'])}",
+                    group=f"matmul {short_name(r['dtype'])}",
+                    family="matmul",
+                    kind="matmul",
+                    dtype=r["dtype"],
+                    flops=r["flops"],
+                    bytes=r["bytes"],
+                    median_ms=r["median_ms"],
+                )
             )
     for op in all_ops():  # every op's timings at its default options
         defaults = op.default_options()
@@ -40,22 +40,22 @@ def roofline_points(results: dict[str, dict]) -> list[dict]:
                 continue
             impl, dtype = r.case.impl, short_name(r.case.dtype)
             points.append(
-                {
-                    "label": f"{op.name} {impl} {dtype} {format_shape(r.case.shape)}",
-                    "group": f"{op.name} {impl} {dtype}",
-                    "family": op.name,
-                    "kind": "matmul" if op.bound == "compute" else "elementwise",  # compute-bound: tensor cores
-                    "dtype": r.case.dtype,
-                    "flops": op.flops(r.case.shape, **options),
-                    "bytes": r.bytes,
-                    "median_ms": r.median_ms,
-                }
+                roofline.Point(
+                    label=f"{op.name} {impl} {dtype} {format_shape(r.case.shape)}",
+                    group=f"{op.name} {impl} {dtype}",
+                    family=op.name,
+                    kind="matmul" if op.bound == "compute" else "elementwise",  # compute-bound: tensor cores
+                    dtype=r.case.dtype,
+                    flops=op.flops(r.case.shape, **options),
+                    bytes=r.bytes,
+                    median_ms=r.median_ms,
+                )
             )
     return points
 
 
-def _past_roof(point: dict) -> bool:
-    return point.get("pct_of_roof") is not None and point["pct_of_roof"] > ABOVE_CEILING_PCT
+def _past_roof(placed: roofline.Placed) -> bool:
+    return placed.pct_of_roof is not None and placed.pct_of_roof > ABOVE_CEILING_PCT
 
 
 def roofline_section(ctx: Context, doc: Doc) -> dict:
@@ -79,18 +79,18 @@ def roofline_section(ctx: Context, doc: Doc) -> dict:
         "Roofline: measured kernels against the measured ceilings (log-log).",
     )
     shown = []
-    for group in dict.fromkeys(p["group"] for p in placed):
-        mine = sorted((p for p in placed if p["group"] == group), key=lambda p: p["flops"])
+    for group in dict.fromkeys(p.point.group for p in placed):
+        mine = sorted((p for p in placed if p.point.group == group), key=lambda p: p.point.flops)
         shown += [mine[0], mine[-1]] if len(mine) > 1 else mine
     table = [
         [
-            p["label"],
-            g3(p["ai"]),
-            g3(p["tflops"]),
-            g3(p["gbps"]),
-            g3(p["roof_tflops"]),
-            g3(p["pct_of_roof"]) + (ABOVE_MARK if _past_roof(p) else ""),
-            p["bound"],
+            p.point.label,
+            g3(p.ai),
+            g3(p.tflops),
+            g3(p.gbps),
+            g3(p.roof_tflops),
+            g3(p.pct_of_roof) + (ABOVE_MARK if _past_roof(p) else ""),
+            p.bound,
         ]
         for p in shown
     ]
@@ -105,7 +105,7 @@ def roofline_section(ctx: Context, doc: Doc) -> dict:
             "allow, so the data stayed in a cache, the ceilings were measured low (a busy CPU, a cold clock), or the "
             "time is wrong"
         )
-    return {"points": placed, "copy_gbps": copy, "matmul_tflops": peaks}
+    return {"points": [p.to_json() for p in placed], "copy_gbps": copy, "matmul_tflops": peaks}
 
 
 def claims_section(ctx: Context, doc: Doc) -> dict:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.memory import format_bytes
 from fuselab.bench.record import Status
 from fuselab.bench.shapes import format_shape, plot_ratios
-from fuselab.evaluate import bench_op, draw_op_shapes, shape_ratios
+from fuselab.evaluate import Selection, bench_op, draw_op_shapes, shape_ratios
 from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
@@ -79,11 +78,7 @@ def _one_op(ctx: Context, doc: Doc, op: Op, budget: dict) -> dict:
     left = [n for n in op.impls if n not in impls]
     rows = bench_op(
         op,
-        impls=impls,
-        dtypes=[DTYPES[d] for d in dtypes],
-        shapes=shapes,
-        options=options,
-        device=ctx.device,
+        Selection(impls=impls, dtypes=dtypes, shapes=shapes, options=options, device=ctx.device),
         out=ctx.log(NAME, op.name),
         timing=budget["timing"],
         show_progress=ctx.show_progress,

@@ -12,7 +12,15 @@ from fuselab.bench.dtypes import DTYPES
 from fuselab.bench.record import CheckRow, CheckSummary, Record, Row, Verdict, value
 from fuselab.bench.results import ABOVE_MARK, NOISY_LEGEND, NOISY_MARK, busy_line, plot_metric, row_is_noisy
 from fuselab.bench.shapes import format_shape
-from fuselab.evaluate import ABOVE_CEILING_PCT, CEILING_SHARES, bench_op, check_op, past_ceilings, summarize_checks
+from fuselab.evaluate import (
+    ABOVE_CEILING_PCT,
+    CEILING_SHARES,
+    Selection,
+    bench_op,
+    check_op,
+    past_ceilings,
+    summarize_checks,
+)
 from fuselab.ops.registry import Op
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
@@ -29,16 +37,14 @@ def op_section(op: Op) -> Callable[[Context, Doc], dict]:
         check = _check(ctx, op, plan)
         summary = _check_doc(doc, op, check)
         impls = bench_impls(ctx, op)
-        dtypes = [DTYPES[d] for d in plan["bench_dtypes"]]
+        dtypes = plan["bench_dtypes"]
         sweeps = []
         for i, sweep in enumerate(plan["bench_sweeps"]):
+            chosen = Selection(impls=impls, dtypes=dtypes, shapes=sweep["shapes"], options=sweep.get("options"),
+                               device=ctx.device)  # fmt: skip
             rows = bench_op(
                 op,
-                impls=impls,
-                dtypes=dtypes,
-                shapes=[tuple(s) for s in sweep["shapes"]],
-                options=sweep.get("options") or None,
-                device=ctx.device,
+                chosen,
                 out=ctx.log(op.name, "bench" if i == 0 else f"bench{i}"),
                 timing=ctx.budget["timing"],
                 show_progress=ctx.show_progress,
@@ -92,23 +98,13 @@ def _check(ctx: Context, op: Op, plan: dict) -> list[CheckRow]:
     """check_op on every impl; compiled impls (one compile per case) on fewer shapes and dtypes."""
     plain = [name for name, impl in op.impls.items() if not impl.compiled]
     compiled = [name for name, impl in op.impls.items() if impl.compiled]
-    rows = check_op(
-        op,
-        impls=plain,
-        dtypes=[DTYPES[d] for d in plan["check_dtypes"]],
-        shapes=plan["check_shapes"],
-        device=ctx.device,
-        show_progress=ctx.show_progress,
-    )
+    chosen = Selection(impls=plain, dtypes=plan["check_dtypes"], shapes=plan["check_shapes"], device=ctx.device)
+    rows = check_op(op, chosen, show_progress=ctx.show_progress)
     if compiled and plan["compile_check_shapes"]:
-        rows += check_op(
-            op,
-            impls=compiled,
-            dtypes=[DTYPES[d] for d in plan["compile_check_dtypes"]],
-            shapes=plan["compile_check_shapes"],
-            device=ctx.device,
-            show_progress=ctx.show_progress,
+        chosen = Selection(
+            impls=compiled, dtypes=plan["compile_check_dtypes"], shapes=plan["compile_check_shapes"], device=ctx.device
         )
+        rows += check_op(op, chosen, show_progress=ctx.show_progress)
     return rows
 
 
