@@ -350,8 +350,8 @@ class Spread:
 
     Entering takes the log's lock on rank 0, merges the part files a killed run left and shares with every rank the
     rows already done (`kept`, those done_ok accepts) and each rank's share of the rest (`mine`: (key, case) pairs,
-    `part`: this rank's part file, `extra`: where it runs, for its rows). `gather(rows)` collects every rank's
-    {key: row} into `rows`; leaving merges the parts and releases the lock.
+    `part`: this rank's part file, `extra`: where it runs, for its rows; `shares`: how many cases each rank runs).
+    `gather(rows)` collects every rank's {key: row} into `rows`; leaving merges the parts and releases the lock.
     """
 
     def __init__(
@@ -370,6 +370,7 @@ class Spread:
         self.part = part_path(out, rank()) if out is not None else None
         self.extra = where()
         self.rows: dict[str, dict] = {}
+        self.shares: list[int] = []  # how many of the cases left each rank runs, in rank order
 
     def __enter__(self) -> Spread:
         setup: dict[str, object] = {"error": None}
@@ -396,6 +397,7 @@ class Spread:
         todo: list[Case] = setup["todo"]  # type: ignore[assignment]
         self.mine = [(case_key(todo[i]), todo[i]) for i in setup["plan"][rank()]]  # type: ignore[index]
         self.kept = dict(setup["kept"])  # type: ignore[arg-type]
+        self.shares = [len(part) for part in setup["plan"]]  # type: ignore[union-attr]
         return self
 
     def gather(self, mine: dict[str, dict]) -> None:

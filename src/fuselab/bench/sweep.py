@@ -88,8 +88,9 @@ class Sweep:
         rows = sweep.rows  # one row per case, old and new, in case order
 
     Each row is the case's fields, the outcome's, `key`, `status` and `error` (None or why), appended to `out` as
-    it is recorded. log(message): where to say what is resumed and, when progress is on but stderr is not a
-    terminal (no live bar), a line per finished case, at most one a second (default: stderr). `out` is locked while
+    it is recorded. log(message): where to say what is resumed (under torchrun, on rank 0, also how the cases left
+    are split) and, when progress is on but stderr is not a terminal (no live bar), a line per finished case, at
+    most one a second (default: stderr; under torchrun it counts rank 0's share: "[rank 0: 3/6]"). `out` is locked while
     the sweep is open (`out.lock`): a second run on it stops with distributed.LogBusy. Under torchrun with more than
     one rank (fuselab.bench.distributed), the cases not done are split over the ranks by `cost` (estimated seconds,
     default 1 each), keeping cases with the same `group` key on one rank; each rank logs to its own part file, and
@@ -116,6 +117,7 @@ class Sweep:
         self.done: dict[str, dict] = {}  # key: row of the cases done in the log before (their error is None)
         self.log_to: Path | None = self.path
         self.extra: dict[str, object] = {}
+        self._share = ""  # under torchrun, "rank k": progress counts this rank's share of the cases
         self._new: dict[str, dict] = {}
         self._stack = contextlib.ExitStack()
         self.rows: list[dict] = []
@@ -129,6 +131,13 @@ class Sweep:
                 stack.enter_context(spread)
                 self._spread, self.done, self.todo = spread, spread.kept, spread.mine
                 self.log_to, self.extra = spread.part, spread.extra
+                self._share = f"rank {distributed.rank()}"
+                if distributed.is_main():  # what the spread does, said once (rank 0's progress counts its share)
+                    self._say_resumed(sum(spread.shares))
+                    if sum(spread.shares) and self.show_progress:
+                        each = ", ".join(f"{n} on rank {k}" for k, n in enumerate(spread.shares))
+                        self.say(f"{self.description}: {sum(spread.shares)} cases to run over "
+                                 f"{len(spread.shares)} ranks ({each})")  # fmt: skip
             else:
                 self._spread = None
                 if self.path is not None:
@@ -140,16 +149,14 @@ class Sweep:
                 keys = [case_key(case) for case in self.cases]
                 self.done = {k: self.done[k] for k in keys if k in self.done}
                 self.todo = [(k, c) for k, c in zip(keys, self.cases, strict=True) if k not in self.done]
-                if self.done:
-                    self.say(f"resuming {self.path}: {len(self.done)} of {len(self.cases)} cases done, "
-                             f"{len(self.todo)} to run")  # fmt: skip
+                self._say_resumed(len(self.todo))
             self._stack = stack.pop_all()
         live = self.show_progress and sys.stderr.isatty()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
         self._progress = Progress(*columns, console=Console(stderr=True), disable=not live, transient=False)
         self._stack.enter_context(self._progress)
-        self._task = self._progress.add_task(self.description, total=len(self.todo))
+        self._task = self._progress.add_task(self._title(), total=len(self.todo))
         self._live, self._last_line = live, time.perf_counter()
         self._started, self._costs = time.perf_counter(), [self.cost(c) if self.cost else 1.0 for _, c in self.todo]
         self._groups = [self.group(c) if self.group else k for k, c in self.todo]
@@ -157,9 +164,17 @@ class Sweep:
 
     def __iter__(self) -> Iterator[Case]:
         for _, case in self.todo:
-            self._progress.update(self._task, description=f"{self.description}: {_short(case)}")
+            self._progress.update(self._task, description=f"{self._title()}: {_short(case)}")
             yield case
-        self._progress.update(self._task, description=self.description)
+        self._progress.update(self._task, description=self._title())
+
+    def _title(self) -> str:
+        """The progress bar's label: the description, and under torchrun the rank whose share it counts."""
+        return f"{self.description} [{self._share}]" if self._share else self.description
+
+    def _say_resumed(self, left: int) -> None:
+        if self.done:
+            self.say(f"resuming {self.path}: {len(self.done)} of {len(self.cases)} cases done, {left} to run")
 
     @contextlib.contextmanager
     def running(self, case: Case) -> Iterator[dict[str, object]]:
@@ -189,7 +204,8 @@ class Sweep:
         self._progress.advance(self._task)
         now, n = time.perf_counter(), len(self._new)
         if self.show_progress and not self._live and (now - self._last_line >= PROGRESS_EVERY_S or n == len(self.todo)):
-            line = f"{self.description} [{n}/{len(self.todo)}] {_short(case)}: {row['status']} ({seconds:.1f} s)"
+            done = f"[{self._share}: {n}/{len(self.todo)}]" if self._share else f"[{n}/{len(self.todo)}]"
+            line = f"{self.description} {done} {_short(case)}: {row['status']} ({seconds:.1f} s)"
             self.say(line + self._eta(n, now))
             self._last_line = now
         return row
