@@ -74,6 +74,19 @@ TOY_VIA_OP = define_op(
 )
 
 
+TOY_DEFAULTS = define_op(
+    "test_library_toy_defaults",
+    toy_forward,
+    fake=toy_fake,
+    backward=toy_backward,
+    backward_fake=toy_backward_fake,
+    outputs=("out",),
+    extras=("prod",),
+    check=toy_check,
+    defaults={"scale": 1.0, "mode": "linear"},
+)
+
+
 def reference(a: torch.Tensor, b: torch.Tensor, flip: bool, scale: float, mode: str) -> torch.Tensor:
     pre = (-scale if flip else scale) * a * b
     return torch.tanh(pre) if mode == "tanh" else pre
@@ -100,6 +113,29 @@ def test_forward_and_gradients_match_float64(op, mode: str) -> None:
     assert isinstance(out, torch.Tensor)  # extras are not returned
     assert rel_err(out, reference(a, b, True, 0.7, mode)) < 1e-12
     assert torch.autograd.gradcheck(lambda x, y: op(x, y, False, 1.3, mode), (a.requires_grad_(), b.requires_grad_()))
+
+
+def test_options_by_keyword_with_defaults_and_converted_types() -> None:
+    """A fused op is called as its impl is: options by keyword or left at their defaults (its signature says which),
+    bool and float options converted as the schema needs; a missing or unknown argument is a TypeError."""
+    import inspect
+
+    a, b = inputs((4, 9), seed=5)
+    assert str(inspect.signature(TOY_DEFAULTS)) == (
+        "(a: torch.Tensor, b: torch.Tensor, flip: bool, scale: float = 1.0, mode: str = 'linear')"
+    )
+    expected = reference(a, b, True, 1.0, "linear")
+    assert torch.equal(TOY_DEFAULTS(a, b, True), expected)
+    assert torch.equal(TOY_DEFAULTS(a, b, flip=1, scale=1), expected)  # 1 -> True, 1 -> 1.0
+    assert torch.equal(TOY_DEFAULTS(a, b, True, mode="tanh", scale=0.5), reference(a, b, True, 0.5, "tanh"))
+    z = TOY_VIA_OP(a, b, flip=0, scale=2, mode="linear")  # through the dispatcher: the schema's types
+    assert torch.equal(z, reference(a, b, False, 2.0, "linear"))
+    with pytest.raises(TypeError, match="flip"):
+        TOY_DEFAULTS(a, b)
+    with pytest.raises(TypeError, match="colour"):
+        TOY_DEFAULTS(a, b, True, colour="red")
+    with pytest.raises(ValueError, match="trailing"):
+        define_op("test_library_toy_bad", toy_forward, fake=toy_fake, defaults={"flip": False})
 
 
 def test_eager_path_skips_the_dispatcher_and_tracing_uses_the_op() -> None:

@@ -159,7 +159,10 @@ def checked_inputs(
     scope = {"_fn": fn, "_refuse": refuse, "_Tensor": torch.Tensor, "_dtypes": dtypes, "_devices": devices}
     exec(compile(source, f"<input check of {impl}>", "exec"), scope)  # source made above from fn's parameter names
     checked = functools.wraps(fn)(scope["checked"])
-    checked.__defaults__, checked.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+    defaults = tuple(p.default for p in params if p.kind in positional and p.default is not p.empty)
+    checked.__defaults__ = defaults or None
+    keywords = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
+    checked.__kwdefaults__ = keywords or None
     return checked
 
 

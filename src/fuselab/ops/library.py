@@ -39,7 +39,7 @@ import functools
 import importlib.util
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -111,6 +111,9 @@ class FusedOp:
     """A fused impl as users call it: ``op(*args)`` with forward's arguments, positionally.
 
     Returns forward's `outputs` (one tensor, or a tuple when there are several); `extras` stay with autograd.
+    Options may be given by keyword, and those with `defaults` left out: its signature (`inspect.signature`) is
+    forward's with them, so an op registers it as an impl itself (``OP.impl("triton", ...)(fused_op)``). Options
+    annotated bool, int or float (or float | None) are converted to that type, as the op's schema needs.
     Attributes: `name`; `op` / `backward_op`: the registered ops (``torch.ops.fuselab.<name>`` and its backward);
     `kind`; `direct`: whether the eager path may skip the dispatcher (False: always call the op).
     """
@@ -129,6 +132,7 @@ class FusedOp:
         backward_check: Callable[..., None] | None,
         kind: Kind,
         direct: bool,
+        defaults: Mapping[str, object] | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"define_op {name}: kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -137,6 +141,7 @@ class FusedOp:
         if (backward is None) != (backward_fake is None):
             raise ValueError(f"define_op {name}: give backward and backward_fake together, or neither")
         self.name, self.kind, self.direct = name, kind, direct
+        self.__name__ = self.__qualname__ = name
         self.outputs, self.extras = tuple(outputs), tuple(extras)
         self._check = check
         params = _parameters(forward, name)
@@ -145,6 +150,9 @@ class FusedOp:
         self._option_idx = tuple(i for i, (_, is_tensor) in enumerate(params.items()) if not is_tensor)
         if not self._tensor_idx:
             raise ValueError(f"define_op {name}: forward takes no tensor (annotate its tensor parameters)")
+        self.__signature__ = _with_defaults(forward, dict(defaults or {}), name)
+        annotations = [p.annotation for p in self.__signature__.parameters.values()]
+        self._coerce = tuple((i, c) for i in self._option_idx if (c := _coercer(annotations[i])) is not None)
         self._single = len(self.outputs) == 1 and not self.extras
         n_out = len(self.outputs)
         triton = kind == "triton"
@@ -164,8 +172,17 @@ class FusedOp:
 
     # -- the call
 
-    def __call__(self, *args: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """forward's outputs for `args` (forward's parameters, positionally), differentiable if a backward exists."""
+    def __call__(self, *args: object, **kwargs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """forward's outputs for forward's parameters (options also by keyword, or left at their defaults),
+        differentiable if a backward exists."""
+        if kwargs or len(args) != len(self._params):
+            bound = self.__signature__.bind(*args, **kwargs)  # TypeError naming a missing or unknown argument
+            bound.apply_defaults()
+            args = bound.args
+        if self._coerce:
+            args = list(args)
+            for i, convert in self._coerce:
+                args[i] = convert(args[i])
         if self._check is not None:
             self._check(*args)
         if self.direct and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0:
@@ -269,6 +286,7 @@ def define_op(
     backward_check: Callable[..., None] | None = None,
     kind: Kind = "python",
     direct: bool = True,
+    defaults: Mapping[str, object] | None = None,
 ) -> FusedOp:
     """Register ``fuselab::<name>`` (and ``fuselab::<name>_backward``) and return the callable (:class:`FusedOp`).
 
@@ -285,6 +303,7 @@ def define_op(
     backward_check(*backward args): the same for the backward op when called as an op (autograd's own calls, whose
     gradients match by construction, skip it in eager mode).
     direct: let the eager call skip the dispatcher (see :class:`FusedOp`).
+    defaults: forward's options that callers may leave out, with their values (trailing parameters).
     """
     return FusedOp(
         name,
@@ -298,6 +317,7 @@ def define_op(
         backward_check=backward_check,
         kind=kind,
         direct=direct,
+        defaults=defaults,
     )
 
 
@@ -312,7 +332,7 @@ class OpFamily:
 
     def define(
         self, name: str, forward: Callable[..., object], backward: Callable[..., object], devices: Sequence[str],
-        kind: Kind,
+        kind: Kind, defaults: Mapping[str, object] | None = None,
     ) -> FusedOp:  # fmt: skip
         """`define_op(name, ...)` with the family's fakes and checks (messages name it "gelu cuda" for "gelu_cuda")."""
         check, backward_check = self.checks(name.replace("_", " "), tuple(devices))
@@ -325,10 +345,34 @@ class OpFamily:
             check=check,
             backward_check=backward_check,
             kind=kind,
+            defaults=defaults,
         )
 
 
 # ---------------------------------------------------------------------------------------------- pieces
+
+
+def _with_defaults(forward: Callable, defaults: dict[str, object], name: str) -> inspect.Signature:
+    """forward's signature with `defaults` set (they must name its trailing parameters), no return annotation."""
+    signature = inspect.signature(forward, eval_str=True)
+    unknown = set(defaults) - set(signature.parameters)
+    if unknown:
+        raise ValueError(f"define_op {name}: defaults for {sorted(unknown)}, which forward does not take")
+    params = [p.replace(default=defaults[p.name]) if p.name in defaults else p for p in signature.parameters.values()]
+    try:
+        return inspect.Signature(params)
+    except ValueError:
+        raise ValueError(f"define_op {name}: defaults must be for forward's trailing parameters") from None
+
+
+def _coercer(annotation: object) -> Callable[[object], object] | None:
+    """How an option annotated `annotation` is converted for the schema: bool, int, float (None kept for
+    float | None); None for the others (str, tensors)."""
+    if annotation in (bool, int, float):
+        return annotation
+    if annotation == (float | None):
+        return lambda value: None if value is None else float(value)
+    return None
 
 
 def _parameters(fn: Callable, name: str) -> dict[str, bool]:

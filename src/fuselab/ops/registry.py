@@ -296,7 +296,7 @@ class Op:
         def register(fn: Callable) -> Callable:
             if name in self.impls:
                 raise ValueError(f"op {self.name!r} already has an impl named {name!r}")
-            impl = Impl(name=name, fn=fn, doc=(fn.__doc__ or "").strip(), **kwargs)
+            impl = Impl(name=name, fn=fn, **{"doc": (fn.__doc__ or "").strip(), **kwargs})
             checked = checked_inputs(
                 fn,
                 impl=f"{self.name} {name}",

@@ -73,7 +73,7 @@ def _checks(impl: str) -> Callable[..., None]:
 
 # fuselab::attention_triton (and _backward), from the factory every fused impl uses; defined at import (torch.compile
 # must not trace their definition); the kernels themselves load on first call.
-attention_triton_op = define_op(
+attention_triton = define_op(
     "attention_triton",
     forward,
     backward=backward,
@@ -83,7 +83,20 @@ attention_triton_op = define_op(
     extras=("lse",),
     check=_checks("attention triton"),
     kind="triton",
+    defaults={"causal": False, "scale": None},
 )
+ATTENTION.impl(
+    "triton",
+    devices=DEVICES,
+    dtypes=FLOATS,
+    min_dim=QKV_RANK,
+    requires=triton_unavailable,
+    backward=True,
+    triton_kernels=lambda: _kernels().TRITON_KERNELS,
+    doc="FlashAttention-2 in Triton: fused forward (online softmax, logsumexp), deterministic backward (dK/dV per key "
+    "block, dQ per query block), causal block skipping, GQA, any d up to 256 in one or two power-of-two chunks, any "
+    "strides.",
+)(attention_triton)
 
 
 FlashAttentionTriton = flash_function(
@@ -92,23 +105,6 @@ FlashAttentionTriton = flash_function(
     lambda *args: _kernels().backward(*args),
     check=_checks("FlashAttentionTriton"),
 )
-
-
-@ATTENTION.impl(
-    "triton",
-    devices=DEVICES,
-    dtypes=FLOATS,
-    min_dim=QKV_RANK,
-    requires=triton_unavailable,
-    backward=True,
-    triton_kernels=lambda: _kernels().TRITON_KERNELS,
-)
-def attention_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
-) -> torch.Tensor:
-    """FlashAttention-2 in Triton: fused forward (online softmax, logsumexp), deterministic backward (dK/dV per key
-    block, dQ per query block), causal block skipping, GQA, any d up to 256 padded in-kernel, any strides."""
-    return attention_triton_op(q, k, v, bool(causal), None if scale is None else float(scale))
 
 
 def __getattr__(name: str) -> object:

@@ -44,10 +44,12 @@ def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tenso
     return extension().backward(dy.contiguous(), x.contiguous(), approximate == "tanh")
 
 
-gelu_cuda_op = fused.FAMILY.define("gelu_cuda", forward, backward, DEVICES, kind="cuda")
-
-
-@GELU.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True, cuda_source=CU_FILE)
-def gelu_cuda(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """One fused CUDA C++ kernel: 16-byte vectors, 4 per thread in flight, fp32 math (ex2/rcp), 64-bit indices."""
-    return gelu_cuda_op(x, approximate)
+gelu_cuda = fused.FAMILY.define("gelu_cuda", forward, backward, DEVICES, kind="cuda", defaults={"approximate": "tanh"})
+GELU.impl(
+    "cuda",
+    devices=DEVICES,
+    requires=cuda_unavailable,
+    backward=True,
+    cuda_source=CU_FILE,
+    doc="One fused CUDA C++ kernel: 16-byte vectors, 4 per thread in flight, fp32 math (ex2/rcp), 64-bit indices.",
+)(gelu_cuda)

@@ -45,19 +45,17 @@ def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tenso
     return _kernels().gelu_backward(dy, x, approximate == "tanh")
 
 
-gelu_triton_op = fused.FAMILY.define("gelu_triton", forward, backward, DEVICES, kind="triton")
-
-
-@GELU.impl(
+gelu_triton = fused.FAMILY.define(
+    "gelu_triton", forward, backward, DEVICES, kind="triton", defaults={"approximate": "tanh"}
+)
+GELU.impl(
     "triton",
     devices=DEVICES,
     requires=triton_unavailable,
     backward=True,
     triton_kernels=lambda: _kernels().TRITON_KERNELS,
-)
-def gelu_triton(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """One fused Triton kernel: 4 KiB per program, fp32 math, 64-bit offsets; backward fused too."""
-    return gelu_triton_op(x, approximate)
+    doc="One fused Triton kernel: 4 KiB per program, fp32 math, 64-bit offsets; backward fused too.",
+)(gelu_triton)
 
 
 def __getattr__(name: str) -> object:

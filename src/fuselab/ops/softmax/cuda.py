@@ -55,11 +55,13 @@ def _backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return extension().softmax_backward(y, dy)
 
 
-softmax_cuda_op = _shared.FAMILY.define("softmax_cuda", _forward, _backward, DEVICES, kind="cuda")
-
-
-@SOFTMAX.impl("cuda", devices=DEVICES, requires=cuda_unavailable, backward=True, cuda_source=CU_FILE)
-def softmax_cuda(x: torch.Tensor) -> torch.Tensor:
-    """CUDA C++: a warp (or fewer threads) per short row, a block per row held in registers, or a looped online
-    softmax; warp-shuffle and block reductions, 16-byte accesses where aligned, fp32 math, 64-bit indices."""
-    return softmax_cuda_op(x)
+softmax_cuda = _shared.FAMILY.define("softmax_cuda", _forward, _backward, DEVICES, kind="cuda")
+SOFTMAX.impl(
+    "cuda",
+    devices=DEVICES,
+    requires=cuda_unavailable,
+    backward=True,
+    cuda_source=CU_FILE,
+    doc="CUDA C++: a warp (or fewer threads) per short row, a block per row held in registers, or a looped online "
+    "softmax; warp-shuffle and block reductions, 16-byte accesses where aligned, fp32 math, 64-bit indices.",
+)(softmax_cuda)

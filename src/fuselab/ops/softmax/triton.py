@@ -10,8 +10,6 @@ docs/ops/softmax.md explains the choices and the measurements behind them.
 
 from __future__ import annotations
 
-import torch
-
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.softmax import _shared
 from fuselab.ops.softmax.launch import (  # noqa: F401  (the module's public face; tests and the tuner use these)
@@ -42,14 +40,14 @@ LOOP_BLOCK = DEFAULTS["loop"][0]
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
 
 _forward, _backward = _shared.row_functions(launch_forward, launch_backward)
-softmax_triton_op = _shared.FAMILY.define("softmax_triton", _forward, _backward, DEVICES, kind="triton")
-
-
-@SOFTMAX.impl(
-    "triton", devices=DEVICES, requires=triton_unavailable, backward=True, triton_kernels=lambda: TRITON_KERNELS
-)
-def softmax_triton(x: torch.Tensor) -> torch.Tensor:
-    """Triton, chosen by width: rows whole in registers (several short ones per program), a wide row split over
-    programs that meet through global memory (bf16 held in pairs), or a looped online softmax; misaligned rows read
-    as an aligned bulk of 16-byte vectors and edges. fp32 math, 64-bit row offsets."""
-    return softmax_triton_op(x)
+softmax_triton = _shared.FAMILY.define("softmax_triton", _forward, _backward, DEVICES, kind="triton")
+SOFTMAX.impl(
+    "triton",
+    devices=DEVICES,
+    requires=triton_unavailable,
+    backward=True,
+    triton_kernels=lambda: TRITON_KERNELS,
+    doc="Triton, chosen by width: rows whole in registers (several short ones per program), a wide row split over "
+    "programs that meet through global memory (bf16 held in pairs), or a looped online softmax; misaligned rows read "
+    "as an aligned bulk of 16-byte vectors and edges. fp32 math, 64-bit row offsets.",
+)(softmax_triton)
