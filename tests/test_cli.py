@@ -44,13 +44,6 @@ def test_version_and_list(cache, monkeypatch):
     assert "yes" in triton and "interpreter" in triton
 
 
-def test_bench_refuses_bad_timing_before_any_work(cache):
-    out = fuselab("bench", "gelu", "--impl", "torch", "--shape", "1000", "--rep-ms", "-1", cache=cache)
-    assert out.returncode != 0
-    assert "--rep-ms: must be > 0, got -1" in out.stderr
-    assert "Traceback" not in out.stderr
-
-
 def test_bench_a_user_function_writes_json_csv_plot_and_resumes(tmp_path, cache):
     args = ["bench", f"{USERFN}:scaled_tanh", "--shape", "1000", "--shape", "2^12", "--dtype", "fp32"]
     args += ["--rep-ms", "5", "--warmup-ms", "1", "--out", str(tmp_path / "r.json")]
@@ -72,34 +65,6 @@ def test_bench_a_user_function_writes_json_csv_plot_and_resumes(tmp_path, cache)
     again = fuselab(*args, cache=cache)  # everything is done: nothing is measured again
     assert again.returncode == 0
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2
-
-
-def test_bench_compare_against_a_baseline_matches_cases_and_fails_on_a_regression(tmp_path, cache, monkeypatch):
-    """--compare BASELINE: cases matched by their fields (the baseline's rows reversed: never by position); a case
-    past --threshold slower is marked and exits 1, a faster one is not; a missing baseline stops before timing."""
-    monkeypatch.setenv("COLUMNS", "250")  # one line per table row
-    base = tmp_path / "base.json"
-    args = ["bench", f"{USERFN}:scaled_tanh", "--shape", "1000", "--shape", "2^12", "--dtype", "fp32"]
-    args += ["--rep-ms", "5", "--warmup-ms", "1"]
-    assert fuselab(*args, "--out", str(base), cache=cache).returncode == 0
-    data = json.loads(base.read_text())
-    data["records"].reverse()
-    slow, fast = data["records"]  # now 2^12 first
-    slow["median_ms"] /= 10  # the baseline was 10x faster at 2^12: today regressed there
-    fast["median_ms"] *= 10
-    base.write_text(json.dumps(data))
-    out = fuselab(*args, "--compare", str(base), "--threshold", "50", cache=cache)
-    assert out.returncode == 1, out.stderr
-    lines = out.stdout.splitlines()
-    regressed = [line for line in lines if "regressed" in line and "│" in line]
-    assert len(regressed) == 1 and "4096" in regressed[0]
-    assert "1 of 2 cases regressed past 50% slower; 0 new, 0 only in the baseline" in out.stdout
-    slow["median_ms"] *= 10_000  # now the baseline was 1000x slower everywhere (a busy CPU cannot undo that)
-    fast["median_ms"] *= 100
-    base.write_text(json.dumps(data))
-    assert fuselab(*args, "--compare", str(base), cache=cache).returncode == 0
-    missing = fuselab(*args, "--compare", str(tmp_path / "nope.json"), cache=cache)
-    assert missing.returncode == 2 and "no baseline" in missing.stderr
 
 
 def test_a_failing_function_is_an_error_row_not_a_crash(tmp_path, cache):
@@ -134,11 +99,7 @@ def test_check_a_user_function(cache):
         (["bench", "tests/data/userfn.py:missing"], "has no function 'missing'"),
         (["bench", f"{USERFN}:add", "--dtype", "int7"], "unknown dtype 'int7'"),
         (["bench", f"{USERFN}:add", "--shape", "12xq"], "bad shape"),
-        (["check", "gelu", "--impl", ","], "',' names nothing"),
         (["bench", "gelu", "--out", "x.txt"], "give FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl"),
-        (["check", "gelu", "--shape", "2^36"], "refused before allocating: 68719476736 needs about"),
-        (["profile", "gelu", "--impl", "torch", "--shape", "2^36"], "needs about 512 GiB (inputs and outputs)"),
-        (["inspect", "gelu", "--impl", "triton", "--shape", "2^36"], "needs about 512 GiB (inputs and outputs)"),
         (["inspect", "gelu", "--impl", "torch"], "fuselab inspect: error: gelu-torch-float32: inspect shows Triton"),
     ],
 )
