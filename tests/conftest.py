@@ -72,9 +72,19 @@ def busy_cpu():
 @pytest.fixture
 def cache(tmp_path: Path) -> Path:
     """A cache folder with a (fake) ceiling for this CPU, so no test spends time measuring it."""
+    return fake_ceiling_cache(tmp_path / "cache")
+
+
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`cache`, for a module-scoped fixture (one run whose results a module's tests share)."""
+    return fake_ceiling_cache(tmp_path_factory.mktemp("module") / "cache")
+
+
+def fake_ceiling_cache(folder: Path) -> Path:
+    """`folder`, made a cache holding a fake ceiling for this CPU (copy 10 GB/s, no matmul rates)."""
     from fuselab.bench import ceilings
 
-    folder = tmp_path / "cache"
     old = os.environ.get("FUSELAB_CACHE")
     os.environ["FUSELAB_CACHE"] = str(folder)
     try:

@@ -39,7 +39,7 @@ def one_line_error(out: subprocess.CompletedProcess, command: str, message: str)
         (["check", "gelu", "--device", "tpu"], "unknown device 'tpu'"),
         (["profile", "gelu", "--device", "tpu"], "unknown device 'tpu'"),
         (["bench", "gelu", "--shape", "0"], "bad shape '0'"),
-        (["bench", "gelu", "--rep-ms", "-1"], "--rep-ms: must be > 0"),
+        (["bench", "gelu", "--rep-ms", "-1"], "--rep-ms: must be > 0, got -1"),
         (["bench", "gelu", "--dtype", "fp64"], "gelu does not take float64; accepted: float32, float16, bfloat16"),
         (["check", "gelu", "--out", "/proc/x.json"], "cannot write /proc/x.json"),
         (["bench", "gelu", "--plot", "/proc/x.png"], "cannot write /proc/x.png"),

@@ -22,11 +22,11 @@ def write_log(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def test_compare_a_real_sweep_with_its_rows_spread_over_two_ranks(tmp_path):
+def test_compare_a_real_sweep_with_its_rows_spread_over_two_ranks(tmp_path, cache):
     one = tmp_path / "one.json"
     bench = ["bench", "gelu", "--impl", "torch,naive", "--shape", "1000", "--shape", "3000", "--dtype", "fp32"]
     bench += ["--opt", "approximate=tanh"]
-    out = fuselab(*bench, "--rep-ms", "2", "--warmup-ms", "1", "--call-cost-ms", "0", "--out", str(one), cache=tmp_path)
+    out = fuselab(*bench, "--rep-ms", "2", "--warmup-ms", "1", "--call-cost-ms", "0", "--out", str(one), cache=cache)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in one.with_suffix(".jsonl").read_text().splitlines()]
     assert len(rows) == 4
@@ -35,7 +35,7 @@ def test_compare_a_real_sweep_with_its_rows_spread_over_two_ranks(tmp_path):
     )
 
     walls = "one=10,one_resume=2,many=6,many_resume=2"
-    out = fuselab("compare", str(one), str(many), "--walls", walls, "--out", str(tmp_path / "c.json"), cache=tmp_path)
+    out = fuselab("compare", str(one), str(many), "--walls", walls, "--out", str(tmp_path / "c.json"), cache=cache)
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "c.json").read_text())
     assert result["cases"] == 4 and result["every_case_once"]
@@ -50,7 +50,7 @@ def test_compare_a_real_sweep_with_its_rows_spread_over_two_ranks(tmp_path):
     slowed = {**winner, "median_ms": loser["median_ms"] * 100}
     swapped = [slowed if r is winner else r for r in rows] + [rows[-1]]
     broken = write_log(tmp_path / "broken.json", swapped)
-    out = fuselab("compare", str(one), str(broken), cache=tmp_path)
+    out = fuselab("compare", str(one), str(broken), cache=cache)
     assert out.returncode == 1
     assert "every case once in each log: NO" in out.stdout
     assert "1 differ" in out.stdout and '"shape": [1000]' in out.stdout

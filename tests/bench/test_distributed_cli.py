@@ -28,9 +28,9 @@ def torchrun(*argv: str, cache: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(180)
-def test_torchrun_bench_and_check_on_two_ranks_then_resume_on_one(tmp_path, monkeypatch, capsys):
+def test_torchrun_bench_and_check_on_two_ranks_then_resume_on_one(tmp_path, cache, monkeypatch, capsys):
     out = tmp_path / "s.json"
-    done = torchrun("bench", "softmax", *BENCH, "--out", str(out), cache=tmp_path / "cache")
+    done = torchrun("bench", "softmax", *BENCH, "--out", str(out), cache=cache)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("rel err") == 1  # rank 0 prints the one table
     records = load_records(out.with_suffix(".jsonl"))
@@ -40,12 +40,12 @@ def test_torchrun_bench_and_check_on_two_ranks_then_resume_on_one(tmp_path, monk
     assert {r["rank"] for r in records} == {0, 1} and all(r["error"] is None for r in records)
     assert part_files(out.with_suffix(".jsonl")) == []
 
-    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FUSELAB_CACHE", str(cache))
     assert main(["bench", "softmax", *BENCH, "--out", str(out)]) == 0  # one rank, the same log: all done
     assert len(load_records(out.with_suffix(".jsonl"))) == 6
 
     check = ["check", "softmax", "--impl", "torch,naive", "--device", "cpu", "--shape", "3x37", "--seed", "5"]
-    checked = torchrun(*check, cache=tmp_path)
+    checked = torchrun(*check, cache=cache)
     assert checked.returncode == 0, checked.stderr[-3000:]
     assert checked.stdout.count("max rel err") == 1 and "0 failed" in checked.stdout
     table = [line for line in checked.stdout.splitlines() if line.startswith("│")]

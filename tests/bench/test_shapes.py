@@ -133,13 +133,13 @@ def test_cli_random_shapes_end_to_end_on_the_cpu(tmp_path, monkeypatch: pytest.M
     assert main(["bench", "softmax", "--shapes", "random:2", "--shape", "4x4", "--device", "cpu"]) == 2
 
 
-def test_cli_random_draws_on_the_cpu_are_capped_and_leave_compile_out(tmp_path, monkeypatch, capsys) -> None:
+def test_cli_random_draws_on_the_cpu_are_capped_and_leave_compile_out(tmp_path, cache, monkeypatch, capsys) -> None:
     """On the CPU, --shapes random:N cuts each draw to CPU_RANDOM_CAP (4 MiB a call) and, unless named with --impl,
     leaves out the compiled impls (one compile per shape), saying both."""
     from fuselab.cli import main
     from fuselab.evaluate import choices
 
-    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path))
+    monkeypatch.setenv("FUSELAB_CACHE", str(cache))
     args = ["bench", "softmax", "--shapes", "random:4", "--seed", "11", "--dtype", "fp32", "--device", "cpu"]
     args += ["--rep-ms", "1", "--warmup-ms", "1", "--rounds", "1", "--out", str(tmp_path / "r.json")]
     assert main(args) == 0

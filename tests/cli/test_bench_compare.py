@@ -1,26 +1,62 @@
 """`fuselab bench ... --compare BASELINE.json --threshold 5%`, as pytest-benchmark's and asv's users write it: the
 threshold with or without its %, the table of ratios per case with the regressions marked, exit 1 past the threshold,
-and a baseline from another device named (issue 24)."""
+and a baseline from another device named (issue 24). One bench run, shared by the module, is the baseline each test
+edits; each `--compare` run times the cases anew."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from clirun import ROOT  # tests/cli/clirun.py
+import pytest
+from clirun import ROOT, runner  # tests/cli/clirun.py
 
 USERFN = ROOT / "tests" / "data" / "userfn.py"
 ARGS = ["bench", f"{USERFN}:scaled_tanh", "--shape", "1000", "--shape", "2^12", "--dtype", "fp32"]
 ARGS += ["--rep-ms", "5", "--warmup-ms", "1", "--call-cost-ms", "0"]
 
 
-def test_the_threshold_takes_a_percent_sign_and_another_device_is_named(fuselab, tmp_path):
-    base = tmp_path / "base.json"
-    assert fuselab(*ARGS, "--out", str(base)).returncode == 0
-    data = json.loads(base.read_text())
+@pytest.fixture(scope="module")
+def baseline(module_cache: Path) -> dict:
+    """What `bench ARGS --out base.json` wrote (a fresh copy for each test to edit)."""
+    out = module_cache.parent / "base.json"
+    done = runner(module_cache, module_cache.parent)(*ARGS, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+def write(data: dict, path: Path) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_cases_match_by_their_fields_and_a_regression_exits_1(fuselab, tmp_path, baseline):
+    """Cases matched by their fields (the baseline's rows reversed: never by position); a case past --threshold
+    slower is marked and exits 1, a faster one is not; a missing baseline stops before timing."""
+    data = json.loads(json.dumps(baseline))
+    data["records"].reverse()
+    slow, fast = data["records"]  # now 2^12 first
+    slow["median_ms"] /= 10  # the baseline was 10x faster at 2^12: today regressed there
+    fast["median_ms"] *= 10
+    base = write(data, tmp_path / "base.json")
+    out = fuselab(*ARGS, "--compare", str(base), "--threshold", "50", env={"COLUMNS": "250"})
+    assert out.returncode == 1, out.stderr
+    regressed = [line for line in out.stdout.splitlines() if "regressed" in line and "│" in line]
+    assert len(regressed) == 1 and "4096" in regressed[0]
+    assert "1 of 2 cases regressed past 50% slower; 0 new, 0 only in the baseline" in out.stdout
+    slow["median_ms"] *= 10_000  # now the baseline was 1000x slower everywhere (a busy CPU cannot undo that)
+    fast["median_ms"] *= 100
+    assert fuselab(*ARGS, "--compare", str(write(data, base))).returncode == 0
+    missing = fuselab(*ARGS, "--compare", str(tmp_path / "nope.json"))
+    assert missing.returncode == 2 and "no baseline" in missing.stderr
+
+
+def test_the_threshold_takes_a_percent_sign_and_another_device_is_named(fuselab, tmp_path, baseline):
+    data = json.loads(json.dumps(baseline))
     for record in data["records"]:
         record["median_ms"] /= 1000  # the baseline was 1000x faster everywhere (a busy CPU cannot undo that)
         record.update(device="cuda", gpu="NVIDIA H200")
-    base.write_text(json.dumps(data))
+    base = write(data, tmp_path / "base.json")
     out = fuselab(*ARGS, "--compare", str(base), "--threshold", "5%", env={"COLUMNS": "250"})
     assert out.returncode == 1, out.stderr
     table = [line for line in out.stdout.splitlines() if "│" in line and "regressed" in line]

@@ -42,11 +42,16 @@ def test_bench_json_its_log_rows_and_check_json_record_their_provenance(fuselab,
     assert {r["status"] for r in data["records"]} == {"pass"}
 
 
-def test_device_json_records_its_provenance(fuselab, tmp_path):
+def test_device_quick_measures_and_its_json_records_its_provenance(fuselab, tmp_path):
+    """The one test that has `fuselab device` measure this CPU (--quick measures, whatever the cache holds)."""
     out = tmp_path / "device.json"
     done = fuselab("device", "--quick", "--out", str(out), env={"OMP_NUM_THREADS": str(torch.get_num_threads())})
     assert done.returncode == 0, done.stderr
-    assert_provenance(json.loads(out.read_text())["env"])
+    result = json.loads(out.read_text())
+    assert result["quick"] and result["copy_gbps"] > 0 and result["matmul_tflops"]["fp32"] > 0
+    assert result["launch_us"] > 0 and result["tiny_kernel_us"] > 0
+    assert "copy bandwidth" in done.stdout
+    assert_provenance(result["env"])
 
 
 def test_profile_and_inspect_files_record_their_provenance(fuselab, tmp_path):
