@@ -51,39 +51,18 @@ def toy_check(a: torch.Tensor, b: torch.Tensor, flip: bool, scale: float, mode: 
         raise ValueError(f"toy: mode={mode!r}; accepted: 'linear', 'tanh'")
 
 
-TOY = define_op(
-    "test_library_toy",
-    toy_forward,
-    fake=toy_fake,
-    backward=toy_backward,
-    backward_fake=toy_backward_fake,
-    outputs=("out",),
-    extras=("prod",),
-    check=toy_check,
-)
-TOY_VIA_OP = define_op(
-    "test_library_toy_op",
-    toy_forward,
-    fake=toy_fake,
-    backward=toy_backward,
-    backward_fake=toy_backward_fake,
-    outputs=("out",),
-    extras=("prod",),
-    check=toy_check,
-    direct=False,
-)
-
-
+TOY_PARTS = {
+    "fake": toy_fake,
+    "backward": toy_backward,
+    "backward_fake": toy_backward_fake,
+    "outputs": ("out",),
+    "extras": ("prod",),
+    "check": toy_check,
+}
+TOY = define_op("test_library_toy", toy_forward, **TOY_PARTS)
+TOY_VIA_OP = define_op("test_library_toy_op", toy_forward, **TOY_PARTS, direct=False)
 TOY_DEFAULTS = define_op(
-    "test_library_toy_defaults",
-    toy_forward,
-    fake=toy_fake,
-    backward=toy_backward,
-    backward_fake=toy_backward_fake,
-    outputs=("out",),
-    extras=("prod",),
-    check=toy_check,
-    defaults={"scale": 1.0, "mode": "linear"},
+    "test_library_toy_defaults", toy_forward, **TOY_PARTS, defaults={"scale": 1.0, "mode": "linear"}
 )
 
 
