@@ -1,0 +1,141 @@
+"""A stack of GPT blocks built twice, of torch.nn and of fuselab's drop-ins, timed forward + backward side by side.
+
+The blocks: pre-norm, LayerNorm, causal multi-head attention, an MLP with the tanh GELU (GPT-2's). The fuselab model
+is the torch.nn one with `nn.GELU(approximate="tanh")` swapped for `fuselab.nn.GELU(approximate="tanh")` and
+F.scaled_dot_product_attention for `fuselab.nn.functional.scaled_dot_product_attention`, same weights, each with its
+default impl. One step: the blocks' forward on x (B, N, d_model), `out.float().square().mean().backward()`. Timed by
+fuselab's harness, the four (torch.nn and fuselab, eager and under torch.compile(fullgraph=True)) taking turns,
+rested (L2 flushed, an idle GPU before each step) and back to back (on CUDA).
+
+    PYTHONPATH=src python3 benchmarks/gpt_blocks.py --out benchmarks/results/h200/gpt_blocks.json
+    PYTHONPATH=src python3 benchmarks/gpt_blocks.py --device cpu --dim 64 --heads 4 --tokens 33 --batch 2 \
+        --layers 2 --dtype fp32 --rep-ms 50 --no-compile
+
+On the CPU the drop-in attention is the Triton kernel under Triton's interpreter (right, and some 400x slower than
+torch's at that size): a check that the example runs, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fuselab.bench.accuracy import gradient_error
+from fuselab.bench.dtypes import dtype_name, parse_dtype
+from fuselab.bench.env import environment
+from fuselab.bench.timer import Timing, benchmark_side_by_side
+
+
+class Block(nn.Module):
+    """x + proj(attend(qkv(ln1(x)))), then x + down(gelu(up(ln2(x)))); x: (B, N, dim), heads of dim / heads."""
+
+    def __init__(self, dim: int, heads: int, gelu: nn.Module, attend: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gelu, self.attend = gelu, attend
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        x = x + self.proj(self.attend(q, k, v, is_causal=True).transpose(1, 2).reshape(b, n, d))
+        return x + self.down(self.gelu(self.up(self.ln2(x))))
+
+
+def torch_blocks(layers: int, dim: int, heads: int) -> nn.Sequential:
+    return nn.Sequential(*(Block(dim, heads, nn.GELU(approximate="tanh"), F.scaled_dot_product_attention)
+                           for _ in range(layers)))  # fmt: skip
+
+
+def fuselab_blocks(like: nn.Sequential) -> nn.Sequential:
+    """`like` with its GELUs and attention swapped for fuselab's drop-ins (weights copied)."""
+    import fuselab.nn
+
+    model = copy.deepcopy(like)
+    for block in model:
+        block.gelu = fuselab.nn.GELU(approximate="tanh")
+        block.attend = fuselab.nn.functional.scaled_dot_product_attention
+    return model
+
+
+def step(model: nn.Module, x: torch.Tensor) -> Callable[[], list[torch.Tensor]]:
+    """One forward + backward: the gradients of every parameter and of x (not accumulated)."""
+    params = [*model.parameters(), x]
+    return lambda: torch.autograd.grad(model(x).float().square().mean(), params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, help="results JSON")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32 (default bf16)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dim", type=int, default=768, help="d_model (default 768)")
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=1024)
+    p.add_argument("--rep-ms", type=float, default=1000.0, help="each step's timed repetitions, ms (rested)")
+    p.add_argument("--no-compile", action="store_true", help="eager only (torch.compile takes minutes on a CPU)")
+    args = p.parse_args(argv)
+    if args.dim % args.heads:
+        p.error(f"--dim {args.dim} is not a multiple of --heads {args.heads}")
+    dtype = parse_dtype(args.dtype)
+    torch.manual_seed(0)
+    base = torch_blocks(args.layers, args.dim, args.heads).to(args.device, dtype)
+    models = {"torch.nn": base, "fuselab": fuselab_blocks(base)}
+    gen = torch.Generator(device=args.device).manual_seed(1)
+    x = torch.randn(args.batch, args.tokens, args.dim, generator=gen, device=args.device).to(dtype)
+    x.requires_grad_(True)
+    calls = {f"{name} eager": step(model, x) for name, model in models.items()}
+    if not args.no_compile:
+        calls |= {f"{name} compiled": step(torch.compile(model, fullgraph=True), x) for name, model in models.items()}
+    grads = {name: call() for name, call in calls.items()}  # the first call compiles; the models must agree
+    reference = grads["torch.nn eager"]
+    agree = {name: gradient_error(g, reference) for name, g in grads.items()}
+    timing = Timing(warmup_ms=min(300.0, args.rep_ms), rep_ms=args.rep_ms, min_reps=5)
+    rested = benchmark_side_by_side(calls, rounds=5, device=args.device, timing=timing)
+    sustained = {}
+    if args.device.startswith("cuda"):
+        from fuselab.evaluate import back_to_back
+
+        sustained = back_to_back(calls, device=args.device, timing=timing, rounds=5)
+    rows = []
+    for name in calls:
+        base_name = "torch.nn " + name.split()[-1]
+        row = {"step": name, "median_ms": rested[name].median_ms, "iqr_ms": rested[name].iqr_ms, "runs": rested[name].n,
+               "time_vs_torch_nn": rested[name].median_ms / rested[base_name].median_ms,
+               "grad_rel_err_vs_torch_nn_eager": agree[name]}  # fmt: skip
+        if sustained:
+            row |= {"sustained_ms": sustained[name], "sustained_vs_torch_nn": sustained[name] / sustained[base_name]}
+        rows.append(row)
+    print(f"{'step':18} {'rested ms':>10} {'IQR':>7} {'vs torch.nn':>11} {'sustained':>10} {'grad err':>9}")
+    for r in rows:
+        print(f"{r['step']:18} {r['median_ms']:10.3f} {r['iqr_ms']:7.3f} {r['time_vs_torch_nn']:11.3f} "
+              f"{r.get('sustained_ms', float('nan')):10.3f} {r['grad_rel_err_vs_torch_nn_eager']:9.2g}")  # fmt: skip
+    if args.out:
+        revision = (
+            os.environ.get("FUSELAB_REVISION")
+            or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        )
+        shape = {name: getattr(args, name) for name in ("layers", "dim", "heads", "batch", "tokens")}
+        record = {"model": shape, "dtype": dtype_name(dtype), "revision": revision, "env": environment(args.device),
+                  "rows": rows}  # fmt: skip
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
