@@ -209,6 +209,35 @@ def test_triton_uneven_blocks_match_reference(shape: tuple, causal: bool) -> Non
         check_against_reference("triton", shape, causal, torch.float32, DEVICE)
 
 
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+def test_triton_dq_from_the_dkdv_kernel_when_one_key_block_holds_every_key(monkeypatch, causal: bool) -> None:
+    """29 keys in one block of 32 (GQA, d 40 in two chunks, 37 queries in 3 blocks): the dK/dV kernel writes dQ and
+    no dQ kernel runs; the same gradients as the two-kernel path."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    assert tk.fuses_dq(1, 132, 132) and not tk.fuses_dq(2, 500, 132) and not tk.fuses_dq(1, 131, 132)
+    launched = []
+    monkeypatch.setattr(tk, "attention_bwd_dq_kernel", _Recording(tk.attention_bwd_dq_kernel, launched))
+    with tk.forced_plans(_uneven_plans()):
+        check_against_reference("triton", (1, 4, 2, 37, 29, 40), causal, torch.float32, DEVICE)
+        assert launched == []
+        monkeypatch.setattr(tk, "fuses_dq", lambda *args: False)
+        check_against_reference("triton", (1, 4, 2, 37, 29, 40), causal, torch.float32, DEVICE)
+        assert launched
+
+
+class _Recording:
+    """A kernel that notes each launch in `launched`, then launches."""
+
+    def __init__(self, kernel: object, launched: list) -> None:
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid: object) -> object:
+        self.launched.append(grid)
+        return self.kernel[grid]
+
+
 @pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
 def test_head_dim_chunks_pad_less_than_one_power_of_two() -> None:
     """Head dims of today's models in two power-of-two chunks where that multiplies fewer zeros than one."""
@@ -356,8 +385,16 @@ def test_gpu_triton_lengths(n: int, causal: bool) -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_triton_short_sequences_with_fitted_tiles(dtype: torch.dtype, causal: bool) -> None:
     """Many heads of a few queries (16 x 16 tiles of 1-4 warps), few queries over many keys, and the reverse."""
-    for shape in [(37, 8, 4, 3, 3, 96), (5, 4, 1, 20, 20, 256), (3, 2, 2, 40, 9, 48), (2, 2, 1, 12, 300, 80),
-                  (2, 3, 3, 300, 12, 128), (64, 2, 2, 2, 2, 192)]:  # fmt: skip
+    for shape in [
+        (37, 8, 4, 3, 3, 96),
+        (5, 4, 1, 20, 20, 256),
+        (3, 2, 2, 40, 9, 48),
+        (2, 2, 1, 12, 300, 80),
+        (2, 3, 3, 300, 12, 128),
+        (64, 2, 2, 2, 2, 192),
+        (150, 4, 2, 70, 45, 48),
+        (140, 2, 2, 90, 57, 128),
+    ]:  # 300 and 280 programs: dQ in the dK/dV kernel
         check_against_reference("triton", shape, causal, dtype, "cuda")
 
 
@@ -431,12 +468,13 @@ CONSTANTS = {"HEAD_DIM": 80, "D_PAD": 128, "DA": 64, "DB": 16, "BLOCK_M": 64, "B
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4, "num_stages": 2})
-for kernel in tk.TRITON_KERNELS:
+for kernel, extra in [(k, x) for k in tk.TRITON_KERNELS for x in ([{"WITH_DQ": False}, {"WITH_DQ": True}]
+                                                              if k is tk.attention_bwd_dkdv_kernel else [{}])]:
     signature, constants = {}, {}
     for i, p in enumerate(kernel.params):
         if p.is_constexpr:
             signature[p.name] = "constexpr"
-            constants[(i,)] = CONSTANTS[p.name]
+            constants[(i,)] = {**CONSTANTS, **extra}[p.name]
         elif p.name in POINTERS or p.name in FP32_POINTERS:
             signature[p.name] = "*fp32" if p.name in FP32_POINTERS else "*bf16"
         else:  # a Python float reaches the kernel as fp64 under torch.compile (Inductor's signature), an int as i32
@@ -461,4 +499,4 @@ def test_triton_kernels_compile_with_the_scalars_torch_compile_passes() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", TTIR_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("ok ") == 4, done.stdout
+    assert done.stdout.count("ok ") == 5, done.stdout  # dK/dV with and without dQ
