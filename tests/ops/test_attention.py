@@ -210,21 +210,22 @@ def test_triton_uneven_blocks_match_reference(shape: tuple, causal: bool) -> Non
 
 
 @needs_triton
-@pytest.mark.parametrize("causal", [False, True])
-def test_triton_dq_from_the_dkdv_kernel_when_one_key_block_holds_every_key(monkeypatch, causal: bool) -> None:
-    """29 keys in one block of 32 (GQA, d 40 in two chunks, 37 queries in 3 blocks): the dK/dV kernel writes dQ and
-    no dQ kernel runs; the same gradients as the two-kernel path."""
+def test_triton_causal_backward_launches_only_keys_some_query_sees(monkeypatch) -> None:
+    """12 queries over 70 keys, top-left causal: keys 12.. are seen by none, so their dK and dV are exact zeros and
+    the dK/dV kernel is launched over the first 16-key block alone (of 5)."""
     from fuselab.ops.attention import triton_kernels as tk
 
-    assert tk.fuses_dq(1, 132, 132) and not tk.fuses_dq(2, 500, 132) and not tk.fuses_dq(1, 131, 132)
+    assert tk.seen_keys(12, 70, True) == 12 and tk.seen_keys(12, 70, False) == 70 and tk.seen_keys(70, 12, True) == 12
     launched = []
-    monkeypatch.setattr(tk, "attention_bwd_dq_kernel", _Recording(tk.attention_bwd_dq_kernel, launched))
-    with tk.forced_plans(_uneven_plans()):
-        check_against_reference("triton", (1, 4, 2, 37, 29, 40), causal, torch.float32, DEVICE)
-        assert launched == []
-        monkeypatch.setattr(tk, "fuses_dq", lambda *args: False)
-        check_against_reference("triton", (1, 4, 2, 37, 29, 40), causal, torch.float32, DEVICE)
-        assert launched
+    monkeypatch.setattr(tk, "attention_bwd_dkdv_kernel", _Recording(tk.attention_bwd_dkdv_kernel, launched))
+    with tk.forced_plans({"dkdv": tk.Plan(16, 16, 1, 1)}):
+        check_against_reference("triton", (2, 3, 12, 70, 24), True, torch.float32, DEVICE)
+        q, k, v = inputs((1, 2, 12, 70, 24), torch.float32, DEVICE)
+        k.requires_grad_(True), v.requires_grad_(True)
+        attention(q, k, v, causal=True, impl="triton").square().sum().backward()
+    assert launched == [(6,), (2,)]  # one key block x (batch x heads)
+    assert k.grad[..., 12:, :].count_nonzero() == 0 and v.grad[..., 12:, :].count_nonzero() == 0
+    assert k.grad[..., :12, :].count_nonzero() > 0 and v.grad[..., :12, :].count_nonzero() > 0
 
 
 class _Recording:
@@ -468,13 +469,12 @@ CONSTANTS = {"HEAD_DIM": 80, "D_PAD": 128, "DA": 64, "DB": 16, "BLOCK_M": 64, "B
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4, "num_stages": 2})
-for kernel, extra in [(k, x) for k in tk.TRITON_KERNELS for x in ([{"WITH_DQ": False}, {"WITH_DQ": True}]
-                                                              if k is tk.attention_bwd_dkdv_kernel else [{}])]:
+for kernel in tk.TRITON_KERNELS:
     signature, constants = {}, {}
     for i, p in enumerate(kernel.params):
         if p.is_constexpr:
             signature[p.name] = "constexpr"
-            constants[(i,)] = {**CONSTANTS, **extra}[p.name]
+            constants[(i,)] = CONSTANTS[p.name]
         elif p.name in POINTERS or p.name in FP32_POINTERS:
             signature[p.name] = "*fp32" if p.name in FP32_POINTERS else "*bf16"
         else:  # a Python float reaches the kernel as fp64 under torch.compile (Inductor's signature), an int as i32
@@ -499,4 +499,4 @@ def test_triton_kernels_compile_with_the_scalars_torch_compile_passes() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", TTIR_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("ok ") == 5, done.stdout  # dK/dV with and without dQ
+    assert done.stdout.count("ok ") == 4, done.stdout

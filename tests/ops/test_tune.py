@@ -109,6 +109,22 @@ def test_tune_refuses_without_a_gpu(op, capsys) -> None:
     assert "times plans on a CUDA GPU; none is visible here" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("op", tuning.tuner_ops())
+def test_tune_without_shapes_takes_the_tuners_or_draws_the_ops(op) -> None:
+    import argparse
+
+    from fuselab.cli.tune import _shapes
+
+    tuner = tuning.load_tuner(op)
+    args = argparse.Namespace(op=op, shape=None, shapes=None, seed=5)
+    shapes = _shapes(args, tuner)
+    if getattr(tuner, "default_shapes", None):
+        assert shapes == [tuple(s) for s in tuner.default_shapes]
+    else:
+        assert len(shapes) == 12 and len(set(shapes)) > 1 and all(isinstance(n, int) for s in shapes for n in s)
+        assert shapes == _shapes(args, tuner)  # the seed's draw, again
+
+
 def test_a_cpu_tuner_writes_its_table_into_its_folder(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(toy_tuner, "folder", tmp_path, raising=False)
     monkeypatch.setattr(tuning, "load_tuner", lambda spec: toy_tuner)

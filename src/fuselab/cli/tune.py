@@ -81,7 +81,7 @@ def _shapes(args: argparse.Namespace, tuner: object) -> list[Shape]:
     n = parse_random(args.shapes or "random:12")
     random_shape = getattr(tuner, "random_shape", None)
     if random_shape is None and not (args.op.endswith(".py") or ":" in args.op):
-        random_shape = get_op(args.op).random_shape
+        random_shape = get_op(args.op).defaults.random_shape
     if n is None or random_shape is None:
         raise ValueError("give --shape, or --shapes random:N for an op with a random_shape")
     return draw_shapes(random_shape, n, args.seed)

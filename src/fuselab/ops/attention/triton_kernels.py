@@ -15,10 +15,11 @@ mask at all, then the few that do (the causal diagonal, and the ragged last bloc
 diagonal are never visited.
 
 Backward (deterministic, no atomics): `_bwd_delta` computes delta = rowsum(dO * O); `_bwd_dkdv` gives one program
-BLOCK_N keys of one key/value head, loops over the query heads of its group (GQA) and over query blocks,
-recomputing P^T = exp2(K Q^T * c - L) and accumulating dV += P^T dO and dK += dS^T Q in registers;
-`_bwd_dq` gives one program BLOCK_M queries and loops over key blocks for dQ += dS K. The same split into unmasked
-and masked blocks applies, and causal blocks that see nothing are skipped.
+BLOCK_N keys of one key/value head (causal: only keys some query sees; the rest are zero-filled, not launched),
+loops over the query heads of its group (GQA) and over query blocks, recomputing P^T = exp2(K Q^T * c - L) and
+accumulating dV += P^T dO and dK += dS^T Q in registers; `_bwd_dq` gives one program BLOCK_M queries and loops over
+key blocks for dQ += dS K. The same split into unmasked and masked blocks applies, and causal blocks that see
+nothing are skipped.
 """
 
 from __future__ import annotations
@@ -292,12 +293,8 @@ def _dkdv_inner(
     q_offs_b,
     do_offs_a,
     do_offs_b,
-    dq_base,
-    dq_offs_a,
-    dq_offs_b,
     sqn,
     sdn,
-    sdqn,
     offs_n,
     rows,
     ok_a,
@@ -306,7 +303,6 @@ def _dkdv_inner(
     hi,
     NQ,
     qk_scale,
-    sm_scale,
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -314,10 +310,8 @@ def _dkdv_inner(
     SPLIT: tl.constexpr,
     MASK_B: tl.constexpr,
     PREC: tl.constexpr,
-    WITH_DQ: tl.constexpr,
 ):
-    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), chunk by chunk of the head dim.
-    WITH_DQ (the block holds every key): also write each query block's dQ = dS K * sm_scale, complete here."""
+    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), chunk by chunk of the head dim."""
     for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
         q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn
         do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn
@@ -352,14 +346,6 @@ def _dkdv_inner(
         dk_a = tl.dot(dst, q_a, dk_a, input_precision=PREC)
         if SPLIT:
             dk_b = tl.dot(dst, q_b, dk_b, input_precision=PREC)
-        if WITH_DQ:
-            dq_ptrs = dq_base + tl.cast(start_m, tl.int64) * sdqn
-            ds = tl.trans(dst)
-            dq_a = tl.dot(ds, k_a, input_precision=PREC) * sm_scale
-            tl.store(dq_ptrs + dq_offs_a, dq_a.to(dq_base.dtype.element_ty), mask=in_m[:, None] & ok_a[None, :])
-            if SPLIT:
-                dq_b = tl.dot(ds, k_b, input_precision=PREC) * sm_scale
-                tl.store(dq_ptrs + dq_offs_b, dq_b.to(dq_base.dtype.element_ty), mask=in_m[:, None] & ok_b[None, :])
     return dk_a, dk_b, dv_a, dv_b
 
 
@@ -373,7 +359,6 @@ def attention_bwd_dkdv_kernel(
     DELTA,
     DK,
     DV,
-    DQ,
     sqz,
     sqh,
     sqn,
@@ -398,10 +383,6 @@ def attention_bwd_dkdv_kernel(
     sdvh,
     sdvn,
     sdvd,
-    sdqz,
-    sdqh,
-    sdqn,
-    sdqd,
     HKV,
     GROUP,
     NQ,
@@ -416,10 +397,8 @@ def attention_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
-    WITH_DQ: tl.constexpr,
 ):
-    """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV,).
-    WITH_DQ (NUM_N = 1: the block holds every key): dQ of the group's heads too, so no dQ kernel runs."""
+    """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV,)."""
     SPLIT: tl.constexpr = DB > 0
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
@@ -433,41 +412,32 @@ def attention_bwd_dkdv_kernel(
     rows = tl.arange(0, BLOCK_M)
     nrows = tl.arange(0, BLOCK_N)
     in_n = offs_n < NK
-    if CAUSAL:  # keys no query sees (n0 >= NQ, top-left causal): no loads, no query blocks, zeros stored
-        seen = n0 < NQ
-        in_kv = in_n & seen
-    else:
-        seen = True
-        in_kv = in_n
     k_ptrs = K + z.to(tl.int64) * skz + hk.to(tl.int64) * skh + n0.to(tl.int64) * skn + nrows[:, None] * skn
     v_ptrs = V + z.to(tl.int64) * svz + hk.to(tl.int64) * svh + n0.to(tl.int64) * svn + nrows[:, None] * svn
     dk_ptrs = DK + z.to(tl.int64) * sdkz + hk.to(tl.int64) * sdkh + n0.to(tl.int64) * sdkn + nrows[:, None] * sdkn
     dv_ptrs = DV + z.to(tl.int64) * sdvz + hk.to(tl.int64) * sdvh + n0.to(tl.int64) * sdvn + nrows[:, None] * sdvn
     offs_a = tl.arange(0, DA)
     ok_a = offs_a < HEAD_DIM
-    k_a = _tile(k_ptrs + offs_a[None, :] * skd, in_kv, ok_a, True, MASK_A)
-    v_a = _tile(v_ptrs + offs_a[None, :] * svd, in_kv, ok_a, True, MASK_A)
+    k_a = _tile(k_ptrs + offs_a[None, :] * skd, in_n, ok_a, True, MASK_A)
+    v_a = _tile(v_ptrs + offs_a[None, :] * svd, in_n, ok_a, True, MASK_A)
     dk_a = tl.zeros([BLOCK_N, DA], dtype=tl.float32)
     dv_a = tl.zeros([BLOCK_N, DA], dtype=tl.float32)
     q_offs_a = rows[:, None] * sqn + offs_a[None, :] * sqd
     do_offs_a = rows[:, None] * sdn + offs_a[None, :] * sdd
-    dq_offs_a = rows[:, None] * sdqn + offs_a[None, :] * sdqd
     if SPLIT:
         offs_b = DA + tl.arange(0, DB)
         ok_b = offs_b < HEAD_DIM
-        k_b = _tile(k_ptrs + offs_b[None, :] * skd, in_kv, ok_b, True, MASK_B)
-        v_b = _tile(v_ptrs + offs_b[None, :] * svd, in_kv, ok_b, True, MASK_B)
+        k_b = _tile(k_ptrs + offs_b[None, :] * skd, in_n, ok_b, True, MASK_B)
+        v_b = _tile(v_ptrs + offs_b[None, :] * svd, in_n, ok_b, True, MASK_B)
         dk_b = tl.zeros([BLOCK_N, DB], dtype=tl.float32)
         dv_b = tl.zeros([BLOCK_N, DB], dtype=tl.float32)
         q_offs_b = rows[:, None] * sqn + offs_b[None, :] * sqd
         do_offs_b = rows[:, None] * sdn + offs_b[None, :] * sdd
-        dq_offs_b = rows[:, None] * sdqn + offs_b[None, :] * sdqd
     else:  # placeholders, never read
         ok_b, k_b, v_b, dk_b, dv_b, q_offs_b, do_offs_b = ok_a, k_a, v_a, dk_a, dv_a, q_offs_a, do_offs_a
-        dq_offs_b = dq_offs_a
     nq_whole = (NQ // BLOCK_M) * BLOCK_M
     if CAUSAL:
-        lo = tl.where(seen, (n0 // BLOCK_M) * BLOCK_M, NQ)  # the first query block that sees any of these keys
+        lo = (n0 // BLOCK_M) * BLOCK_M  # the first query block that sees any of these keys
         full_lo = tl.minimum(tl.cdiv(n0 + BLOCK_N - 1, BLOCK_M) * BLOCK_M, nq_whole)  # blocks that see them all
         full_lo = tl.maximum(full_lo, lo)
     else:
@@ -481,23 +451,21 @@ def attention_bwd_dkdv_kernel(
         do_base = DO + z.to(tl.int64) * sdz + h.to(tl.int64) * sdh
         lse_base = LSE + (z * HKV * GROUP + h).to(tl.int64) * NQ
         delta_base = DELTA + (z * HKV * GROUP + h).to(tl.int64) * NQ
-        dq_base = DQ + z.to(tl.int64) * sdqz + h.to(tl.int64) * sdqh
         if CAUSAL:  # the diagonal's blocks, masked
             dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
                 dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
-                q_offs_b, do_offs_a, do_offs_b, dq_base, dq_offs_a, dq_offs_b, sqn, sdn, sdqn, offs_n, rows, ok_a,
-                ok_b, lo, full_lo, NQ, qk_scale, sm_scale, BLOCK_M, True, True, MASK_A, SPLIT, MASK_B, PREC, WITH_DQ,
+                q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, lo, full_lo, NQ, qk_scale,
+                BLOCK_M, True, True, MASK_A, SPLIT, MASK_B, PREC,
             )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
-            q_offs_b, do_offs_a, do_offs_b, dq_base, dq_offs_a, dq_offs_b, sqn, sdn, sdqn, offs_n, rows, ok_a, ok_b,
-            full_lo, nq_whole, NQ, qk_scale, sm_scale, BLOCK_M, False, False, MASK_A, SPLIT, MASK_B, PREC, WITH_DQ,
+            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, full_lo, nq_whole, NQ, qk_scale,
+            BLOCK_M, False, False, MASK_A, SPLIT, MASK_B, PREC,
         )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
-            q_offs_b, do_offs_a, do_offs_b, dq_base, dq_offs_a, dq_offs_b, sqn, sdn, sdqn, offs_n, rows, ok_a, ok_b,
-            tl.maximum(nq_whole, full_lo), NQ, NQ, qk_scale, sm_scale, BLOCK_M, True, CAUSAL, MASK_A, SPLIT, MASK_B,
-            PREC, WITH_DQ,
+            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, tl.maximum(nq_whole, full_lo), NQ,
+            NQ, qk_scale, BLOCK_M, True, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
         )  # fmt: skip
         g += 1
     out_mask = in_n[:, None] & ok_a[None, :]
@@ -735,31 +703,27 @@ def plan_key(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> str:
 def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
     """The plan by rule, from the bytes one tile row holds (d_work x element size).
 
-    Forward: 128 queries x 64 keys, 4 warps, at rows up to 128 bytes; up to 256 bytes (d <= 128 in 16 bits), 64 x 64
-    with 4 warps in 16 bits (what tuning chose at d 80, 96 and 128 causal on the H200) and 128 x 64 with 8 warps in
-    fp32 (its registers); wider rows halve the tile so K/V stages fit in shared memory. dK/dV: 64 queries x 128
-    keys (the accumulators live with the keys); dQ: 128 queries x 64 keys; both halve past 256-byte rows. Under the
-    interpreter: 16 x 16.
+    16-bit rows up to 256 bytes (d <= 128): what tuning chose at d 80, 96 and 128 on the H200 and what timing found
+    best at d 48 too (docs/ops/attention.md): forward 64 x 64, dK/dV 32 queries x 64 keys, dQ 64 x 64, 4 warps. fp32
+    (its registers): forward 128 x 64 (4 warps to 128-byte rows, 8 past), dK/dV 64 x 128 (8 warps; 32 x 128 past
+    128 bytes), dQ 128 x 64 (8 warps; 128 x 32 past 128 bytes). Wider rows halve the tiles so K/V stages fit in
+    shared memory. Under the interpreter: 16 x 16.
     """
     if INTERPRET:
         return Plan(16, 16, 1, 1)
     row = d_work(d) * dtype.itemsize
+    if row <= 256 and dtype.itemsize == 2:
+        return {"fwd": Plan(64, 64, 4, 3), "dkdv": Plan(32, 64, 4, 3), "dq": Plan(64, 64, 4, 3)}[kernel]
     if kernel == "fwd":
-        if row <= 128:
-            return Plan(128, 64, 4, 3)
         if row <= 256:
-            return Plan(64, 64, 4, 3) if dtype.itemsize == 2 else Plan(128, 64, 8, 3)
+            return Plan(128, 64, 4, 3) if row <= 128 else Plan(128, 64, 8, 3)
         return Plan(64, 32, 4, 2) if row <= 512 else Plan(32, 32, 4, 1)
     if kernel == "dkdv":
-        if row <= 128:
-            return Plan(64, 128, 8, 3)
         if row <= 256:
-            return Plan(32, 128, 8, 2)
+            return Plan(64, 128, 8, 3) if row <= 128 else Plan(32, 128, 8, 2)
         return Plan(32, 64, 4, 1) if row <= 512 else Plan(16, 32, 4, 1)
-    if row <= 128:  # dq
-        return Plan(128, 64, 8, 3)
-    if row <= 256:
-        return Plan(128, 32, 8, 2)
+    if row <= 256:  # dq
+        return Plan(128, 64, 8, 3) if row <= 128 else Plan(128, 32, 8, 2)
     return Plan(64, 32, 4, 1) if row <= 512 else Plan(32, 16, 4, 1)
 
 
@@ -821,26 +785,17 @@ def fit_plan(kernel: str, plan: Plan, nq: int, nk: int, heads: int, sms: int, ro
     return Plan(block_m, block_n, warps, plan.stages)
 
 
-def fuses_dq(key_blocks: int, programs: int, sms: int) -> bool:
-    """Whether the dK/dV kernel writes dQ too: when one key block holds every key (each query block's dQ is then
-    complete in one program) and its `programs` (batch x key/value heads) give every one of `sms` SMs one. It saves
-    the dQ kernel's launch and its recomputing of S, P and dP."""
-    return key_blocks == 1 and programs >= sms
-
-
-def _sms(device: torch.device) -> int:
-    """The SMs of a CUDA device (1 elsewhere and under the interpreter)."""
-    if device.type != "cuda" or INTERPRET:
-        return 1
-    return _device_info(device.index if device.index is not None else torch.cuda.current_device())[1]
-
-
 # ---------------------------------------------------------------------------------------------- launchers
 
 
 def _launch(kernel: triton.JITFunction, grid: tuple[int], *args: object, plan: Plan, **constexprs: object) -> None:
     """Launch through fuselab.ops.library.wrap_triton, so torch.compile sees the kernel (a plain call in eager)."""
     wrap_triton(kernel)[grid](*args, **constexprs, num_warps=plan.warps, num_stages=plan.stages)
+
+
+def seen_keys(nq: int, nk: int, causal: bool) -> int:
+    """How many keys (from the first) some query sees: all nk, or under the top-left causal mask the first nq."""
+    return min(nq, nk) if causal else nk
 
 
 def as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -913,17 +868,17 @@ def backward(
         prec = _precision(q.dtype)
         da, db = d_chunks(d)
         plan = choose_plan("dkdv", d, q.dtype, causal, q.device, nq, nk, z * hkv)
-        num = triton.cdiv(nk, plan.block_n)
-        with_dq = fuses_dq(num, z * hkv, _sms(q.device))
+        num = triton.cdiv(seen_keys(nq, nk, causal), plan.block_n)
+        if num * plan.block_n < nk:  # keys no query sees (top-left causal, nk > nq): their dK and dV are zeros
+            dk[:, :, num * plan.block_n :].zero_()
+            dv[:, :, num * plan.block_n :].zero_()
         _launch(
-            attention_bwd_dkdv_kernel, (num * z * hkv,), q4, k4, v4, do4, lse4, delta, dk, dv, dq,
-            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(), *dq.stride(),
+            attention_bwd_dkdv_kernel, (num * z * hkv,), q4, k4, v4, do4, lse4, delta, dk, dv,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(),
             hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
             plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-            PREC=prec, WITH_DQ=with_dq,
+            PREC=prec,
         )  # fmt: skip
-        if with_dq:
-            return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num = triton.cdiv(nq, plan.block_m)
         _launch(
