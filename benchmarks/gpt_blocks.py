@@ -1,18 +1,19 @@
 """A stack of GPT blocks built twice, of torch.nn and of fuselab's drop-ins, timed forward + backward side by side.
 
-The blocks: pre-norm, LayerNorm, causal multi-head attention, an MLP with the tanh GELU (GPT-2's). The fuselab model
-is the torch.nn one with `nn.GELU(approximate="tanh")` swapped for `fuselab.nn.GELU(approximate="tanh")` and
-F.scaled_dot_product_attention for `fuselab.nn.functional.scaled_dot_product_attention`, same weights, each with its
-default impl. One step: the blocks' forward on x (B, N, d_model), `out.float().square().mean().backward()`. Timed by
-fuselab's harness, the four (torch.nn and fuselab, eager and under torch.compile(fullgraph=True)) taking turns,
-rested (L2 flushed, an idle GPU before each step) and back to back (on CUDA).
+The blocks are the gate's (fuselab.gate.model.Block): pre-norm, LayerNorm, causal multi-head attention, an MLP, here
+with the tanh GELU (GPT-2's). The fuselab model is the torch.nn one with `nn.GELU(approximate="tanh")` swapped for
+`fuselab.nn.GELU(approximate="tanh")` and F.scaled_dot_product_attention for
+`fuselab.nn.functional.scaled_dot_product_attention`, same weights, each with its default impl. One step: the
+blocks' forward on x (B, N, d_model), `out.float().square().mean().backward()`. Timed by fuselab's harness, the four
+(torch.nn and fuselab, eager and under torch.compile(fullgraph=True)) taking turns, rested (L2 flushed, an idle GPU
+before each step) and back to back (on CUDA).
 
     PYTHONPATH=src python3 benchmarks/gpt_blocks.py --out benchmarks/results/h200/gpt_blocks.json
     PYTHONPATH=src python3 benchmarks/gpt_blocks.py --device cpu --dim 64 --heads 4 --tokens 33 --batch 2 \
         --layers 2 --dtype fp32 --rep-ms 50 --no-compile
 
-On the CPU the drop-in attention is the Triton kernel under Triton's interpreter (right, and some 400x slower than
-torch's at that size): a check that the example runs, not a measurement.
+On the CPU the drop-ins' default impls are PyTorch's own (impl="auto": Triton would only interpret there), so
+both models run the same kernels: a check that the example runs, not a measurement.
 """
 
 from __future__ import annotations
@@ -34,24 +35,7 @@ from fuselab.bench.accuracy import gradient_error
 from fuselab.bench.dtypes import dtype_name, parse_dtype
 from fuselab.bench.env import environment
 from fuselab.bench.timer import Timing, benchmark_side_by_side
-
-
-class Block(nn.Module):
-    """x + proj(attend(qkv(ln1(x)))), then x + down(gelu(up(ln2(x)))); x: (B, N, dim), heads of dim / heads."""
-
-    def __init__(self, dim: int, heads: int, gelu: nn.Module, attend: Callable[..., torch.Tensor]) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-        self.gelu, self.attend = gelu, attend
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        x = x + self.proj(self.attend(q, k, v, is_causal=True).transpose(1, 2).reshape(b, n, d))
-        return x + self.down(self.gelu(self.up(self.ln2(x))))
+from fuselab.gate.model import Block
 
 
 def torch_blocks(layers: int, dim: int, heads: int) -> nn.Sequential:
@@ -65,7 +49,7 @@ def fuselab_blocks(like: nn.Sequential) -> nn.Sequential:
 
     model = copy.deepcopy(like)
     for block in model:
-        block.gelu = fuselab.nn.GELU(approximate="tanh")
+        block.act = fuselab.nn.GELU(approximate="tanh")
         block.attend = fuselab.nn.functional.scaled_dot_product_attention
     return model
 

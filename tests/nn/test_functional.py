@@ -62,3 +62,23 @@ def test_what_it_cannot_do_is_a_clear_error_naming_the_alternative(call, message
     text = str(refused.value)
     assert "ambiguous" not in text
     assert "torch.nn.functional.scaled_dot_product_attention" in text or "enable_gqa=True" in text
+
+
+def test_the_default_impl_is_auto_and_on_the_cpu_not_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """impl="auto" by default, as the nn modules: on CPU tensors it resolves to the op's native impl there (one with
+    no Triton kernels, which would run under the interpreter), and gives torch's result."""
+    from fuselab.ops.attention import ATTENTION, functional
+
+    assert inspect.signature(sdpa()).parameters["impl"].default == "auto"
+    resolved = []
+    real = functional.attention
+
+    def recording(*args: torch.Tensor, impl: str, **kwargs: object) -> torch.Tensor:
+        resolved.append(impl)
+        return real(*args, impl=impl, **kwargs)
+
+    monkeypatch.setattr(functional, "attention", recording)
+    q, k, v = qkv()
+    torch.testing.assert_close(sdpa()(q, k, v, is_causal=True), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert resolved == [ATTENTION.native_impl("cpu")]
+    assert ATTENTION.get_impl(resolved[0]).triton_kernels is None, resolved

@@ -347,7 +347,7 @@ def test_triton_compiles_fullgraph_without_break() -> None:
     q, k, v = (t.requires_grad_(True) for t in inputs((1, 2, 20, 16), torch.float32, DEVICE))
 
     def model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return scaled_dot_product_attention(q * 2, k, v, is_causal=True).square().sum()
+        return scaled_dot_product_attention(q * 2, k, v, is_causal=True, impl="triton").square().sum()
 
     backend = "inductor" if HAS_CUDA else "aot_eager"
     torch.compile(model, fullgraph=True, backend=backend)(q, k, v).backward()

@@ -1,16 +1,20 @@
 """The op factory (fuselab.ops.library.define_op) on a toy op shaped like attention: two tensor inputs, bool, float
 and str options, a forward that also returns a tensor kept for backward only, a backward with two gradients.
-GPU tests: one call of every fused impl makes no host sync and launches exactly the kernels expected."""
+GPU tests, on every registered impl that is a FusedOp: one call makes no host sync and launches only kernels of the
+impl's own (a forward one), and compiled graphs launch them too."""
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
 
 import pytest
 import torch
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
 from fuselab.bench.accuracy import relative_error as rel_err
-from fuselab.ops import get_op
-from fuselab.ops.library import define_op
+from fuselab.ops.library import FusedOp, define_op
+from fuselab.ops.registry import Op, all_ops
 
 CALLS = {"forward": 0, "backward": 0}
 
@@ -97,8 +101,6 @@ def test_forward_and_gradients_match_float64(op, mode: str) -> None:
 def test_options_by_keyword_with_defaults_and_converted_types() -> None:
     """A fused op is called as its impl is: options by keyword or left at their defaults (its signature says which),
     bool and float options converted as the schema needs; a missing or unknown argument is a TypeError."""
-    import inspect
-
     a, b = inputs((4, 9), seed=5)
     assert str(inspect.signature(TOY_DEFAULTS)) == (
         "(a: torch.Tensor, b: torch.Tensor, flip: bool, scale: float = 1.0, mode: str = 'linear')"
@@ -180,13 +182,33 @@ def test_definition_errors_are_clear() -> None:
 
 # ---------------------------------------------------------------------------------------------- GPU
 
-# (op, impl, shape, a part of its kernels' names): one forward launches one kernel; forward + backward two.
-FUSED_CASES = [
-    ("gelu", "triton", (4099,), "gelu_"),
-    ("gelu", "cuda", (4099,), "gelu_kernel"),
-    ("softmax", "triton", (37, 1000), "rows_kernel"),
-    ("softmax", "cuda", (37, 1000), "softmax_"),
-]
+
+def _odd_shape(op: Op) -> tuple[int, ...]:
+    """The op's check shape with the most odd dimensions above 1 (no empty one): sizes no tile divides."""
+    shapes = [tuple(s) for s in op.defaults.check_shapes if s and all(s)]
+    return max(shapes, key=lambda s: sum(d > 1 and d % 2 == 1 for d in s))
+
+
+def _fused_cases() -> list:
+    """(op, impl name, shape) for every registered impl whose function is a FusedOp (fuselab.ops.library)."""
+    return [
+        pytest.param(op, name, _odd_shape(op), id=f"{op.name}/{name}")
+        for op in all_ops()
+        for name, impl in op.impls.items()
+        if isinstance(inspect.unwrap(impl.fn), FusedOp)
+    ]
+
+
+FUSED_CASES = _fused_cases()
+
+
+def test_fused_cases_come_from_the_registry() -> None:
+    """The GPU tests below run on every fused impl the registry holds: some exist, each case makes its inputs."""
+    assert FUSED_CASES, "no registered impl is a FusedOp: the GPU tests of fused impls would run none"
+    for case in FUSED_CASES:
+        op, _, shape = case.values
+        inputs = op.make_inputs(shape, torch.float32, "cpu", 0)
+        assert inputs and all(t.is_floating_point() and t.numel() for t in inputs), case.id
 
 
 def device_activities(prof: torch.profiler.profile) -> list[str]:
@@ -194,58 +216,74 @@ def device_activities(prof: torch.profiler.profile) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def pytorch_activity(name: str) -> bool:
+    """Whether a device activity is PyTorch's own: a copy, a memset or an ATen kernel (at::native::...)."""
+    return name.startswith(("Memcpy", "Memset")) or "at::" in name
+
+
+def _call(op: Op, impl: str) -> Callable[..., torch.Tensor]:
+    """The impl's function with the op's default options."""
+    fn, options = op.get_impl(impl).fn, op.default_options()
+    return lambda *inputs: fn(*inputs, **options)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(("op_name", "impl", "shape", "kernel"), FUSED_CASES)
-def test_gpu_a_call_syncs_never_and_launches_only_its_kernel(
-    op_name: str, impl: str, shape: tuple[int, ...], kernel: str
-) -> None:
-    op = get_op(op_name)
-    fn = op.get_impl(impl).fn
-    (x,) = op.make_inputs(shape, torch.float32, "cuda", 1)
-    xg = x.clone().requires_grad_()
-    dy = torch.randn_like(x)
-    torch.autograd.grad(fn(xg), xg, dy)  # builds, compiles, warms
+@pytest.mark.parametrize(("op", "impl", "shape"), FUSED_CASES)
+def test_gpu_a_call_syncs_never_and_launches_only_its_kernel(op: Op, impl: str, shape: tuple[int, ...]) -> None:
+    """No host sync; a forward launches one kernel of the impl's own, forward + backward (gradients of every floating
+    input) only such kernels, at least two: no copy, memset or ATen kernel."""
+    fn = _call(op, impl)
+    inputs = op.make_inputs(shape, torch.float32, "cuda", 1)
+    leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    wrt = [t for t in leaves if t.requires_grad]
+    dy = torch.randn_like(fn(*inputs))
+    torch.autograd.grad(fn(*leaves), wrt, dy)  # builds, compiles, warms
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        fn(x)
-        torch.autograd.grad(fn(xg), xg, dy)
+        fn(*inputs)
+        torch.autograd.grad(fn(*leaves), wrt, dy)
         with torch.no_grad():
-            fn(x)
+            fn(*leaves)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn(x)
+        fn(*inputs)
         torch.cuda.synchronize()
     forward = device_activities(prof)
-    assert len(forward) == 1 and kernel in forward[0], forward
+    assert len(forward) == 1 and not pytorch_activity(forward[0]), forward
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.autograd.grad(fn(xg), xg, dy)
+        torch.autograd.grad(fn(*leaves), wrt, dy)
         torch.cuda.synchronize()
     both = device_activities(prof)
-    assert len(both) == 2 and all(kernel in name for name in both), both
+    assert len(both) >= 2 and not any(pytorch_activity(name) for name in both), both
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("op_name", "impl", "shape", "kernel"), FUSED_CASES)
-def test_gpu_compiled_graphs_call_the_kernels(op_name: str, impl: str, shape: tuple[int, ...], kernel: str) -> None:
-    """fullgraph compile with and without CUDA graphs: the same values as eager, and the graph replays launch the
-    impl's own kernel."""
-    op = get_op(op_name)
-    fn = op.get_impl(impl).fn
-    (x,) = op.make_inputs(shape, torch.float32, "cuda", 2)
-    eager = fn(x)
+@pytest.mark.parametrize(("op", "impl", "shape"), FUSED_CASES)
+def test_gpu_compiled_graphs_call_the_kernels(op: Op, impl: str, shape: tuple[int, ...]) -> None:
+    """fullgraph compile with and without CUDA graphs: the same values as eager, and the graph replays launch a
+    kernel of the impl's own (one its eager forward launches)."""
+    fn = _call(op, impl)
+    inputs = op.make_inputs(shape, torch.float32, "cuda", 2)
+    eager = fn(*inputs)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn(*inputs)
+        torch.cuda.synchronize()
+    own = {name for name in device_activities(prof) if not pytorch_activity(name)}
+    assert own, device_activities(prof)
     for mode in ("max-autotune-no-cudagraphs", "reduce-overhead"):
         torch._dynamo.reset()
-        compiled = torch.compile(lambda t: fn(t * 1.0), fullgraph=True, mode=mode)
+        compiled = torch.compile(lambda *ts: fn(*[t * 1.0 for t in ts]), fullgraph=True, mode=mode)
         for _ in range(3):
-            out = compiled(x)
+            out = compiled(*inputs)
         assert rel_err(out, eager) < 1e-6, mode
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            compiled(x)
+            compiled(*inputs)
             torch.cuda.synchronize()
-        assert any(kernel in name for name in device_activities(prof)), (mode, device_activities(prof))
+        assert own & set(device_activities(prof)), (mode, own, device_activities(prof))
     torch._dynamo.reset()
 
 

@@ -16,18 +16,21 @@ FLOOR = {torch.float32: 1e-5, torch.bfloat16: 1e-3}  # below this, two models' e
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + proj(attend(qkv(ln1(x)))), then x + down(act(up(ln2(x)))). x: (B, N, DIM)."""
+    """Pre-norm transformer block: x + proj(attend(qkv(ln1(x)))), then x + down(act(up(ln2(x)))). x: (B, N, dim),
+    `heads` heads of dim / heads; attend(q, k, v, is_causal=True) as F.scaled_dot_product_attention, q, k, v
+    (B, heads, N, dim / heads)."""
 
-    def __init__(self, act: nn.Module, attend: Callable[..., torch.Tensor]) -> None:
+    def __init__(self, dim: int, heads: int, act: nn.Module, attend: Callable[..., torch.Tensor]) -> None:
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
-        self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
         self.act, self.attend = act, attend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, HEADS, d // HEADS).permute(2, 0, 3, 1, 4)  # strided views
+        q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)  # views
         x = x + self.proj(self.attend(q, k, v, is_causal=True).transpose(1, 2).reshape(b, n, d))
         return x + self.down(self.act(self.up(self.ln2(x))))
 
@@ -38,7 +41,7 @@ class GPT(nn.Module):
     def __init__(self, act: Callable[[], nn.Module], softmax: nn.Module, attend: Callable[..., torch.Tensor]) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.ModuleList(Block(act(), attend) for _ in range(LAYERS))
+        self.blocks = nn.ModuleList(Block(DIM, HEADS, act(), attend) for _ in range(LAYERS))
         self.ln, self.head, self.softmax = nn.LayerNorm(DIM), nn.Linear(DIM, VOCAB), softmax
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """fuselab.nn.functional: the functions each op exposes (`Op.functional`), found by discovery, e.g.
-`fuselab.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, impl="triton")`."""
+`fuselab.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)` (impl="auto": the fused kernels on a GPU).
+"""
 
 from __future__ import annotations
 

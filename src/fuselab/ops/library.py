@@ -144,14 +144,14 @@ class FusedOp:
         self.__name__ = self.__qualname__ = name
         self.outputs, self.extras = tuple(outputs), tuple(extras)
         self._check = check
-        params = _parameters(forward, name)
-        self._params = tuple(params)
-        self._tensor_idx = tuple(i for i, (_, is_tensor) in enumerate(params.items()) if is_tensor)
-        self._option_idx = tuple(i for i, (_, is_tensor) in enumerate(params.items()) if not is_tensor)
+        signature = _signature(forward, name)
+        annotations = [p.annotation for p in signature.parameters.values()]
+        self._params = tuple(signature.parameters)
+        self._tensor_idx = tuple(i for i, a in enumerate(annotations) if a is torch.Tensor)
+        self._option_idx = tuple(i for i, a in enumerate(annotations) if a is not torch.Tensor)
         if not self._tensor_idx:
             raise ValueError(f"define_op {name}: forward takes no tensor (annotate its tensor parameters)")
-        self.__signature__ = _with_defaults(forward, dict(defaults or {}), name)
-        annotations = [p.annotation for p in self.__signature__.parameters.values()]
+        self.__signature__ = _with_defaults(signature, dict(defaults or {}), name)
         self._coerce = tuple((i, c) for i in self._option_idx if (c := _coercer(annotations[i])) is not None)
         self._single = len(self.outputs) == 1 and not self.extras
         n_out = len(self.outputs)
@@ -205,7 +205,7 @@ class FusedOp:
         values = set(forward_names) | set(self.outputs) | set(self.extras)
         plan: list[tuple[str, object]] = []
         saved: list[str] = []
-        for p in _parameters(backward, f"{name}_backward"):
+        for p in _signature(backward, f"{name}_backward").parameters:
             if p.startswith("d") and p[1:] in self.outputs:
                 plan.append(("grad", self.outputs.index(p[1:])))
             elif p in options:
@@ -352,9 +352,8 @@ class OpFamily:
 # ---------------------------------------------------------------------------------------------- pieces
 
 
-def _with_defaults(forward: Callable, defaults: dict[str, object], name: str) -> inspect.Signature:
-    """forward's signature with `defaults` set (they must name its trailing parameters), no return annotation."""
-    signature = inspect.signature(forward, eval_str=True)
+def _with_defaults(signature: inspect.Signature, defaults: dict[str, object], name: str) -> inspect.Signature:
+    """forward's `signature` with `defaults` set (they must name its trailing parameters), no return annotation."""
     unknown = set(defaults) - set(signature.parameters)
     if unknown:
         raise ValueError(f"define_op {name}: defaults for {sorted(unknown)}, which forward does not take")
@@ -375,20 +374,18 @@ def _coercer(annotation: object) -> Callable[[object], object] | None:
     return None
 
 
-def _parameters(fn: Callable, name: str) -> dict[str, bool]:
-    """fn's positional parameters in order, each mapped to whether it is a Tensor (from its annotation)."""
+def _signature(fn: Callable, name: str) -> inspect.Signature:
+    """fn's signature, annotations evaluated; ValueError unless every parameter is positional and annotated."""
     try:
         signature = inspect.signature(fn, eval_str=True)
     except (NameError, TypeError) as exc:
         raise ValueError(f"define_op {name}: cannot read the annotations of {fn.__qualname__}: {exc}") from None
-    out = {}
     for p in signature.parameters.values():
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             raise ValueError(f"define_op {name}: parameter {p.name!r} of {fn.__qualname__} must be positional")
         if p.annotation is inspect.Parameter.empty:
             raise ValueError(f"define_op {name}: parameter {p.name!r} of {fn.__qualname__} needs a type annotation")
-        out[p.name] = p.annotation is torch.Tensor
-    return out
+    return signature
 
 
 def _checked(fn: Callable, check: Callable[..., None] | None) -> Callable:

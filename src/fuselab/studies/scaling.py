@@ -8,21 +8,71 @@ linear in layers and steps (each adds the same kernels); `linear_fit` gives the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from fuselab.bench.dtypes import DTYPES
+from fuselab.bench.record import Status
 from fuselab.bench.sweep import run_sweep
 from fuselab.bench.timer import Measurement, Timing, benchmark
 
 # ------------------------------------------------------------------------------------------------ fits
 
 
-def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float]:
+@dataclass(frozen=True)
+class Fit:
+    """The least-squares line y = intercept + slope * x; r2 = 1 - SS_res / SS_tot (1.0 for a perfect fit)."""
+
+    slope: float
+    intercept: float
+    r2: float
+
+
+@dataclass(frozen=True)
+class PowerFit:
+    """y ≈ coefficient * x^exponent, fitted as a line in log-log; r2: that line's R²."""
+
+    exponent: float
+    coefficient: float
+    r2: float
+
+
+@dataclass(frozen=True)
+class Regimes:
+    """Where time is flat in n and from where it grows as n³ (see `regimes`).
+
+    flat_until: the largest n within a factor of the smallest size's time; cubic_from: the smallest n from which
+    every step is cubic (None: the largest step is not); local_exponents: the log-log slope of each step (len(n) -
+    1); small/large_exponent: the log-log slope over the three smallest and the three largest sizes.
+    """
+
+    flat_until: int
+    cubic_from: int | None
+    local_exponents: tuple[float, ...]
+    small_exponent: float
+    large_exponent: float
+
+
+@dataclass(frozen=True)
+class AxisFit:
+    """Time (ms) against one swept MLP axis: the least-squares line (slope in ms per unit, intercept in ms), its R²,
+    the log-log exponent, and how many points were fitted."""
+
+    slope: float
+    intercept: float
+    r2: float
+    exponent: float
+    points: int
+
+
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> Fit:
     """Least-squares line y = intercept + slope * x, and R² = 1 - SS_res / SS_tot (1.0 for a perfect fit)."""
     if len(xs) != len(ys) or len(xs) < 2:
         raise ValueError(f"linear_fit needs two or more (x, y) pairs of equal length, got {len(xs)} and {len(ys)}")
@@ -36,15 +86,15 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float]:
     ss_res = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
     ss_tot = sum((y - my) ** 2 for y in ys)
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
-    return {"slope": slope, "intercept": intercept, "r2": r2}
+    return Fit(slope=slope, intercept=intercept, r2=r2)
 
 
-def power_fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float]:
+def power_fit(xs: Sequence[float], ys: Sequence[float]) -> PowerFit:
     """y ≈ c * x^exponent, fitted as a line in log-log: exponent, c and the R² of the log-log line."""
     if any(v <= 0 for v in [*xs, *ys]):
         raise ValueError("power_fit needs positive x and y")
     fit = linear_fit([math.log(x) for x in xs], [math.log(y) for y in ys])
-    return {"exponent": fit["slope"], "coefficient": math.exp(fit["intercept"]), "r2": fit["r2"]}
+    return PowerFit(exponent=fit.slope, coefficient=math.exp(fit.intercept), r2=fit.r2)
 
 
 def local_exponents(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
@@ -52,8 +102,8 @@ def local_exponents(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
     return [math.log(y1 / y0) / math.log(x1 / x0) for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:], strict=False)]
 
 
-def regimes(sizes: Sequence[int], times: Sequence[float], *, flat_factor: float = 2.0, cubic: float = 2.5) -> dict:
-    """Where time is flat in n and from where it grows as n³.
+def regimes(sizes: Sequence[int], times: Sequence[float], *, flat_factor: float = 2.0, cubic: float = 2.5) -> Regimes:
+    """Where time (any unit) is flat in n and from where it grows as n³.
 
     flat_until: the largest n whose time is within `flat_factor` of the smallest size's time.
     cubic_from: the smallest n from which every step to the next size has a local exponent >= `cubic`
@@ -71,13 +121,76 @@ def regimes(sizes: Sequence[int], times: Sequence[float], *, flat_factor: float 
         if slopes[i] < cubic:
             break
         cubic_from = ns[i]
-    return {
-        "flat_until": flat_until,
-        "cubic_from": cubic_from,
-        "local_exponents": slopes,
-        "small_exponent": power_fit(ns[:3], ts[:3])["exponent"],
-        "large_exponent": power_fit(ns[-3:], ts[-3:])["exponent"],
-    }
+    return Regimes(
+        flat_until=flat_until,
+        cubic_from=cubic_from,
+        local_exponents=tuple(slopes),
+        small_exponent=power_fit(ns[:3], ts[:3]).exponent,
+        large_exponent=power_fit(ns[-3:], ts[-3:]).exponent,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ points
+
+
+@dataclass(frozen=True)
+class MatmulPoint:
+    """One size of the matmul study: C = A @ B for n x n matrices of `dtype`.
+
+    status / error: OK with error None, else why not (then the figures are None). Times in ms; reps: the samples
+    timed; flops and bytes (the fewest moved) of one matmul; ai: FLOPs per byte; tflops (TFLOP/s), gbps (GB/s).
+    """
+
+    n: int
+    dtype: str
+    status: Status = Status.OK
+    error: str | None = None
+    median_ms: float | None = None
+    iqr_ms: float | None = None
+    reps: int | None = None
+    warnings: tuple[str, ...] = ()
+    flops: int | None = None
+    bytes: int | None = None
+    ai: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class MlpPoint:
+    """One point of the MLP study: `axis` set to `value`, the others at the base (layers, steps, batch, dim).
+
+    status / error: OK with error None, else why not (then the figures are None). Times in ms (all `steps`
+    passes); reps: the samples timed; flops: matmul FLOPs of the steps; tflops: TFLOP/s.
+    """
+
+    axis: str
+    value: int
+    layers: int
+    steps: int
+    batch: int
+    dim: int
+    status: Status = Status.OK
+    error: str | None = None
+    median_ms: float | None = None
+    iqr_ms: float | None = None
+    reps: int | None = None
+    warnings: tuple[str, ...] = ()
+    flops: int | None = None
+    tflops: float | None = None
+
+
+Point = TypeVar("Point", MatmulPoint, MlpPoint)
+
+
+def from_row(cls: type[Point], row: Mapping[str, object]) -> Point:
+    """A point from a sweep row or its JSON form (a log line, a results file's record; old files too): the fields
+    the point has, the row's others left out."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in row.items() if k in names}
+    values["status"] = Status(values.get("status") or (Status.ERROR if values.get("error") else Status.OK))
+    values["warnings"] = tuple(values.get("warnings") or ())
+    return cls(**values)
 
 
 # ------------------------------------------------------------------------------------------------ matmul
@@ -108,10 +221,10 @@ def matmul_scaling(
     timing: Timing | None = None,
     out: str | Path | None = None,
     show_progress: bool = True,
-) -> list[dict]:
-    """Time C = A @ B for square n x n matrices, n in `sizes`: rows of n, dtype, median_ms, tflops, gflop, ai.
+) -> list[MatmulPoint]:
+    """Time C = A @ B for square n x n matrices, n in `sizes`, in each of `dtypes`: one point each, in that order.
 
-    ai: arithmetic intensity, FLOPs per byte of the fewest bytes moved. Rows go to `out` (JSON lines, resumable).
+    Every row (all the timing's statistics) goes to `out` (JSON lines, resumable).
     timing: how each size is timed, without an L2 flush (flush_l2 is set False: the study is about compute).
     """
     timing = Timing.of(timing, flush_l2=False)
@@ -132,7 +245,8 @@ def matmul_scaling(
         }
 
     cases = [{"study": "matmul", "dtype": d, "n": n} for d in dtypes for n in sizes]
-    return run_sweep(cases, run, out, description="matmul", show_progress=show_progress)
+    rows = run_sweep(cases, run, out, description="matmul", show_progress=show_progress)
+    return [from_row(MatmulPoint, r) for r in rows]
 
 
 # ------------------------------------------------------------------------------------------------ MLP
@@ -163,11 +277,11 @@ def mlp_scaling(
     timing: Timing | None = None,
     out: str | Path | None = None,
     show_progress: bool = True,
-) -> list[dict]:
+) -> list[MlpPoint]:
     """Time `steps` forward + backward passes of the MLP, varying one axis at a time around `base`.
 
-    base: {"layers", "steps", "batch", "dim"}; sweeps: axis -> values. Rows: axis, value, the four settings,
-    median_ms, tflops (matmul FLOPs only).
+    base: {"layers", "steps", "batch", "dim"}; sweeps: axis -> values. One point per value, in sweep order; every
+    row (all the timing's statistics) goes to `out` (JSON lines, resumable).
     """
     missing = [a for a in MLP_AXES if a not in base]
     unknown = [a for a in sweeps if a not in MLP_AXES]
@@ -193,16 +307,25 @@ def mlp_scaling(
         for axis, values in sweeps.items()
         for v in values
     ]
-    return run_sweep(cases, run, out, description="mlp", show_progress=show_progress)
+    rows = run_sweep(cases, run, out, description="mlp", show_progress=show_progress)
+    return [from_row(MlpPoint, r) for r in rows]
 
 
-def mlp_fits(rows: Sequence[dict]) -> dict[str, dict]:
-    """Per swept axis: the least-squares line of median_ms against the value, its R², and the log-log exponent."""
+def measured(points: Sequence[MlpPoint], axis: str) -> list[tuple[int, float]]:
+    """(value, median_ms) of the points of `axis` that were measured, by value."""
+    return sorted(
+        (p.value, p.median_ms) for p in points if p.axis == axis and p.error is None and p.median_ms is not None
+    )
+
+
+def mlp_fits(points: Sequence[MlpPoint]) -> dict[str, AxisFit]:
+    """Per swept axis with two or more distinct measured values: the fit of median_ms against the value."""
     fits = {}
     for axis in MLP_AXES:
-        points = sorted((r["value"], r["median_ms"]) for r in rows if r.get("axis") == axis and not r.get("error"))
-        if len(points) < 2 or len({p[0] for p in points}) < 2:
+        pts = measured(points, axis)
+        if len({v for v, _ in pts}) < 2:
             continue
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
-        fits[axis] = {**linear_fit(xs, ys), "exponent": power_fit(xs, ys)["exponent"], "points": len(points)}
+        xs, ys = [v for v, _ in pts], [t for _, t in pts]
+        line = linear_fit(xs, ys)
+        fits[axis] = AxisFit(line.slope, line.intercept, line.r2, power_fit(xs, ys).exponent, len(pts))
     return fits

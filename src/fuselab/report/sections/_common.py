@@ -58,7 +58,7 @@ _DROP = (
 def slim(row: dict) -> dict:
     """A results row without the bulky or repeated fields (the JSON-lines logs keep everything)."""
     out = {k: v for k, v in row.items() if k not in _DROP}
-    if row.get("study") != "matmul" and "n" in out:
+    if "n" in out:
         out["reps"] = out.pop("n")  # in bench rows `n` counts the repetitions
     return out
 

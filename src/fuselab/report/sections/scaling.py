@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from fuselab.bench.dtypes import short_name
 from fuselab.bench.results import pyplot, save_figure
 from fuselab.report.doc import Doc
 from fuselab.report.runner import Context
-from fuselab.report.sections._common import first_line, g3, ms, slim
+from fuselab.report.sections._common import first_line, g3, ms
 from fuselab.studies import scaling
 
 
@@ -22,13 +23,13 @@ def matmul_section(ctx: Context, doc: Doc) -> dict:
         out=ctx.log("matmul", "sweep"),
         show_progress=ctx.show_progress,
     )
-    ok = [r for r in rows if not r.get("error")]
+    ok = [r for r in rows if r.error is None]
     peaks = ctx.results.get("device", {}).get("matmul_tflops", {})
-    regimes = {}
+    regimes: dict[str, scaling.Regimes] = {}
     for dtype in b["matmul_dtypes"]:
-        mine = sorted((r for r in ok if r["dtype"] == dtype), key=lambda r: r["n"])
+        mine = sorted((r for r in ok if r.dtype == dtype), key=lambda r: r.n)
         if len(mine) >= 3:
-            regimes[dtype] = scaling.regimes([r["n"] for r in mine], [r["median_ms"] for r in mine])
+            regimes[dtype] = scaling.regimes([r.n for r in mine], [r.median_ms for r in mine])
     if not regimes:
         raise RuntimeError("too few matmul sizes finished to find the regimes")
     doc.text(
@@ -41,33 +42,33 @@ def matmul_section(ctx: Context, doc: Doc) -> dict:
     for dtype in b["matmul_dtypes"]:
         short = short_name(dtype)
         peak = peaks.get(short)
-        sizes = sorted(r["n"] for r in ok if r["dtype"] == dtype)
-        slope_at = dict(zip(sizes, regimes.get(dtype, {}).get("local_exponents", []), strict=False))
-        for r in sorted((r for r in rows if r["dtype"] == dtype), key=lambda r: r["n"]):
-            if r.get("error"):
-                table.append([r["n"], dtype, "failed: " + first_line(r["error"]), "", "", ""])
+        sizes = sorted(r.n for r in ok if r.dtype == dtype)
+        slope_at = dict(zip(sizes, regimes[dtype].local_exponents if dtype in regimes else (), strict=False))
+        for r in sorted((r for r in rows if r.dtype == dtype), key=lambda r: r.n):
+            if r.error is not None:
+                table.append([r.n, dtype, "failed: " + first_line(r.error), "", "", ""])
                 continue
             table.append(
                 [
-                    r["n"],
+                    r.n,
                     dtype,
-                    ms(r["median_ms"]),
-                    g3(r["tflops"]),
-                    f"{100 * r['tflops'] / peak:.1f}%" if peak else "",
-                    f"{slope_at[r['n']]:.2f}" if r["n"] in slope_at else "",
+                    ms(r.median_ms),
+                    g3(r.tflops),
+                    f"{100 * r.tflops / peak:.1f}%" if peak else "",
+                    f"{slope_at[r.n]:.2f}" if r.n in slope_at else "",
                 ]
             )
     doc.table(["n", "dtype", "time", "TFLOP/s", "% of matmul ceiling", "local exponent"], table)
     lines = []
     for dtype, reg in regimes.items():
-        cubic = f"from n = {reg['cubic_from']}" if reg["cubic_from"] else "not reached at these sizes"
+        cubic = f"from n = {reg.cubic_from}" if reg.cubic_from else "not reached at these sizes"
         lines.append(
-            f"- {dtype}: time stays within 2× of the smallest size's up to n = {reg['flat_until']} (slope "
-            f"{reg['small_exponent']:.2f} over the three smallest sizes); cubic growth (slope ≥ 2.5) {cubic} "
-            f"(slope {reg['large_exponent']:.2f} over the three largest)."
+            f"- {dtype}: time stays within 2× of the smallest size's up to n = {reg.flat_until} (slope "
+            f"{reg.small_exponent:.2f} over the three smallest sizes); cubic growth (slope ≥ 2.5) {cubic} "
+            f"(slope {reg.large_exponent:.2f} over the three largest)."
         )
     doc.text("\n".join(lines))
-    series = {short_name(d): [(r["n"], r["median_ms"]) for r in ok if r["dtype"] == d] for d in b["matmul_dtypes"]}
+    series = {short_name(d): [(r.n, r.median_ms) for r in ok if r.dtype == d] for d in b["matmul_dtypes"]}
     guides = {}
     for name, pts in series.items():
         if pts:
@@ -85,7 +86,7 @@ def matmul_section(ctx: Context, doc: Doc) -> dict:
         ),
         "Matmul time against n (log-log): flat, then parallel to the n³ guide.",
     )
-    tf = {short_name(d): [(r["n"], r["tflops"]) for r in ok if r["dtype"] == d] for d in b["matmul_dtypes"]}
+    tf = {short_name(d): [(r.n, r.tflops) for r in ok if r.dtype == d] for d in b["matmul_dtypes"]}
     hlines = {f"{k} ceiling": v for k, v in peaks.items() if k in tf}
     doc.image(
         line_plot(
@@ -99,7 +100,18 @@ def matmul_section(ctx: Context, doc: Doc) -> dict:
         ),
         "TFLOP/s against n, with the measured matmul ceilings.",
     )
-    return {"rows": [slim(r) for r in rows], "regimes": regimes}
+    return as_json({"rows": rows, "regimes": regimes})
+
+
+def as_json(value: object) -> object:
+    """`value` with the study's points and fits (dataclasses, in dicts and lists) as dicts: the section's record."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_json(v) for v in value]
+    return value
 
 
 def line_plot(
@@ -158,35 +170,34 @@ def mlp_section(ctx: Context, doc: Doc) -> dict:
     )
     table = []
     for axis in scaling.MLP_AXES:
-        pts = sorted((r["value"], r["median_ms"]) for r in rows if r.get("axis") == axis and not r.get("error"))
+        pts = scaling.measured(rows, axis)
         fit = fits.get(axis)
         table.append(
             [
                 axis,
                 ", ".join(str(v) for v, _ in pts),
                 ", ".join(ms(t) for _, t in pts),
-                f"{fit['slope']:.4g} ms per unit" if fit else "",
-                f"{fit['intercept']:.4g} ms" if fit else "",
-                f"{fit['r2']:.4f}" if fit else "",
-                f"{fit['exponent']:.2f}" if fit else "",
+                f"{fit.slope:.4g} ms per unit" if fit else "",
+                f"{fit.intercept:.4g} ms" if fit else "",
+                f"{fit.r2:.4f}" if fit else "",
+                f"{fit.exponent:.2f}" if fit else "",
             ]
         )
     doc.table(["axis", "values", "time", "slope", "intercept", "R²", "log-log exponent"], table)
-    failed = [r for r in rows if r.get("error")]
+    failed = [r for r in rows if r.error is not None]
     if failed:
         doc.text(
-            f"{len(failed)} point(s) failed: "
-            + "; ".join(f"{r['axis']}={r['value']}: {first_line(r['error'])}" for r in failed)
+            f"{len(failed)} point(s) failed: " + "; ".join(f"{r.axis}={r.value}: {first_line(r.error)}" for r in failed)
         )
     doc.image(_mlp_plot(rows, fits, ctx.plot("mlp.png")), "MLP time against each axis, with the fitted line.")
-    return {"base": base, "rows": [slim(r) for r in rows], "fits": fits}
+    return as_json({"base": base, "rows": rows, "fits": fits})
 
 
-def _mlp_plot(rows: list[dict], fits: dict, path: Path) -> Path:
+def _mlp_plot(rows: list[scaling.MlpPoint], fits: dict[str, scaling.AxisFit], path: Path) -> Path:
     plt = pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
     for ax, axis in zip(axes, scaling.MLP_AXES, strict=True):
-        pts = sorted((r["value"], r["median_ms"]) for r in rows if r.get("axis") == axis and not r.get("error"))
+        pts = scaling.measured(rows, axis)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", label="measured")
         fit = fits.get(axis)
@@ -194,15 +205,15 @@ def _mlp_plot(rows: list[dict], fits: dict, path: Path) -> Path:
             xs = [pts[0][0], pts[-1][0]]
             ax.plot(
                 xs,
-                [fit["intercept"] + fit["slope"] * x for x in xs],
+                [fit.intercept + fit.slope * x for x in xs],
                 "-",
                 color="black",
                 linewidth=1,
-                label=f"fit, R² = {fit['r2']:.3f}",
+                label=f"fit, R² = {fit.r2:.3f}",
             )
         ax.set_xlabel(axis)
         ax.set_ylabel("ms")
-        ax.set_title(f"time vs {axis}" + (f" (exp. {fit['exponent']:.2f})" if fit else ""))
+        ax.set_title(f"time vs {axis}" + (f" (exp. {fit.exponent:.2f})" if fit else ""))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     return save_figure(fig, path)
