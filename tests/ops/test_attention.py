@@ -386,16 +386,8 @@ def test_gpu_triton_lengths(n: int, causal: bool) -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_triton_short_sequences_with_fitted_tiles(dtype: torch.dtype, causal: bool) -> None:
     """Many heads of a few queries (16 x 16 tiles of 1-4 warps), few queries over many keys, and the reverse."""
-    for shape in [
-        (37, 8, 4, 3, 3, 96),
-        (5, 4, 1, 20, 20, 256),
-        (3, 2, 2, 40, 9, 48),
-        (2, 2, 1, 12, 300, 80),
-        (2, 3, 3, 300, 12, 128),
-        (64, 2, 2, 2, 2, 192),
-        (150, 4, 2, 70, 45, 48),
-        (140, 2, 2, 90, 57, 128),
-    ]:  # 300 and 280 programs: dQ in the dK/dV kernel
+    for shape in [(37, 8, 4, 3, 3, 96), (5, 4, 1, 20, 20, 256), (3, 2, 2, 40, 9, 48), (2, 2, 1, 12, 300, 80),
+                  (2, 3, 3, 300, 12, 128), (64, 2, 2, 2, 2, 192)]:  # fmt: skip
         check_against_reference("triton", shape, causal, dtype, "cuda")
 
 
