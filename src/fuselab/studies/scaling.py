@@ -133,16 +133,11 @@ def regimes(sizes: Sequence[int], times: Sequence[float], *, flat_factor: float 
 # ------------------------------------------------------------------------------------------------ points
 
 
-@dataclass(frozen=True)
-class MatmulPoint:
-    """One size of the matmul study: C = A @ B for n x n matrices of `dtype`.
+@dataclass(frozen=True, kw_only=True)
+class Timed:
+    """What a study measured at one point: status / error (OK with error None, else why not, and the figures None),
+    the median and IQR in ms, reps (the samples timed), the timer's warnings, FLOPs and TFLOP/s."""
 
-    status / error: OK with error None, else why not (then the figures are None). Times in ms; reps: the samples
-    timed; flops and bytes (the fewest moved) of one matmul; ai: FLOPs per byte; tflops (TFLOP/s), gbps (GB/s).
-    """
-
-    n: int
-    dtype: str
     status: Status = Status.OK
     error: str | None = None
     median_ms: float | None = None
@@ -150,19 +145,25 @@ class MatmulPoint:
     reps: int | None = None
     warnings: tuple[str, ...] = ()
     flops: int | None = None
+    tflops: float | None = None
+
+
+@dataclass(frozen=True)
+class MatmulPoint(Timed):
+    """One size of the matmul study: C = A @ B for n x n matrices of `dtype`; flops and bytes (the fewest moved) of
+    one matmul, ai: FLOPs per byte, gbps: GB/s."""
+
+    n: int
+    dtype: str
     bytes: int | None = None
     ai: float | None = None
-    tflops: float | None = None
     gbps: float | None = None
 
 
 @dataclass(frozen=True)
-class MlpPoint:
-    """One point of the MLP study: `axis` set to `value`, the others at the base (layers, steps, batch, dim).
-
-    status / error: OK with error None, else why not (then the figures are None). Times in ms (all `steps`
-    passes); reps: the samples timed; flops: matmul FLOPs of the steps; tflops: TFLOP/s.
-    """
+class MlpPoint(Timed):
+    """One point of the MLP study: `axis` set to `value`, the others at the base (layers, steps, batch, dim); times
+    are of all `steps` passes, flops the matmul FLOPs of the steps."""
 
     axis: str
     value: int
@@ -170,14 +171,6 @@ class MlpPoint:
     steps: int
     batch: int
     dim: int
-    status: Status = Status.OK
-    error: str | None = None
-    median_ms: float | None = None
-    iqr_ms: float | None = None
-    reps: int | None = None
-    warnings: tuple[str, ...] = ()
-    flops: int | None = None
-    tflops: float | None = None
 
 
 Point = TypeVar("Point", MatmulPoint, MlpPoint)
