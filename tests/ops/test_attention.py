@@ -455,9 +455,9 @@ from triton._C.libtriton import ir
 from fuselab.ops.attention import triton_kernels as tk
 
 POINTERS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
-FP32_POINTERS = {"LSE", "DELTA", "DQ_ACC"}
+FP32_POINTERS = {"LSE", "DELTA"}
 CONSTANTS = {"HEAD_DIM": 80, "D_PAD": 128, "DA": 64, "DB": 16, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True,
-             "PREC": "tf32", "DQ": True, "ORDERED": True}  # d 80 in two chunks (64 + 16); dQ added in order
+             "PREC": "tf32"}  # d 80 in two chunks (64 + 16): the split path
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4, "num_stages": 2})
@@ -469,8 +469,6 @@ for kernel in tk.TRITON_KERNELS:
             constants[(i,)] = CONSTANTS[p.name]
         elif p.name in POINTERS or p.name in FP32_POINTERS:
             signature[p.name] = "*fp32" if p.name in FP32_POINTERS else "*bf16"
-        elif p.name == "LOCKS":
-            signature[p.name] = "*i32"
         else:  # a Python float reaches the kernel as fp64 under torch.compile (Inductor's signature), an int as i32
             signature[p.name] = "fp64" if p.name.endswith("scale") else "i32"
     context = ir.context()

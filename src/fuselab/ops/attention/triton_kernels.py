@@ -41,7 +41,6 @@ from fuselab.ops.library import wrap_triton
 LOG2E = 1.4426950408889634
 FOLDER = Path(__file__).parent  # plans/<device key>.json: the plans `fuselab tune attention` chose (fuselab.ops.tuning)
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-INTERPRETED = tl.constexpr(INTERPRET)  # the same, as the kernels read it
 
 
 # ---------------------------------------------------------------------------------------------- tiles
@@ -60,59 +59,6 @@ def _tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constex
     else:
         x = tl.load(ptrs)
     return x
-
-
-@triton.jit
-def _add_tile(ptrs, x, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
-    """Atomically add a 2-D tile (relaxed, GPU scope), skipping rows by rows_ok if MASK_ROWS, columns if MASK_COLS."""
-    if MASK_ROWS:
-        if MASK_COLS:
-            tl.atomic_add(ptrs, x, mask=rows_ok[:, None] & cols_ok[None, :], sem="relaxed")
-        else:
-            tl.atomic_add(ptrs, x, mask=rows_ok[:, None], sem="relaxed")
-    elif MASK_COLS:
-        tl.atomic_add(ptrs, x, mask=cols_ok[None, :], sem="relaxed")
-    else:
-        tl.atomic_add(ptrs, x, sem="relaxed")
-
-
-@triton.jit
-def _wait_turn(lock, turn):
-    """Wait until the int32 at `lock` reads `turn`: each thread loads it with acquire semantics (GPU scope), so its
-    later memory operations come after the turn. On the GPU one inline-PTX loop per thread (opaque to the software
-    pipeliner, which a loop in Triton would switch off); under the interpreter, whose programs run one after
-    another, a plain loop."""
-    if INTERPRETED:
-        while tl.atomic_add(lock, 0, sem="acquire") != turn:
-            pass
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; WAIT: ld.global.acquire.gpu.b32 $0, [$1]; setp.ne.s32 p, $0, $2; @p bra WAIT; }",
-            "=r,l,r",
-            [tl.cast(lock, tl.int64), turn],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-
-@triton.jit
-def _pass_turn(lock, turn):
-    """After every thread's earlier memory operations, set the int32 at `lock` to `turn` (release, GPU scope): a
-    barrier, then one thread's release store. On the GPU inline PTX (a Triton barrier would switch off the software
-    pipeliner); under the interpreter an atomic exchange."""
-    if INTERPRETED:
-        tl.atomic_xchg(lock, turn, sem="release")
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b32 t; bar.sync 0; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;"
-            " @p st.global.release.gpu.b32 [$1], $2; mov.b32 $0, $2; }",
-            "=r,l,r",
-            [tl.cast(lock, tl.int64), turn],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
 
 
 # ---------------------------------------------------------------------------------------------- forward
@@ -357,12 +303,6 @@ def _dkdv_inner(
     hi,
     NQ,
     qk_scale,
-    dq_base,
-    dq_offs_a,
-    dq_offs_b,
-    sdqn,
-    lock_base,
-    turn,
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -370,15 +310,8 @@ def _dkdv_inner(
     SPLIT: tl.constexpr,
     MASK_B: tl.constexpr,
     PREC: tl.constexpr,
-    DQ: tl.constexpr,
-    ORDERED: tl.constexpr,
 ):
-    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), chunk by chunk of the head dim.
-
-    DQ: also add each query block's dQ part (dS K, unscaled, fp32) into the accumulator at dq_base (rows sdqn apart);
-    ORDERED: in a fixed order, key block `turn` of its head after every key block before it: wait until the query
-    block's counter at lock_base reads `turn`, add, then count it up (so the sums are bitwise the same every run).
-    """
+    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), chunk by chunk of the head dim."""
     for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
         q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn
         do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn
@@ -413,20 +346,6 @@ def _dkdv_inner(
         dk_a = tl.dot(dst, q_a, dk_a, input_precision=PREC)
         if SPLIT:
             dk_b = tl.dot(dst, q_b, dk_b, input_precision=PREC)
-        if DQ:
-            ds = tl.trans(dst)
-            dq_ptrs = dq_base + tl.cast(start_m, tl.int64) * sdqn
-            part_a = tl.dot(ds, k_a, input_precision=PREC)
-            if SPLIT:
-                part_b = tl.dot(ds, k_b, input_precision=PREC)
-            if ORDERED:
-                lock = lock_base + start_m // BLOCK_M
-                _wait_turn(lock, turn)
-            _add_tile(dq_ptrs + dq_offs_a, part_a, in_m, ok_a, MASKED, MASK_A)
-            if SPLIT:
-                _add_tile(dq_ptrs + dq_offs_b, part_b, in_m, ok_b, MASKED, MASK_B)
-            if ORDERED:
-                _pass_turn(lock, turn + 1)
     return dk_a, dk_b, dv_a, dv_b
 
 
@@ -440,8 +359,6 @@ def attention_bwd_dkdv_kernel(
     DELTA,
     DK,
     DV,
-    DQ_ACC,
-    LOCKS,
     sqz,
     sqh,
     sqn,
@@ -466,9 +383,6 @@ def attention_bwd_dkdv_kernel(
     sdvh,
     sdvn,
     sdvd,
-    sacz,
-    sach,
-    sacn,
     HKV,
     GROUP,
     NQ,
@@ -483,32 +397,15 @@ def attention_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
-    DQ: tl.constexpr,
-    ORDERED: tl.constexpr,
 ):
-    """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV,).
-
-    DQ: also add dQ's parts (unscaled, fp32) into DQ_ACC (Z, HQ, NQ, HEAD_DIM; strides sacz, sach, sacn, 1), zeroed
-    by the caller; programs then take key blocks in order (every head's first block, then every head's second, ...).
-    ORDERED (with DQ): the adds into each query block come in key-block order, bitwise the same every run. LOCKS:
-    int32, zeroed: [0] hands out the programs' turns in the order they start (a program waits only on programs that
-    started before it, so none waits forever), then one counter per (z * HQ + h, query block of BLOCK_M).
-    """
+    """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV,)."""
     SPLIT: tl.constexpr = DB > 0
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     pid = tl.program_id(0)
-    if DQ:
-        if ORDERED:
-            pid = tl.atomic_add(LOCKS, 1)
-        heads = tl.num_programs(0) // NUM_N
-        bh = pid % heads
-        j = pid // heads
-    else:
-        bh = pid // NUM_N
-        j = pid % NUM_N
-    n0 = j * BLOCK_N
+    bh = pid // NUM_N
+    n0 = (pid % NUM_N) * BLOCK_N
     z = bh // HKV
     hk = bh % HKV
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -527,7 +424,6 @@ def attention_bwd_dkdv_kernel(
     dv_a = tl.zeros([BLOCK_N, DA], dtype=tl.float32)
     q_offs_a = rows[:, None] * sqn + offs_a[None, :] * sqd
     do_offs_a = rows[:, None] * sdn + offs_a[None, :] * sdd
-    dq_offs_a = rows[:, None] * sacn + offs_a[None, :]
     if SPLIT:
         offs_b = DA + tl.arange(0, DB)
         ok_b = offs_b < HEAD_DIM
@@ -537,10 +433,8 @@ def attention_bwd_dkdv_kernel(
         dv_b = tl.zeros([BLOCK_N, DB], dtype=tl.float32)
         q_offs_b = rows[:, None] * sqn + offs_b[None, :] * sqd
         do_offs_b = rows[:, None] * sdn + offs_b[None, :] * sdd
-        dq_offs_b = rows[:, None] * sacn + offs_b[None, :]
     else:  # placeholders, never read
         ok_b, k_b, v_b, dk_b, dv_b, q_offs_b, do_offs_b = ok_a, k_a, v_a, dk_a, dv_a, q_offs_a, do_offs_a
-        dq_offs_b = dq_offs_a
     nq_whole = (NQ // BLOCK_M) * BLOCK_M
     if CAUSAL:
         lo = (n0 // BLOCK_M) * BLOCK_M  # the first query block that sees any of these keys
@@ -557,26 +451,21 @@ def attention_bwd_dkdv_kernel(
         do_base = DO + z.to(tl.int64) * sdz + h.to(tl.int64) * sdh
         lse_base = LSE + (z * HKV * GROUP + h).to(tl.int64) * NQ
         delta_base = DELTA + (z * HKV * GROUP + h).to(tl.int64) * NQ
-        dq_base = DQ_ACC + z.to(tl.int64) * sacz + h.to(tl.int64) * sach
-        lock_base = LOCKS + 1 + (z * HKV * GROUP + h).to(tl.int64) * tl.cdiv(NQ, BLOCK_M)
         if CAUSAL:  # the diagonal's blocks, masked
             dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
                 dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
                 q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, lo, full_lo, NQ, qk_scale,
-                dq_base, dq_offs_a, dq_offs_b, sacn, lock_base, j, BLOCK_M, True, True, MASK_A, SPLIT, MASK_B, PREC,
-                DQ, ORDERED,
+                BLOCK_M, True, True, MASK_A, SPLIT, MASK_B, PREC,
             )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
             q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, full_lo, nq_whole, NQ, qk_scale,
-            dq_base, dq_offs_a, dq_offs_b, sacn, lock_base, j, BLOCK_M, False, False, MASK_A, SPLIT, MASK_B, PREC, DQ,
-            ORDERED,
+            BLOCK_M, False, False, MASK_A, SPLIT, MASK_B, PREC,
         )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
             q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, tl.maximum(nq_whole, full_lo), NQ,
-            NQ, qk_scale, dq_base, dq_offs_a, dq_offs_b, sacn, lock_base, j, BLOCK_M, True, CAUSAL, MASK_A, SPLIT,
-            MASK_B, PREC, DQ, ORDERED,
+            NQ, qk_scale, BLOCK_M, True, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
         )  # fmt: skip
         g += 1
     out_mask = in_n[:, None] & ok_a[None, :]
@@ -823,10 +712,6 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
     if INTERPRET:
         return Plan(16, 16, 1, 1)
     row = d_work(d) * dtype.itemsize
-    if kernel == "fused":
-        if row <= 256 and dtype.itemsize == 2:
-            return Plan(64, 128, 8, 2)
-        kernel = "dkdv"
     if row <= 256 and dtype.itemsize == 2:
         return {"fwd": Plan(64, 64, 4, 3), "dkdv": Plan(32, 64, 4, 3), "dq": Plan(64, 64, 4, 3)}[kernel]
     if kernel == "fwd":
@@ -955,13 +840,8 @@ def backward(
     lse: torch.Tensor,
     causal: bool,
     scale: float,
-    mode: str = "split",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV (contiguous, shapes and dtypes of q, k, v); do may have any strides (0 too).
-
-    mode: "split" (a dK/dV kernel, then a dQ kernel recomputing S and dP), "ordered" (one kernel adding dQ's parts
-    into an fp32 accumulator in key-block order: deterministic) or "atomic" (the same, in any order: not bitwise
-    reproducible)."""
+    """dQ, dK, dV (contiguous, shapes and dtypes of q, k, v); do may have any strides (0 too)."""
     do = do.to(q.dtype)
     if do.stride(-1) != 1 or 0 in do.stride():
         # A broadcast gradient (o.sum().backward() hands in stride 0 everywhere) would be read element by element
@@ -987,28 +867,18 @@ def backward(
         )  # fmt: skip
         prec = _precision(q.dtype)
         da, db = d_chunks(d)
-        fused = mode != "split"
-        plan = choose_plan("fused" if fused else "dkdv", d, q.dtype, causal, q.device, nq, nk, z * hkv)
+        plan = choose_plan("dkdv", d, q.dtype, causal, q.device, nq, nk, z * hkv)
         num = triton.cdiv(seen_keys(nq, nk, causal), plan.block_n)
         if num * plan.block_n < nk:  # keys no query sees (top-left causal, nk > nq): their dK and dV are zeros
             dk[:, :, num * plan.block_n :].zero_()
             dv[:, :, num * plan.block_n :].zero_()
-        if fused:
-            acc = torch.zeros((z, hq, nq, d), dtype=torch.float32, device=q.device)
-            locks = torch.zeros(1 + z * hq * triton.cdiv(nq, plan.block_m) if mode == "ordered" else 1,
-                                dtype=torch.int32, device=q.device)  # fmt: skip
-        else:
-            acc, locks = dq, dq  # placeholders, never read
         _launch(
-            attention_bwd_dkdv_kernel, (num * z * hkv,), q4, k4, v4, do4, lse4, delta, dk, dv, acc, locks,
-            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(), *acc.stride()[:3],
+            attention_bwd_dkdv_kernel, (num * z * hkv,), q4, k4, v4, do4, lse4, delta, dk, dv,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(),
             hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
             plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-            PREC=prec, DQ=fused, ORDERED=mode == "ordered",
+            PREC=prec,
         )  # fmt: skip
-        if fused:
-            torch.mul(acc, scale, out=acc)
-            return acc.to(q.dtype).reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num = triton.cdiv(nq, plan.block_m)
         _launch(
