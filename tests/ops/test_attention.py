@@ -416,6 +416,33 @@ def test_gpu_triton_deterministic(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_tma_forward_matches_the_pointer_forward(dtype: torch.dtype, monkeypatch) -> None:
+    """On Hopper the forward reads 16-bit tensors by TMA descriptors; it gives the pointer kernel's O and L (the same
+    tiles, the same order of operations) at ragged lengths, GQA, chunked head dims and a transposed layout, and
+    inputs TMA cannot address (fp32, a 2-byte-misaligned base, d 256) take the pointer kernel."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or later")
+    cases = [((2, 4, 2, 77, 77, 64), True), ((1, 3, 1000, 80), True), ((2, 2, 1, 300, 517, 96), False),
+             ((1, 2, 129, 128), False), ((3, 2, 1, 1, 48), True), ((1, 4, 4, 250, 250, 72), True)]  # fmt: skip
+    for shape, causal in cases:
+        q, k, v = (t.to(dtype) for t in inputs(shape, torch.float32, "cuda"))
+        assert tk.tma_ready(q, k, v)
+        o, lse = tk.forward(q, k, v, causal, 0.3)
+        monkeypatch.setattr(tk, "tma_ready", lambda *ts: False)
+        o_ptr, lse_ptr = tk.forward(q, k, v, causal, 0.3)
+        monkeypatch.undo()
+        assert torch.equal(o, o_ptr) and torch.equal(lse, lse_ptr), shape
+    q = torch.randn(2, 300, 4, 64, device="cuda", dtype=dtype).transpose(1, 2)  # (B, H, N, d) of a (B, N, H, d)
+    assert tk.tma_ready(q, q, q)
+    x = torch.randn(2, 4, 100, 65, device="cuda", dtype=dtype)
+    assert not tk.tma_ready(x[..., 1:])  # rows of 65 elements: strides not 16-byte multiples
+    assert not tk.tma_ready(q.float()) and not tk.tma_ready(torch.randn(1, 2, 8, 256, device="cuda", dtype=dtype))
+
+
+@pytest.mark.gpu
 def test_gpu_triton_memory_grows_linearly() -> None:
     """Extra memory at N = 32768 (naive would need 2 * 32768^2 * 2 bytes = 4 GiB of scores per head) stays O(N)."""
     peaks = {}
@@ -469,6 +496,8 @@ for kernel in tk.TRITON_KERNELS:
             constants[(i,)] = CONSTANTS[p.name]
         elif p.name in POINTERS or p.name in FP32_POINTERS:
             signature[p.name] = "*fp32" if p.name in FP32_POINTERS else "*bf16"
+        elif p.name[-2:] in ("_a", "_b"):  # the TMA forward's descriptors: chunk a (64 columns) or b (16)
+            signature[p.name] = f"tensordesc<bf16[1,1,64,{64 if p.name.endswith('_a') else 16}]>"
         else:  # a Python float reaches the kernel as fp64 under torch.compile (Inductor's signature), an int as i32
             signature[p.name] = "fp64" if p.name.endswith("scale") else "i32"
     context = ir.context()
@@ -481,6 +510,15 @@ for kernel in tk.TRITON_KERNELS:
 """
 
 
+def test_tma_is_for_hopper_tensors_only() -> None:
+    """Off a CUDA GPU (CPU tensors, the interpreter) the forward never takes the TMA kernel."""
+    pytest.importorskip("triton")
+    from fuselab.ops.attention import triton_kernels as tk
+
+    t = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+    assert not tk.tma_ready(t, t, t)
+
+
 def test_triton_kernels_compile_with_the_scalars_torch_compile_passes() -> None:
     """torch.compile (Inductor) types a Python float argument fp64, where Triton's own launch types it fp32; the
     kernels once let it turn their accumulators fp64 and failed to compile there (tl.dot's accumulator assertion)
@@ -488,7 +526,9 @@ def test_triton_kernels_compile_with_the_scalars_torch_compile_passes() -> None:
     import subprocess
     import sys
 
+    from fuselab.ops.attention import triton_kernels as tk
+
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", TTIR_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("ok ") == 4, done.stdout
+    assert done.stdout.count("ok ") == len(tk.TRITON_KERNELS) == 5, done.stdout

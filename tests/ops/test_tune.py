@@ -102,6 +102,11 @@ def test_tune_finds_tuners_by_op_and_names_those_that_have_one(capsys) -> None:
     assert "lacks cases, measure" in capsys.readouterr().err
 
 
+def test_tune_part_needs_a_tuner_with_parts(capsys) -> None:
+    assert main(["tune", TOY, "--shape", "10", "--part", "fwd", "--dry-run"]) == 2
+    assert "has no parts to choose from (--part)" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 @pytest.mark.parametrize("op", tuning.tuner_ops())
 def test_tune_refuses_without_a_gpu(op, capsys) -> None:
@@ -205,13 +210,17 @@ def test_attention_cases_and_choose() -> None:
 
     cases = tune.cases([(64,), (1, 2, 300, 128), (2, 4, 64)], [torch.bfloat16])
     assert [(c["d"], c["causal"]) for c in cases] == [(64, False), (64, True), (128, False), (128, True)]
-    assert all(c["dtype"] == "bfloat16" and c["n"] == 3000 for c in cases)
-    assert tune.cases(tune.default_shapes, [torch.float16])[0] == {
+    assert all(c["dtype"] == "bfloat16" and c["lengths"] == [1000, 3000, 9000] for c in cases)
+    assert tune.cases(tune.default_shapes, [torch.float16], parts=["fwd"])[0] == {
         "dtype": "float16",
         "d": 64,
         "causal": False,
-        "n": 3000,
+        "lengths": [1000, 3000, 9000],
+        "kernels": ["fwd"],
     }
+    with pytest.raises(ValueError, match="parts are fwd, dkdv, dq; got bwd"):
+        tune.cases([(64,)], [torch.bfloat16], parts=["bwd"])
+    assert tune.cost(cases[0]) > tune.cost(tune.cases([(64,)], [torch.bfloat16], parts=["fwd"])[0])
     plan = {"block_m": 64, "block_n": 32, "warps": 4, "stages": 2}
     trials = {"fwd": [{**plan, "ms": 1.25}, {**plan, "block_m": 128, "ms": 2.0}], "dkdv": [], "dq": []}
     measured = {"case": cases[1], "best": {"fwd": plan}, "trials": trials, "shape": [5, 32, 3000, 64]}
@@ -232,10 +241,10 @@ def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypa
     fwd, dq = tk.Plan(64, 32, 4, 2), tk.Plan(128, 64, 8, 3)
     calls = []
 
-    def fake_tune_case(d, dtype, causal, n, log):
-        calls.append((d, dtype, causal, n))
+    def fake_tune_case(d, dtype, causal, lengths, kernels, log):
+        calls.append((d, dtype, causal, list(lengths), list(kernels)))
         trials = {"fwd": [{**asdict(fwd), "ms": 1.5}], "dkdv": [{**asdict(fwd), "error": "OutOfResources"}], "dq": []}
-        return {"best": {"fwd": fwd}, "trials": trials, "shape": [5, 32, n, d]}
+        return {"best": {"fwd": fwd}, "trials": trials, "shapes": [[5, 32, n, d] for n in lengths]}
 
     monkeypatch.setattr(tune, "tune_case", fake_tune_case)
     monkeypatch.setattr(tk, "FOLDER", tmp_path)
@@ -245,9 +254,11 @@ def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypa
     retuned = {"case": {"dtype": "bfloat16", "d": 64, "causal": True, "n": 3000}, "best": {}, "trials": {}}
     evidence = {"cases": [earlier, retuned], "environment": {"gpu": "Older GPU"}}
     tuning.write_table(tmp_path, "cpu", {kept: asdict(dq)}, evidence)
-    case = tune.cases([(64,)], [torch.bfloat16], causals=(True,), n=1000)[0]
+    case = tune.cases([(64,)], [torch.bfloat16], causals=(True,), lengths=(1000, 2000))[0]
     measured = tune.measure(case, torch.device("cpu"), False, True)
-    assert calls == [(64, torch.bfloat16, True, 1000)] and json.loads(json.dumps(measured)) == measured
+    assert calls == [(64, torch.bfloat16, True, [1000, 2000], ["fwd", "dkdv", "dq"])]
+    assert json.loads(json.dumps(measured)) == measured
+    assert tune.measure(case, torch.device("cpu"), True, True)["case"]["lengths"] == [3000]  # quick: N = 3000 alone
     path = tune.write(*tune.choose([measured]), torch.device("cpu"))
     assert path == tmp_path / "plans" / "cpu.json"
     table = tuning.load_table(tmp_path, "cpu")
@@ -275,3 +286,21 @@ def test_geomean_scores_and_winner_by_hand():
     assert tuning.winner(scores) == "b"
     assert tuning.winner({"a": 1.0, "defaults": 1.0}) == "defaults"  # a tie keeps the defaults
     assert tuning.winner({"a": 2.0, "b": 1.5}, default="") == "b"
+
+
+def test_attention_evidence_keeps_the_kernels_not_tuned_again() -> None:
+    """A forward-only tune (`--part fwd`) replaces an earlier case's forward trials and keeps its dK/dV and dQ ones."""
+    from fuselab.ops.attention import tune
+
+    def case(tried: list[str], **extra: object) -> dict:
+        return {"case": {"dtype": "bfloat16", "d": 64, "causal": True, **extra}, "best": {k: {} for k in tried},
+                "trials": {k: [{"ms": 1.0}] for k in tried}}  # fmt: skip
+
+    earlier = [case(["fwd", "dkdv", "dq"], n=3000), {**case(["fwd"], n=3000), "case": {"dtype": "bfloat16", "d": 96,
+               "causal": True, "n": 3000}}]  # fmt: skip
+    latest = [case(["fwd"], kernels=["fwd"])]
+    merged = tune.merge_cases(earlier, latest)
+    assert [sorted(c["trials"]) for c in merged] == [["dkdv", "dq"], ["fwd"], ["fwd"]]
+    assert [c["case"]["d"] for c in merged] == [64, 96, 64] and sorted(merged[0]["best"]) == ["dkdv", "dq"]
+    assert tune.merge_cases(earlier[:1], [case(["fwd", "dkdv", "dq"], kernels=["fwd", "dkdv", "dq"])])[0]["case"][
+        "kernels"] == ["fwd", "dkdv", "dq"]  # fmt: skip

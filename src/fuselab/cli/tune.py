@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--shapes", metavar="random:N", help="else N random shapes (default: the tuner's shapes, else random:12)"
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the random draw (check on another seed)")
+    p.add_argument("--part", action="append", help="tune only these parts of the op's plans (attention: fwd, dkdv, dq)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-compile", action="store_true", help="do not time torch.compile beside (faster)")
     p.add_argument("--dry-run", action="store_true", help="print the table instead of writing it")
@@ -38,7 +39,11 @@ def run(args: argparse.Namespace) -> int:
     tuner = tuning.load_tuner(args.op)
     device = tuning.tuner_device(tuner)
     dtypes = [parse_dtype(d) for d in split(args.dtype) or getattr(tuner, "default_dtypes", ("fp32", "bf16"))]
-    cases = distributed.broadcast(tuner.cases(_shapes(args, tuner), dtypes))  # rank 0's cases, on every rank
+    parts = split(args.part)
+    if parts and not getattr(tuner, "parts", None):
+        raise ValueError(f"the tuner of {args.op} has no parts to choose from (--part)")
+    extra = {"parts": parts} if parts else {}
+    cases = distributed.broadcast(tuner.cases(_shapes(args, tuner), dtypes, **extra))  # rank 0's, on every rank
     if not cases:
         raise ValueError(f"the tuner of {args.op} made no cases of these shapes and dtypes")
     spread = f", spread over {distributed.world_size()} ranks" if distributed.active() else ""

@@ -1,7 +1,12 @@
 """Attention as Triton kernels (impl "triton"): the custom ops fuselab::attention_triton and _backward (from
-fuselab.ops.library's factory: a triton_op that torch.compile(fullgraph=True) traces through, and an eager path that
-skips the dispatcher), the CS336 autograd Function FlashAttentionTriton, and the registration. The kernels live
-in triton_kernels.py, imported on first use so importing fuselab needs no Triton.
+fuselab.ops.library's factory, with an eager path that skips the dispatcher), the CS336 autograd Function
+FlashAttentionTriton, and the registration. The kernels live in triton_kernels.py, imported on first use so importing
+fuselab needs no Triton.
+
+The ops are opaque to torch.compile (kind "python", not a triton_op that it traces into): the forward's launch builds
+TMA descriptors on the host, which torch's tracing of Triton launches does not take (torch 2.11 ran such a traced
+launch on wrong arguments). Under torch.compile(fullgraph=True) each op is one node of the graph, run as in eager
+mode; FlashAttentionTriton calls the ops while torch.compile traces it.
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ attention_triton = define_op(
     outputs=("o",),
     extras=("lse",),
     check=_checks("attention triton"),
-    kind="triton",
+    kind="python",
     defaults={"causal": False, "scale": None},
 )
 ATTENTION.impl(
@@ -99,11 +104,24 @@ ATTENTION.impl(
 )(attention_triton)
 
 
+def _flash_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CS336 class's forward: the op while torch.compile traces (one opaque node), else the launcher itself."""
+    if torch.compiler.is_compiling():
+        return attention_triton.op(q, k, v, causal, scale)
+    return _kernels().forward(q, k, v, causal, scale)
+
+
+def _flash_backward(*args: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CS336 class's backward (dO, q, k, v, O, L, causal, scale), as `_flash_forward` chooses."""
+    if torch.compiler.is_compiling():
+        return attention_triton.backward_op(*args)
+    return _kernels().backward(*args)
+
+
 FlashAttentionTriton = flash_function(
-    "FlashAttentionTriton",
-    lambda *args: _kernels().forward(*args),
-    lambda *args: _kernels().backward(*args),
-    check=_checks("FlashAttentionTriton"),
+    "FlashAttentionTriton", _flash_forward, _flash_backward, check=_checks("FlashAttentionTriton")
 )
 
 

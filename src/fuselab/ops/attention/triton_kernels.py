@@ -2,17 +2,17 @@
 
 Layout: every tensor is addressed as (Z, H, N, D) through its four strides, so non-contiguous q, k, v and output
 gradients are read in place; a gradient with a stride 0 (`o.sum().backward()`) or a non-unit last stride is copied
-to contiguous first (the H200 run read the leaderboard step's stride-0 gradient in place: 6.68 ms, against ~5.45 ms
-expected from the same kernels at (1, 32, 16384, 64); the copy is not measured yet). The head dim is held in one
-or two column chunks, each a power of two >= 16 (`d_chunks`: 80 as 64 + 16, 96 as 64 + 32, so the tensor cores do not
-multiply the zeros of a pad to 128), with masks where a chunk passes d. Each program's (batch, head) base offset and
-row-block offset are 64-bit; offsets inside a tile are 32-bit.
+to contiguous first. The head dim is held in one or two column chunks, each a power of two >= 16 (`d_chunks`: 80 as
+64 + 16, 96 as 64 + 32, so the tensor cores do not multiply the zeros of a pad to 128), with masks where a chunk
+passes d. Each program's (batch, head) base offset and row-block offset are 64-bit; offsets inside a tile are 32-bit.
 
 Forward (one program per BLOCK_M queries of one head): the query tile stays in registers, key/value tiles of BLOCK_N
 stream past; online softmax in base 2 with log2(e) folded into the scale; per row it writes O and the logsumexp
 L = (m + log2 l) * ln 2 (natural log, float32). The key range is split in two loops: whole key blocks that need no
 mask at all, then the few that do (the causal diagonal, and the ragged last block); key blocks wholly above the
-diagonal are never visited.
+diagonal are never visited. On Hopper and later, 16-bit tensors whose strides TMA can address (`tma_ready`) are read
+and written by tensor descriptors (`attention_fwd_tma_kernel`: the copy engine moves each tile, zero-filling past the
+tensor's edges, and no address tile takes registers); other inputs take the pointer kernel.
 
 Backward (deterministic, no atomics): `_bwd_delta` computes delta = rowsum(dO * O); `_bwd_dkdv` gives one program
 BLOCK_N keys of one key/value head (causal: only keys some query sees; the rest are zero-filled, not launched),
@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from fuselab.ops import tuning
 from fuselab.ops.library import wrap_triton
@@ -62,6 +63,40 @@ def _tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constex
 
 
 # ---------------------------------------------------------------------------------------------- forward
+
+
+@triton.jit
+def _key_ranges(m0, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(full_hi, hi) for the query block at m0: key blocks [0, full_hi) need no mask, [full_hi, hi) do (the causal
+    diagonal, the ragged last block); causal keys past hi are seen by none of the block's queries."""
+    nk_whole = (NK // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        full_hi = tl.minimum(((m0 + 1) // BLOCK_N) * BLOCK_N, nk_whole)  # blocks every row sees whole
+        hi = tl.minimum(m0 + BLOCK_M, NK)
+    else:
+        full_hi = nk_whole
+        hi = NK
+    return full_hi, hi
+
+
+@triton.jit
+def _softmax_step(qk, m_i, l_i, offs_m, offs_k, NK, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """One key block's online-softmax update of the raw scores qk (BLOCK_M, BLOCK_N) of keys offs_k: (P in fp32,
+    alpha (the factor the accumulator is rescaled by), the new row max m, the new row sum l), all base 2. MASKED:
+    keys >= NK (and, CAUSAL, keys after the query) get no weight."""
+    if MASKED:
+        keep = (offs_k < NK)[None, :]
+        if CAUSAL:
+            keep = keep & (offs_k[None, :] <= offs_m[:, None])
+        qk = tl.where(keep, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        qk = qk - m_new[:, None]
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        qk = qk * qk_scale - m_new[:, None]
+    p = tl.math.exp2(qk)
+    alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit
@@ -105,19 +140,7 @@ def _fwd_inner(
         qk = tl.dot(q_a, _tile(k_ptrs + kt_offs_a, ok_a, in_n, MASK_A, MASKED), input_precision=PREC)
         if SPLIT:
             qk = tl.dot(q_b, _tile(k_ptrs + kt_offs_b, ok_b, in_n, MASK_B, MASKED), qk, input_precision=PREC)
-        if MASKED:
-            keep = in_n[None, :]
-            if CAUSAL:
-                keep = keep & ((start_n + offs_n)[None, :] <= offs_m[:, None])
-            qk = tl.where(keep, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            qk = qk - m_new[:, None]
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_new[:, None]
-        p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = _softmax_step(qk, m_i, l_i, offs_m, start_n + offs_n, NK, qk_scale, MASKED, CAUSAL)
         v_a = _tile(v_ptrs + v_offs_a, in_n, ok_a, MASKED, MASK_A)
         p = p.to(v_a.dtype)
         acc_a = tl.dot(p, v_a, acc_a * alpha[:, None], input_precision=PREC)
@@ -211,13 +234,7 @@ def attention_fwd_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    nk_whole = (NK // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        full_hi = tl.minimum(((m0 + 1) // BLOCK_N) * BLOCK_N, nk_whole)  # blocks every row sees whole
-        hi = tl.minimum(m0 + BLOCK_M, NK)
-    else:
-        full_hi = nk_whole
-        hi = NK
+    full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
     acc_a, acc_b, l_i, m_i = _fwd_inner(
         acc_a, acc_b, l_i, m_i, q_a, q_b, k_base, v_base, kt_offs_a, kt_offs_b, v_offs_a, v_offs_b, skn, svn,
         offs_m, offs_n, ok_a, ok_b, 0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
@@ -234,6 +251,115 @@ def attention_fwd_kernel(
     if SPLIT:
         out = (acc_b / l_i[:, None]).to(O.dtype.element_ty)
         tl.store(o_ptrs + offs_b[None, :] * sod, out, mask=in_m[:, None] & ok_b[None, :])
+
+
+@triton.jit
+def _fwd_inner_tma(
+    acc_a,
+    acc_b,
+    l_i,
+    m_i,
+    q_a,
+    q_b,
+    k_a,
+    k_b,
+    v_a,
+    v_b,
+    z,
+    hk,
+    offs_m,
+    offs_n,
+    lo,
+    hi,
+    NK,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """`_fwd_inner` with the key and value tiles read through the descriptors k_a, k_b, v_a, v_b (chunk a at column
+    0, chunk b at column DA; DB = 0: one chunk); rows past NK arrive as zeros, so only the scores are masked."""
+    for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
+        kt = tl.trans(k_a.load([z, hk, start_n, 0]).reshape(BLOCK_N, DA))
+        qk = tl.dot(q_a, kt, input_precision=PREC)
+        if DB > 0:
+            kt = tl.trans(k_b.load([z, hk, start_n, DA]).reshape(BLOCK_N, DB))
+            qk = tl.dot(q_b, kt, qk, input_precision=PREC)
+        p, alpha, m_new, l_i = _softmax_step(qk, m_i, l_i, offs_m, start_n + offs_n, NK, qk_scale, MASKED, CAUSAL)
+        v = v_a.load([z, hk, start_n, 0]).reshape(BLOCK_N, DA)
+        p = p.to(v.dtype)
+        acc_a = tl.dot(p, v, acc_a * alpha[:, None], input_precision=PREC)
+        if DB > 0:
+            v = v_b.load([z, hk, start_n, DA]).reshape(BLOCK_N, DB)
+            acc_b = tl.dot(p, v, acc_b * alpha[:, None], input_precision=PREC)
+        m_i = m_new
+    return acc_a, acc_b, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
+def attention_fwd_tma_kernel(
+    q_a,
+    q_b,
+    k_a,
+    k_b,
+    v_a,
+    v_b,
+    o_a,
+    o_b,
+    LSE,
+    HQ,
+    GROUP,
+    NQ,
+    NK,
+    NUM_M,
+    qk_scale,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """`attention_fwd_kernel` through tensor descriptors: q_a, q_b, k_a, ... over the (Z, H, N, d) tensors, blocks
+    [1, 1, BLOCK_M or BLOCK_N, DA or DB] (the b descriptors unused when DB = 0). Same grid, outputs and math."""
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    pid = tl.program_id(0)
+    bh = pid // NUM_M
+    start_m = pid % NUM_M
+    if CAUSAL:  # the longest rows first: a better tail for the last wave
+        start_m = NUM_M - 1 - start_m
+    z = bh // HQ
+    h = bh % HQ
+    hk = h // GROUP
+    m0 = start_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = q_a.load([z, h, m0, 0]).reshape(BLOCK_M, DA)
+    acc_a = tl.zeros([BLOCK_M, DA], dtype=tl.float32)
+    if DB > 0:
+        q2 = q_b.load([z, h, m0, DA]).reshape(BLOCK_M, DB)
+        acc_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
+    else:  # placeholders, never read
+        q2, acc_b = q, acc_a
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    acc_a, acc_b, l_i, m_i = _fwd_inner_tma(
+        acc_a, acc_b, l_i, m_i, q, q2, k_a, k_b, v_a, v_b, z, hk, offs_m, offs_n, 0, full_hi, NK, qk_scale,
+        BLOCK_N, DA, DB, False, CAUSAL, PREC,
+    )  # fmt: skip
+    acc_a, acc_b, l_i, m_i = _fwd_inner_tma(
+        acc_a, acc_b, l_i, m_i, q, q2, k_a, k_b, v_a, v_b, z, hk, offs_m, offs_n, full_hi, hi, NK, qk_scale,
+        BLOCK_N, DA, DB, True, CAUSAL, PREC,
+    )  # fmt: skip
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    tl.store(LSE + bh.to(tl.int64) * NQ + offs_m, lse, mask=offs_m < NQ)
+    o_a.store([z, h, m0, 0], (acc_a / l_i[:, None]).to(o_a.dtype).reshape(1, 1, BLOCK_M, DA))
+    if DB > 0:
+        o_b.store([z, h, m0, DA], (acc_b / l_i[:, None]).to(o_b.dtype).reshape(1, 1, BLOCK_M, DB))
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -624,13 +750,7 @@ def attention_bwd_dq_kernel(
         dq_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
     else:  # placeholders, never read
         ok_b, q_b, do_b, k_offs_b, v_offs_b, dq_b = ok_a, q_a, do_a, k_offs_a, v_offs_a, dq_a
-    nk_whole = (NK // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        full_hi = tl.minimum(((m0 + 1) // BLOCK_N) * BLOCK_N, nk_whole)
-        hi = tl.minimum(m0 + BLOCK_M, NK)
-    else:
-        full_hi = nk_whole
-        hi = NK
+    full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
     dq_a, dq_b = _dq_inner(
         dq_a, dq_b, q_a, q_b, do_a, do_b, lse, delta, k_base, v_base, k_offs_a, k_offs_b, v_offs_a, v_offs_b, skn,
         svn, offs_m, offs_n, ok_a, ok_b, 0, full_hi, NK, qk_scale, BLOCK_N, False, CAUSAL, MASK_A, SPLIT, MASK_B,
@@ -652,7 +772,13 @@ def attention_bwd_dq_kernel(
         )
 
 
-TRITON_KERNELS = (attention_fwd_kernel, attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel)
+TRITON_KERNELS = (
+    attention_fwd_kernel,
+    attention_fwd_tma_kernel,
+    attention_bwd_delta_kernel,
+    attention_bwd_dkdv_kernel,
+    attention_bwd_dq_kernel,
+)
 
 
 # ---------------------------------------------------------------------------------------------- plans
@@ -728,9 +854,10 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
 
 
 @functools.cache
-def _device_info(index: int) -> tuple[str, int]:
-    """(plan table key, SM count) of CUDA device `index`."""
-    return tuning.device_key(index), torch.cuda.get_device_properties(index).multi_processor_count
+def _device_info(index: int) -> tuple[str, int, int]:
+    """(plan table key, SM count, compute capability's major number) of CUDA device `index`."""
+    props = torch.cuda.get_device_properties(index)
+    return tuning.device_key(index), props.multi_processor_count, props.major
 
 
 FORCED: dict[str, Plan] = {}  # kernel -> plan, set by `forced_plans` (the tuner, tests)
@@ -757,9 +884,35 @@ def choose_plan(
     plan = rule_plan(kernel, d, dtype, causal)
     if device.type != "cuda" or INTERPRET:
         return plan
-    key, sms = _device_info(device.index if device.index is not None else torch.cuda.current_device())
+    key, sms, _ = _device_info(_index(device))
     tuned = tuning.load_table(FOLDER, key).get(plan_key(kernel, d, dtype, causal))
     return fit_plan(kernel, Plan(**tuned) if tuned else plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def tma_ready(*tensors: torch.Tensor) -> bool:
+    """Whether the forward reads and writes these tensors by TMA descriptors: 16-bit CUDA tensors on a Hopper or later
+    GPU (not the interpreter; plain tensors, not a tracer's fakes), the head dim within one or two chunks of at most
+    128 columns, the last dim contiguous, and the base and every other stride 16-byte aligned (the copy engine's
+    rules)."""
+    t = tensors[0]
+    if (
+        INTERPRET
+        or type(t) is not torch.Tensor
+        or t.device.type != "cuda"
+        or t.element_size() != 2
+        or d_chunks(t.shape[-1])[0] > 128
+    ):
+        return False
+    if _device_info(_index(t.device))[2] < 9:
+        return False
+    return all(
+        x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s * 2 % 16 == 0 for s in x.stride()[:-1])
+        for x in tensors
+    )
 
 
 def fit_plan(kernel: str, plan: Plan, nq: int, nk: int, heads: int, sms: int, row_bytes: int) -> Plan:
@@ -810,6 +963,14 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _descriptors(t: torch.Tensor, rows: int, da: int, db: int) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """TMA descriptors of the (Z, H, N, d) tensor `t` for tiles of `rows` rows: columns [0, da), then [da, da + db)
+    (the first again when db = 0; the kernel then never uses it)."""
+    shape, strides = list(t.shape), list(t.stride())
+    first = TensorDescriptor(t, shape, strides, [1, 1, rows, da])
+    return first, TensorDescriptor(t, shape, strides, [1, 1, rows, db]) if db else first
+
+
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -822,6 +983,16 @@ def forward(
     if o.numel() > 0:
         plan = choose_plan("fwd", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num_m = triton.cdiv(nq, plan.block_m)
+        if tma_ready(q4, k4, v4, o):
+            da, db = d_chunks(d)
+            _launch(
+                attention_fwd_tma_kernel, (num_m * z * hq,), *_descriptors(q4, plan.block_m, da, db),
+                *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
+                *_descriptors(o, plan.block_m, da, db), lse, hq, hq // hkv, nq, nk, num_m, scale * LOG2E,
+                plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
+                PREC=_precision(q.dtype),
+            )  # fmt: skip
+            return o.reshape(q.shape), lse.reshape(q.shape[:-1])
         _launch(
             attention_fwd_kernel, (num_m * z * hq,), q4, k4, v4, o, lse,
             *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(), hq, hq // hkv, nq, nk, num_m, scale * LOG2E,

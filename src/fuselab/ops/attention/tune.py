@@ -2,19 +2,22 @@
 
     fuselab tune attention                                        # bf16 and fp16, d 64 and 128, causal and not
     fuselab tune attention --dtype bf16 --shape 64 --shape 96     # the last dim of each shape is a head dim
+    fuselab tune attention --part fwd                             # the forward's plans only (fwd, dkdv, dq)
     torchrun --nproc-per-node 8 -m fuselab tune attention         # the cases spread over 8 GPUs
 
-For each (dtype, head dim, causal) it times, on a tuning shape that is not one of the benchmark's (N = 3000, batch and
-heads making ~16k tokens of hidden 2048), the forward's candidates, then the backward with each dK/dV candidate (dQ at
-its rule), then each dQ candidate (dK/dV at the best found). Each candidate is checked against the tiled reference
-first; a candidate that fails to compile (shared memory) or is wrong is dropped. Timing: triton.testing.do_bench
-(back to back, L2 flushed). The winners go to plans/<device key>.json (fuselab.ops.tuning), which the launchers read
-(falling back to the rule for keys absent there).
+For each (dtype, head dim, causal) it times each candidate at three sequence lengths that are not the benchmark's
+(N = 1000, 3000 and 9000, batch and heads making ~16k tokens of hidden 2048; `--quick`: 3000 alone) and keeps the
+one of least geometric-mean time: the forward's candidates, then the backward with each dK/dV candidate (dQ at its
+plan), then each dQ candidate (dK/dV at the best found). Each candidate is checked against the reference first; a
+candidate that fails to compile (shared memory) or is wrong is dropped. Timing: triton.testing.do_bench (back to
+back, L2 flushed). The winners go to plans/<device key>.json (fuselab.ops.tuning), laid over what it holds, which
+the launchers read (falling back to the rule for keys absent there).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -30,7 +33,9 @@ from fuselab.ops.attention.spec import reference
 
 Plan = tk.Plan
 KERNELS = tk.KERNELS
-N = 3000  # the tuning shape's sequence length
+N = 3000  # the tuning shapes' middle sequence length (`--quick`: the only one)
+LENGTHS = (1000, N, 9000)
+parts = KERNELS  # what `fuselab tune attention --part` may name
 
 
 def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
@@ -42,8 +47,9 @@ def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
             Plan(128, 64, 4, 3),
             Plan(128, 64, 8, 3),
             Plan(128, 128, 8, 3),
-            Plan(128, 64, 4, 4),
             Plan(64, 64, 4, 3),
+            Plan(64, 128, 4, 2),
+            Plan(64, 128, 4, 3),
         ]
     elif kernel == "dkdv":
         plans += [Plan(64, 128, 8, 3), Plan(32, 128, 4, 3), Plan(64, 128, 4, 2), Plan(64, 64, 4, 3), Plan(32, 64, 4, 3)]
@@ -68,17 +74,28 @@ def _timed(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=40)
 
 
-def tune_case(d: int, dtype: torch.dtype, causal: bool, n: int = N, log: Callable[[str], None] = print) -> dict:
-    """Best plans for one (d, dtype, causal) with their times; every candidate's time or error in 'trials'."""
+def tune_case(
+    d: int,
+    dtype: torch.dtype,
+    causal: bool,
+    lengths: Sequence[int] = LENGTHS,
+    kernels: Sequence[str] = KERNELS,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Best plans of `kernels` for one (d, dtype, causal): each candidate's geometric-mean time over `lengths`; every
+    candidate's times (or error) in 'trials'; the kernels not tuned keep their current plans meanwhile."""
     heads = max(1, 2048 // d)
-    batch = max(1, 16384 // n)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(batch, heads, n, d, device="cuda", generator=gen).to(dtype) for _ in range(3))
-    do = torch.randn(batch, heads, n, d, device="cuda", generator=gen).to(dtype)
+    tensors = []
+    for n in lengths:
+        q, k, v, do = (
+            torch.randn(max(1, 16384 // n), heads, n, d, device="cuda", generator=gen).to(dtype) for _ in "qkvo"
+        )
+        tensors.append((q, k, v, do))
     scale = d**-0.5
-    small = [t[:1, :2, :300] for t in (q, k, v)]
+    small = [t[:1, :2, :300] for t in tensors[0][:3]]
     ref = reference(*(t.double() for t in small), causal=causal)
-    trials: dict[str, list] = {"fwd": [], "dkdv": [], "dq": []}
+    trials: dict[str, list] = {kernel: [] for kernel in kernels}
     best: dict[str, Plan] = {}
 
     def check(plans: dict[str, Plan]) -> None:
@@ -90,19 +107,24 @@ def tune_case(d: int, dtype: torch.dtype, causal: bool, n: int = N, log: Callabl
                 raise AssertionError(f"forward error {err:.2e}")
             tk.backward(torch.ones_like(o), *xs, o, tk.forward(*xs, causal, scale)[1], causal, scale)
 
-    for kernel in ("fwd", "dkdv", "dq"):
+    def time_at(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> float:
+        if kernel == "fwd":
+            return _timed(lambda: tk.forward(q, k, v, causal, scale))
+        o, lse = tk.forward(q, k, v, causal, scale)
+        return _timed(lambda: tk.backward(do, q, k, v, o, lse, causal, scale))
+
+    for kernel in kernels:
         for plan in candidates(kernel, d, dtype):
             plans = {**best, kernel: plan}
             try:
                 check(plans)
                 with tk.forced_plans(plans):
-                    if kernel == "fwd":
-                        ms = _timed(lambda: tk.forward(q, k, v, causal, scale))
-                    else:
-                        o, lse = tk.forward(q, k, v, causal, scale)
-                        ms = _timed(lambda o=o, lse=lse: tk.backward(do, q, k, v, o, lse, causal, scale))
-                trials[kernel].append({**asdict(plan), "ms": ms})
-                log(f"  {kernel} {plan}: {ms:.3f} ms")
+                    times = [time_at(kernel, *t) for t in tensors]
+                ms = math.prod(times) ** (1 / len(times))
+                trials[kernel].append(
+                    {**asdict(plan), "ms": ms, "ms_by_n": dict(zip(map(str, lengths), times, strict=True))}
+                )
+                log(f"  {kernel} {plan}: {ms:.3f} ms (geomean over N = {', '.join(map(str, lengths))})")
             except Exception as exc:  # out of shared memory, a compile error, a wrong result: dropped
                 trials[kernel].append({**asdict(plan), "error": f"{type(exc).__name__}: {exc}"[:200]})
                 log(f"  {kernel} {plan}: {type(exc).__name__}")
@@ -110,7 +132,7 @@ def tune_case(d: int, dtype: torch.dtype, causal: bool, n: int = N, log: Callabl
         if timed:
             top = min(timed, key=lambda t: t["ms"])
             best[kernel] = Plan(top["block_m"], top["block_n"], top["warps"], top["stages"])
-    return {"best": best, "trials": trials, "shape": [batch, heads, n, d]}
+    return {"best": best, "trials": trials, "shapes": [list(t[0].shape) for t in tensors]}
 
 
 # ---------------------------------------------------------------------------------------------- the tuner protocol
@@ -122,15 +144,23 @@ CAUSALS = (False, True)
 
 
 def cases(
-    shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype], causals: Sequence[bool] = CAUSALS, n: int = N
+    shapes: Sequence[tuple[int, ...]],
+    dtypes: Sequence[torch.dtype],
+    causals: Sequence[bool] = CAUSALS,
+    lengths: Sequence[int] = LENGTHS,
+    parts: Sequence[str] = KERNELS,
 ) -> list[dict]:
     """One case per (dtype, head dim, causal), in that order of nesting; the head dim is each shape's last dimension
-    (repeats dropped): {"dtype": "bfloat16", "d": 64, "causal": False, "n": 3000}."""
+    (repeats dropped); `parts`: the kernels to tune. {"dtype": "bfloat16", "d": 64, "causal": False, "lengths": [1000,
+    3000, 9000], "kernels": ["fwd", "dkdv", "dq"]}."""
+    unknown = [p for p in parts if p not in KERNELS]
+    if unknown or not parts:
+        raise ValueError(f"attention tune: parts are {', '.join(KERNELS)}; got {', '.join(unknown) or 'none'}")
     if any(len(shape) == 0 for shape in shapes):
         raise ValueError("attention tune: each shape's last dimension is a head dim; got a scalar shape")
     heads = list(dict.fromkeys(int(shape[-1]) for shape in shapes))
     return [
-        {"dtype": dtype_name(dtype), "d": d, "causal": causal, "n": n}
+        {"dtype": dtype_name(dtype), "d": d, "causal": causal, "lengths": list(lengths), "kernels": list(parts)}
         for dtype in dtypes
         for d in heads
         for causal in causals
@@ -142,32 +172,33 @@ def describe(case: dict) -> str:
 
 
 def cost(case: dict) -> float:
-    """Estimated seconds: a compile, a check and a do_bench per candidate of the three kernels."""
+    """Estimated seconds: a compile and a check per candidate of the case's kernels, a do_bench per length."""
     from fuselab.bench.distributed import case_cost
 
     dtype = parse_dtype(case["dtype"])
-    count = sum(len(candidates(kernel, case["d"], dtype)) for kernel in KERNELS)
-    return case_cost(impls=count, timing_s=0.1, compiled=count, compile_s=2.0)
+    count = sum(len(candidates(kernel, case["d"], dtype)) for kernel in case["kernels"])
+    return case_cost(impls=count * len(case["lengths"]), timing_s=0.1, compiled=count, compile_s=2.0)
 
 
 def measure(
     case: dict, device: torch.device, quick: bool, compile_peer: bool, log: Callable[[str], None] | None = None
 ) -> dict:
-    """`tune_case` at one case (the stepwise search: forward, then dK/dV, then dQ at the best), on the current GPU;
-    `quick` and `compile_peer` do not apply (do_bench's settings are fixed). JSON-able: {"case", "best": {kernel:
-    plan as a dict}, "trials", "shape"}."""
+    """`tune_case` at one case (the stepwise search: forward, then dK/dV, then dQ at the best, of the case's kernels),
+    on the current GPU; `quick`: at N = 3000 alone; `compile_peer` does not apply. JSON-able: {"case", "best":
+    {kernel: plan as a dict}, "trials", "shapes"}."""
     dtype = parse_dtype(case["dtype"])
-    result = tune_case(case["d"], dtype, case["causal"], case.get("n", N), log=log or (lambda line: None))
+    lengths = [N] if quick else case["lengths"]
+    result = tune_case(case["d"], dtype, case["causal"], lengths, case["kernels"], log=log or (lambda line: None))
     best = {kernel: asdict(plan) for kernel, plan in result["best"].items()}
-    return {"case": case, "best": best, "trials": result["trials"], "shape": result["shape"]}
+    return {"case": {**case, "lengths": lengths}, "best": best, "trials": result["trials"], "shapes": result["shapes"]}
 
 
 def summary(measured: dict) -> str:
-    parts = []
+    pieces = []
     for kernel, plan in measured["best"].items():
         ms = min(t["ms"] for t in measured["trials"][kernel] if "ms" in t)  # the best is the fastest
-        parts.append(f"{kernel} {Plan(**plan)} {ms:.3f} ms")
-    return "; ".join(parts) or "no candidate ran"
+        pieces.append(f"{kernel} {Plan(**plan)} {ms:.3f} ms")
+    return "; ".join(pieces) or "no candidate ran"
 
 
 def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
@@ -205,10 +236,22 @@ def earlier_cases(key: str) -> list[dict]:
 
 
 def merge_cases(earlier: Sequence[dict], latest: Sequence[dict]) -> list[dict]:
-    """`earlier` evidence cases without those `latest` tuned again (same dtype, d, causal), then `latest`."""
+    """`earlier` evidence cases, less the kernels `latest` tuned again at the same (dtype, d, causal) (a case left
+    with none is dropped), then `latest`."""
 
     def same(case: dict) -> tuple:
         return case["case"]["dtype"], case["case"]["d"], case["case"]["causal"]
 
-    tuned = {same(c) for c in latest}
-    return [c for c in earlier if same(c) not in tuned] + list(latest)
+    retuned: dict[tuple, set[str]] = {}
+    for c in latest:
+        retuned.setdefault(same(c), set()).update(c["case"].get("kernels", KERNELS))
+    kept = []
+    for c in earlier:
+        gone = retuned.get(same(c), set())
+        left = [k for k in c.get("trials", {}) if k not in gone]
+        if same(c) not in retuned:
+            kept.append(c)
+        elif left:
+            best = {k: v for k, v in c.get("best", {}).items() if k in left}
+            kept.append({**c, "best": best, "trials": {k: c["trials"][k] for k in left}})
+    return kept + list(latest)
