@@ -532,3 +532,27 @@ def test_triton_kernels_compile_with_the_scalars_torch_compile_passes() -> None:
     done = subprocess.run([sys.executable, "-c", TTIR_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("ok ") == len(tk.TRITON_KERNELS) == 5, done.stdout
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_tma_backward_study_matches_the_backward(causal: bool) -> None:
+    """benchmarks/attention_tma_backward.py (issue 25's next step) gives tk.backward's gradients: here under the
+    interpreter (fp32, 16 x 16 tiles), at ragged lengths, Nq != Nk, GQA and a head dim in two chunks (48 = 32 + 16)."""
+    import importlib.util
+    from pathlib import Path
+
+    from fuselab.ops.attention import triton_kernels as tk
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_tma_backward.py"
+    spec = importlib.util.spec_from_file_location("_tma_backward_study", path)
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    for z, hq, hkv, nq, nk, d in [(1, 2, 2, 37, 37, 16), (1, 4, 2, 21, 45, 48)]:
+        gen = torch.Generator(device="cpu").manual_seed(nq + d)
+        q, do = (torch.randn(z, hq, nq, d, generator=gen).to(DEVICE) for _ in range(2))
+        k, v = (torch.randn(z, hkv, nk, d, generator=gen).to(DEVICE) for _ in range(2))
+        o, lse = tk.forward(q, k, v, causal, d**-0.5)
+        ours = study.backward(do, q, k, v, o, lse, causal, d**-0.5)
+        for a, b in zip(ours, tk.backward(do, q, k, v, o, lse, causal, d**-0.5), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
