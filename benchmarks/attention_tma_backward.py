@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from fuselab.bench.env import environment
 from fuselab.ops.attention import triton_kernels as tk
@@ -448,13 +447,6 @@ def dq_tma_kernel(
         dqd_b.store([z, h, m0, DA], (dq_b * sm_scale).to(dqd_b.dtype).reshape(1, 1, BLOCK_M, DB))
 
 
-def descs(t: torch.Tensor, rows: int, da: int, db: int) -> tuple:
-    """Descriptors of chunk a (columns [0, da)) and b ([da, da + db); a again when db = 0) for tiles of `rows`."""
-    a = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, da])
-    b = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, db]) if db else a
-    return a, b
-
-
 def backward(
     do: torch.Tensor,
     q: torch.Tensor,
@@ -508,14 +500,14 @@ def backward(
         dk[:, :, num * plan.block_n :].zero_()
         dv[:, :, num * plan.block_n :].zero_()
     dkdv_tma_kernel[(num * z * hkv,)](
-        *descs(q, plan.block_m, da, db),
-        *descs(k, plan.block_n, da, db),
-        *descs(v, plan.block_n, da, db),
-        *descs(do, plan.block_m, da, db),
+        *tk._descriptors(q, plan.block_m, da, db),
+        *tk._descriptors(k, plan.block_n, da, db),
+        *tk._descriptors(v, plan.block_n, da, db),
+        *tk._descriptors(do, plan.block_m, da, db),
         lse,
         delta,
-        *descs(dk, plan.block_n, da, db),
-        *descs(dv, plan.block_n, da, db),
+        *tk._descriptors(dk, plan.block_n, da, db),
+        *tk._descriptors(dv, plan.block_n, da, db),
         hkv,
         hq // hkv,
         nq,
@@ -535,13 +527,13 @@ def backward(
     plan = dq_plan or tk.choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
     num = triton.cdiv(nq, plan.block_m)
     dq_tma_kernel[(num * z * hq,)](
-        *descs(q, plan.block_m, da, db),
-        *descs(k, plan.block_n, da, db),
-        *descs(v, plan.block_n, da, db),
-        *descs(do, plan.block_m, da, db),
+        *tk._descriptors(q, plan.block_m, da, db),
+        *tk._descriptors(k, plan.block_n, da, db),
+        *tk._descriptors(v, plan.block_n, da, db),
+        *tk._descriptors(do, plan.block_m, da, db),
         lse,
         delta,
-        *descs(dq, plan.block_m, da, db),
+        *tk._descriptors(dq, plan.block_m, da, db),
         hq,
         hq // hkv,
         nq,
