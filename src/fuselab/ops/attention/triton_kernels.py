@@ -10,16 +10,20 @@ Forward (one program per BLOCK_M queries of one head): the query tile stays in r
 stream past; online softmax in base 2 with log2(e) folded into the scale; per row it writes O and the logsumexp
 L = (m + log2 l) * ln 2 (natural log, float32). The key range is split in two loops: whole key blocks that need no
 mask at all, then the few that do (the causal diagonal, and the ragged last block); key blocks wholly above the
-diagonal are never visited. On Hopper and later, 16-bit tensors whose strides TMA can address (`tma_ready`) are read
-and written by tensor descriptors (`attention_fwd_tma_kernel`: the copy engine moves each tile, zero-filling past the
-tensor's edges, and no address tile takes registers); other inputs take the pointer kernel.
+diagonal are never visited.
 
 Backward (deterministic, no atomics): `_bwd_delta` computes delta = rowsum(dO * O); `_bwd_dkdv` gives one program
 BLOCK_N keys of one key/value head (causal: only keys some query sees; the rest are zero-filled, not launched),
 loops over the query heads of its group (GQA) and over query blocks, recomputing P^T = exp2(K Q^T * c - L) and
 accumulating dV += P^T dO and dK += dS^T Q in registers; `_bwd_dq` gives one program BLOCK_M queries and loops over
 key blocks for dQ += dS K. The same split into unmasked and masked blocks applies, and causal blocks that see
-nothing are skipped.
+nothing are skipped. The math of one pair of tiles is written once (`_softmax_step`, `_dkdv_step`, `_dq_step`) for
+the pointer and the TMA kernels alike.
+
+TMA: on Hopper and later, 16-bit tensors whose strides TMA can address (`tma_ready`) are read and written by tensor
+descriptors (the `*_tma_kernel`s: the copy engine moves each tile, zero-filling past the tensor's edges, so loads need
+no masks and no address tile takes registers); other inputs (fp32, unaligned views, d 256, the interpreter unless a
+test forces it) take the pointer kernels. Both give the same results bitwise.
 """
 
 from __future__ import annotations
@@ -60,6 +64,19 @@ def _tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constex
     else:
         x = tl.load(ptrs)
     return x
+
+
+@triton.jit
+def _program(NUM, H, LONGEST_FIRST: tl.constexpr):
+    """This program's (bh, z, h, block): program_id = bh * NUM + block over Z x H heads of NUM row blocks each.
+    LONGEST_FIRST numbers the blocks from the last (causal query blocks: the longest rows first, so the last wave's
+    programs are short)."""
+    pid = tl.program_id(0)
+    bh = pid // NUM
+    block = pid % NUM
+    if LONGEST_FIRST:
+        block = NUM - 1 - block
+    return bh, bh // H, bh % H, block
 
 
 # ---------------------------------------------------------------------------------------------- forward
@@ -198,15 +215,9 @@ def attention_fwd_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale = tl.cast(qk_scale, tl.float32)  # torch.compile passes a Python float as fp64: all math stays fp32
-    pid = tl.program_id(0)
-    bh = pid // NUM_M
-    start_m = pid % NUM_M
-    if CAUSAL:  # the longest rows first: a better tail for the last wave
-        start_m = NUM_M - 1 - start_m
-    z = bh // HQ
-    h = bh % HQ
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
     hk = h // GROUP
-    m0 = start_m * BLOCK_M
+    m0 = block * BLOCK_M
     q_base = Q + z.to(tl.int64) * sqz + h.to(tl.int64) * sqh + m0.to(tl.int64) * sqn
     k_base = K + z.to(tl.int64) * skz + hk.to(tl.int64) * skh
     v_base = V + z.to(tl.int64) * svz + hk.to(tl.int64) * svh
@@ -261,10 +272,10 @@ def _fwd_inner_tma(
     m_i,
     q_a,
     q_b,
-    k_a,
-    k_b,
-    v_a,
-    v_b,
+    k_da,
+    k_db,
+    v_da,
+    v_db,
     z,
     hk,
     offs_m,
@@ -280,20 +291,20 @@ def _fwd_inner_tma(
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """`_fwd_inner` with the key and value tiles read through the descriptors k_a, k_b, v_a, v_b (chunk a at column
+    """`_fwd_inner` with the key and value tiles read through the descriptors k_da, k_db, v_da, v_db (chunk a at column
     0, chunk b at column DA; DB = 0: one chunk); rows past NK arrive as zeros, so only the scores are masked."""
     for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
-        kt = tl.trans(k_a.load([z, hk, start_n, 0]).reshape(BLOCK_N, DA))
+        kt = tl.trans(k_da.load([z, hk, start_n, 0]).reshape(BLOCK_N, DA))
         qk = tl.dot(q_a, kt, input_precision=PREC)
         if DB > 0:
-            kt = tl.trans(k_b.load([z, hk, start_n, DA]).reshape(BLOCK_N, DB))
+            kt = tl.trans(k_db.load([z, hk, start_n, DA]).reshape(BLOCK_N, DB))
             qk = tl.dot(q_b, kt, qk, input_precision=PREC)
         p, alpha, m_new, l_i = _softmax_step(qk, m_i, l_i, offs_m, start_n + offs_n, NK, qk_scale, MASKED, CAUSAL)
-        v = v_a.load([z, hk, start_n, 0]).reshape(BLOCK_N, DA)
+        v = v_da.load([z, hk, start_n, 0]).reshape(BLOCK_N, DA)
         p = p.to(v.dtype)
         acc_a = tl.dot(p, v, acc_a * alpha[:, None], input_precision=PREC)
         if DB > 0:
-            v = v_b.load([z, hk, start_n, DA]).reshape(BLOCK_N, DB)
+            v = v_db.load([z, hk, start_n, DA]).reshape(BLOCK_N, DB)
             acc_b = tl.dot(p, v, acc_b * alpha[:, None], input_precision=PREC)
         m_i = m_new
     return acc_a, acc_b, l_i, m_i
@@ -301,14 +312,14 @@ def _fwd_inner_tma(
 
 @triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
 def attention_fwd_tma_kernel(
-    q_a,
-    q_b,
-    k_a,
-    k_b,
-    v_a,
-    v_b,
-    o_a,
-    o_b,
+    q_da,
+    q_db,
+    k_da,
+    k_db,
+    v_da,
+    v_db,
+    o_da,
+    o_db,
     LSE,
     HQ,
     GROUP,
@@ -323,43 +334,37 @@ def attention_fwd_tma_kernel(
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """`attention_fwd_kernel` through tensor descriptors: q_a, q_b, k_a, ... over the (Z, H, N, d) tensors, blocks
+    """`attention_fwd_kernel` through tensor descriptors: q_da, q_db, k_da, ... over the (Z, H, N, d) tensors, blocks
     [1, 1, BLOCK_M or BLOCK_N, DA or DB] (the b descriptors unused when DB = 0). Same grid, outputs and math."""
     qk_scale = tl.cast(qk_scale, tl.float32)
-    pid = tl.program_id(0)
-    bh = pid // NUM_M
-    start_m = pid % NUM_M
-    if CAUSAL:  # the longest rows first: a better tail for the last wave
-        start_m = NUM_M - 1 - start_m
-    z = bh // HQ
-    h = bh % HQ
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
     hk = h // GROUP
-    m0 = start_m * BLOCK_M
+    m0 = block * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    q = q_a.load([z, h, m0, 0]).reshape(BLOCK_M, DA)
+    q_a = q_da.load([z, h, m0, 0]).reshape(BLOCK_M, DA)
     acc_a = tl.zeros([BLOCK_M, DA], dtype=tl.float32)
     if DB > 0:
-        q2 = q_b.load([z, h, m0, DA]).reshape(BLOCK_M, DB)
+        q_b = q_db.load([z, h, m0, DA]).reshape(BLOCK_M, DB)
         acc_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
     else:  # placeholders, never read
-        q2, acc_b = q, acc_a
+        q_b, acc_b = q_a, acc_a
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
     acc_a, acc_b, l_i, m_i = _fwd_inner_tma(
-        acc_a, acc_b, l_i, m_i, q, q2, k_a, k_b, v_a, v_b, z, hk, offs_m, offs_n, 0, full_hi, NK, qk_scale,
+        acc_a, acc_b, l_i, m_i, q_a, q_b, k_da, k_db, v_da, v_db, z, hk, offs_m, offs_n, 0, full_hi, NK, qk_scale,
         BLOCK_N, DA, DB, False, CAUSAL, PREC,
     )  # fmt: skip
     acc_a, acc_b, l_i, m_i = _fwd_inner_tma(
-        acc_a, acc_b, l_i, m_i, q, q2, k_a, k_b, v_a, v_b, z, hk, offs_m, offs_n, full_hi, hi, NK, qk_scale,
+        acc_a, acc_b, l_i, m_i, q_a, q_b, k_da, k_db, v_da, v_db, z, hk, offs_m, offs_n, full_hi, hi, NK, qk_scale,
         BLOCK_N, DA, DB, True, CAUSAL, PREC,
     )  # fmt: skip
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + bh.to(tl.int64) * NQ + offs_m, lse, mask=offs_m < NQ)
-    o_a.store([z, h, m0, 0], (acc_a / l_i[:, None]).to(o_a.dtype).reshape(1, 1, BLOCK_M, DA))
+    o_da.store([z, h, m0, 0], (acc_a / l_i[:, None]).to(o_da.dtype).reshape(1, 1, BLOCK_M, DA))
     if DB > 0:
-        o_b.store([z, h, m0, DA], (acc_b / l_i[:, None]).to(o_b.dtype).reshape(1, 1, BLOCK_M, DB))
+        o_db.store([z, h, m0, DA], (acc_b / l_i[:, None]).to(o_db.dtype).reshape(1, 1, BLOCK_M, DB))
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -386,11 +391,8 @@ def attention_bwd_delta_kernel(
     BLOCK_M: tl.constexpr,
 ):
     """DELTA[z*HQ + h, i] = sum_d O[z, h, i, d] * DO[z, h, i, d] in fp32. Grid: (NUM_M * Z * HQ,)."""
-    pid = tl.program_id(0)
-    bh = pid // NUM_M
-    m0 = (pid % NUM_M) * BLOCK_M
-    z = bh // HQ
-    h = bh % HQ
+    bh, z, h, block = _program(NUM_M, HQ, False)
+    m0 = block * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     mask = ((m0 + rows) < NQ)[:, None] & (offs_d < HEAD_DIM)[None, :]
@@ -399,6 +401,71 @@ def attention_bwd_delta_kernel(
     o = tl.load(o_ptrs + rows[:, None] * son + offs_d[None, :] * sod, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(do_ptrs + rows[:, None] * sdn + offs_d[None, :] * sdd, mask=mask, other=0.0).to(tl.float32)
     tl.store(DELTA + bh.to(tl.int64) * NQ + m0 + rows, tl.sum(o * do, 1), mask=(m0 + rows) < NQ)
+
+
+@triton.jit
+def _dkdv_step(
+    dk_a,
+    dk_b,
+    dv_a,
+    dv_b,
+    k_a,
+    k_b,
+    v_a,
+    v_b,
+    q_a,
+    q_b,
+    do_a,
+    do_b,
+    lse,
+    delta,
+    offs_m,
+    offs_n,
+    in_m,
+    qk_scale,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One query block's share of one key block's dK (unscaled) and dV, in the transposed frame (keys x queries):
+    S^T = K Q^T, P^T = exp2(S^T c - L log2 e), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
+    MASKED: queries outside in_m (and, CAUSAL, those before the key) get no weight."""
+    st = tl.dot(k_a, tl.trans(q_a), input_precision=PREC)  # (BLOCK_N, BLOCK_M) = S^T
+    if SPLIT:
+        st = tl.dot(k_b, tl.trans(q_b), st, input_precision=PREC)
+    pt = tl.math.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
+    if MASKED:
+        keep = in_m[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[None, :] >= offs_n[:, None])
+        pt = tl.where(keep, pt, 0.0)
+    pt16 = pt.to(do_a.dtype)
+    dv_a = tl.dot(pt16, do_a, dv_a, input_precision=PREC)
+    dpt = tl.dot(v_a, tl.trans(do_a), input_precision=PREC)
+    if SPLIT:
+        dv_b = tl.dot(pt16, do_b, dv_b, input_precision=PREC)
+        dpt = tl.dot(v_b, tl.trans(do_b), dpt, input_precision=PREC)
+    dst = (pt * (dpt - delta[None, :])).to(q_a.dtype)
+    dk_a = tl.dot(dst, q_a, dk_a, input_precision=PREC)
+    if SPLIT:
+        dk_b = tl.dot(dst, q_b, dk_b, input_precision=PREC)
+    return dk_a, dk_b, dv_a, dv_b
+
+
+@triton.jit
+def _query_ranges(n0, NQ, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(lo, full_lo, nq_whole) for the key block at n0: causal query blocks [lo, full_lo) see part of it (masked),
+    [full_lo, nq_whole) see all of it, [max(nq_whole, full_lo), NQ) is the ragged last block (masked)."""
+    nq_whole = (NQ // BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        lo = (n0 // BLOCK_M) * BLOCK_M  # the first query block that sees any of these keys
+        full_lo = tl.minimum(tl.cdiv(n0 + BLOCK_N - 1, BLOCK_M) * BLOCK_M, nq_whole)  # blocks that see them all
+        full_lo = tl.maximum(full_lo, lo)
+    else:
+        lo = 0
+        full_lo = 0
+    return lo, full_lo, nq_whole
 
 
 @triton.jit
@@ -437,7 +504,7 @@ def _dkdv_inner(
     MASK_B: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), chunk by chunk of the head dim."""
+    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), read by pointers."""
     for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
         q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn
         do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn
@@ -445,33 +512,21 @@ def _dkdv_inner(
         in_m = offs_m < NQ
         q_a = _tile(q_ptrs + q_offs_a, in_m, ok_a, MASKED, MASK_A)
         do_a = _tile(do_ptrs + do_offs_a, in_m, ok_a, MASKED, MASK_A)
+        if SPLIT:
+            q_b = _tile(q_ptrs + q_offs_b, in_m, ok_b, MASKED, MASK_B)
+            do_b = _tile(do_ptrs + do_offs_b, in_m, ok_b, MASKED, MASK_B)
+        else:  # placeholders, never read
+            q_b, do_b = q_a, do_a
         if MASKED:
             lse = tl.load(lse_base + offs_m, mask=in_m, other=0.0)
             delta = tl.load(delta_base + offs_m, mask=in_m, other=0.0)
         else:
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
-        st = tl.dot(k_a, tl.trans(q_a), input_precision=PREC)  # (BLOCK_N, BLOCK_M) = S^T
-        if SPLIT:
-            q_b = _tile(q_ptrs + q_offs_b, in_m, ok_b, MASKED, MASK_B)
-            do_b = _tile(do_ptrs + do_offs_b, in_m, ok_b, MASKED, MASK_B)
-            st = tl.dot(k_b, tl.trans(q_b), st, input_precision=PREC)
-        pt = tl.math.exp2(st * qk_scale - (lse * 1.4426950408889634)[None, :])
-        if MASKED:
-            keep = in_m[None, :]
-            if CAUSAL:
-                keep = keep & (offs_m[None, :] >= offs_n[:, None])
-            pt = tl.where(keep, pt, 0.0)
-        pt16 = pt.to(do_a.dtype)
-        dv_a = tl.dot(pt16, do_a, dv_a, input_precision=PREC)
-        dpt = tl.dot(v_a, tl.trans(do_a), input_precision=PREC)
-        if SPLIT:
-            dv_b = tl.dot(pt16, do_b, dv_b, input_precision=PREC)
-            dpt = tl.dot(v_b, tl.trans(do_b), dpt, input_precision=PREC)
-        dst = (pt * (dpt - delta[None, :])).to(q_a.dtype)
-        dk_a = tl.dot(dst, q_a, dk_a, input_precision=PREC)
-        if SPLIT:
-            dk_b = tl.dot(dst, q_b, dk_b, input_precision=PREC)
+        dk_a, dk_b, dv_a, dv_b = _dkdv_step(
+            dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_a, q_b, do_a, do_b, lse, delta, offs_m, offs_n, in_m,
+            qk_scale, MASKED, CAUSAL, SPLIT, PREC,
+        )  # fmt: skip
     return dk_a, dk_b, dv_a, dv_b
 
 
@@ -529,11 +584,8 @@ def attention_bwd_dkdv_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    pid = tl.program_id(0)
-    bh = pid // NUM_N
-    n0 = (pid % NUM_N) * BLOCK_N
-    z = bh // HKV
-    hk = bh % HKV
+    _, z, hk, block = _program(NUM_N, HKV, False)
+    n0 = block * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     nrows = tl.arange(0, BLOCK_N)
@@ -561,14 +613,7 @@ def attention_bwd_dkdv_kernel(
         do_offs_b = rows[:, None] * sdn + offs_b[None, :] * sdd
     else:  # placeholders, never read
         ok_b, k_b, v_b, dk_b, dv_b, q_offs_b, do_offs_b = ok_a, k_a, v_a, dk_a, dv_a, q_offs_a, do_offs_a
-    nq_whole = (NQ // BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        lo = (n0 // BLOCK_M) * BLOCK_M  # the first query block that sees any of these keys
-        full_lo = tl.minimum(tl.cdiv(n0 + BLOCK_N - 1, BLOCK_M) * BLOCK_M, nq_whole)  # blocks that see them all
-        full_lo = tl.maximum(full_lo, lo)
-    else:
-        lo = 0
-        full_lo = 0
+    lo, full_lo, nq_whole = _query_ranges(n0, NQ, BLOCK_M, BLOCK_N, CAUSAL)
     # a `while` (not `for`): the interpreter takes no runtime range bound (see _fwd_inner); the inner loops stay `for`
     g = tl.full((), 0, tl.int32)
     while g < GROUP:
@@ -601,6 +646,181 @@ def attention_bwd_dkdv_kernel(
         out_mask = in_n[:, None] & ok_b[None, :]
         tl.store(dk_ptrs + offs_b[None, :] * sdkd, (dk_b * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
         tl.store(dv_ptrs + offs_b[None, :] * sdvd, dv_b.to(DV.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _dkdv_inner_tma(
+    dk_a,
+    dk_b,
+    dv_a,
+    dv_b,
+    k_a,
+    k_b,
+    v_a,
+    v_b,
+    q_da,
+    q_db,
+    do_da,
+    do_db,
+    z,
+    h,
+    lse_base,
+    delta_base,
+    offs_n,
+    rows,
+    lo,
+    hi,
+    NQ,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """`_dkdv_inner` with the query and output-gradient tiles read through the descriptors q_da, q_db, do_da, do_db
+    (rows past NQ arrive as zeros)."""
+    for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
+        offs_m = start_m + rows
+        in_m = offs_m < NQ
+        q_a = q_da.load([z, h, start_m, 0]).reshape(BLOCK_M, DA)
+        do_a = do_da.load([z, h, start_m, 0]).reshape(BLOCK_M, DA)
+        if DB > 0:
+            q_b = q_db.load([z, h, start_m, DA]).reshape(BLOCK_M, DB)
+            do_b = do_db.load([z, h, start_m, DA]).reshape(BLOCK_M, DB)
+        else:  # placeholders, never read
+            q_b, do_b = q_a, do_a
+        if MASKED:
+            lse = tl.load(lse_base + offs_m, mask=in_m, other=0.0)
+            delta = tl.load(delta_base + offs_m, mask=in_m, other=0.0)
+        else:
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        dk_a, dk_b, dv_a, dv_b = _dkdv_step(
+            dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_a, q_b, do_a, do_b, lse, delta, offs_m, offs_n, in_m,
+            qk_scale, MASKED, CAUSAL, DB > 0, PREC,
+        )  # fmt: skip
+    return dk_a, dk_b, dv_a, dv_b
+
+
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_N", "GROUP"])  # lengths: no recompiles per N
+def attention_bwd_dkdv_tma_kernel(
+    q_da,
+    q_db,
+    k_da,
+    k_db,
+    v_da,
+    v_db,
+    do_da,
+    do_db,
+    LSE,
+    DELTA,
+    dk_da,
+    dk_db,
+    dv_da,
+    dv_db,
+    HKV,
+    GROUP,
+    NQ,
+    NK,
+    NUM_N,
+    qk_scale,
+    sm_scale,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """`attention_bwd_dkdv_kernel` through tensor descriptors (blocks [1, 1, BLOCK_M or BLOCK_N, DA or DB]; the b
+    descriptors unused when DB = 0). Same grid, outputs and math."""
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
+    _, z, hk, block = _program(NUM_N, HKV, False)
+    n0 = block * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    k_a = k_da.load([z, hk, n0, 0]).reshape(BLOCK_N, DA)
+    v_a = v_da.load([z, hk, n0, 0]).reshape(BLOCK_N, DA)
+    dk_a = tl.zeros([BLOCK_N, DA], dtype=tl.float32)
+    dv_a = tl.zeros([BLOCK_N, DA], dtype=tl.float32)
+    if DB > 0:
+        k_b = k_db.load([z, hk, n0, DA]).reshape(BLOCK_N, DB)
+        v_b = v_db.load([z, hk, n0, DA]).reshape(BLOCK_N, DB)
+        dk_b = tl.zeros([BLOCK_N, DB], dtype=tl.float32)
+        dv_b = tl.zeros([BLOCK_N, DB], dtype=tl.float32)
+    else:  # placeholders, never read
+        k_b, v_b, dk_b, dv_b = k_a, v_a, dk_a, dv_a
+    lo, full_lo, nq_whole = _query_ranges(n0, NQ, BLOCK_M, BLOCK_N, CAUSAL)
+    g = tl.full((), 0, tl.int32)
+    while g < GROUP:
+        h = hk * GROUP + g
+        lse_base = LSE + (z * HKV * GROUP + h).to(tl.int64) * NQ
+        delta_base = DELTA + (z * HKV * GROUP + h).to(tl.int64) * NQ
+        if CAUSAL:  # the diagonal's blocks, masked
+            dk_a, dk_b, dv_a, dv_b = _dkdv_inner_tma(
+                dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_da, q_db, do_da, do_db, z, h, lse_base, delta_base,
+                offs_n, rows, lo, full_lo, NQ, qk_scale, BLOCK_M, DA, DB, True, True, PREC,
+            )  # fmt: skip
+        dk_a, dk_b, dv_a, dv_b = _dkdv_inner_tma(
+            dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_da, q_db, do_da, do_db, z, h, lse_base, delta_base,
+            offs_n, rows, full_lo, nq_whole, NQ, qk_scale, BLOCK_M, DA, DB, False, False, PREC,
+        )  # fmt: skip
+        dk_a, dk_b, dv_a, dv_b = _dkdv_inner_tma(
+            dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_da, q_db, do_da, do_db, z, h, lse_base, delta_base,
+            offs_n, rows, tl.maximum(nq_whole, full_lo), NQ, NQ, qk_scale, BLOCK_M, DA, DB, True, CAUSAL, PREC,
+        )  # fmt: skip
+        g += 1
+    dk_da.store([z, hk, n0, 0], (dk_a * sm_scale).to(dk_da.dtype).reshape(1, 1, BLOCK_N, DA))
+    dv_da.store([z, hk, n0, 0], dv_a.to(dv_da.dtype).reshape(1, 1, BLOCK_N, DA))
+    if DB > 0:
+        dk_db.store([z, hk, n0, DA], (dk_b * sm_scale).to(dk_db.dtype).reshape(1, 1, BLOCK_N, DB))
+        dv_db.store([z, hk, n0, DA], dv_b.to(dv_db.dtype).reshape(1, 1, BLOCK_N, DB))
+
+
+@triton.jit
+def _dq_step(
+    dq_a,
+    dq_b,
+    q_a,
+    q_b,
+    do_a,
+    do_b,
+    k_a,
+    k_b,
+    v_a,
+    v_b,
+    lse,
+    delta,
+    offs_m,
+    offs_k,
+    NK,
+    qk_scale,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One key block's share of one query block's dQ (unscaled): S = Q K^T, P = exp2(S c - L log2 e) (lse comes in
+    base 2), dP = dO V^T, dS = P (dP - delta), dQ += dS K. MASKED: keys offs_k >= NK (and, CAUSAL, keys after the
+    query) get no weight."""
+    s = tl.dot(q_a, tl.trans(k_a), input_precision=PREC)
+    dp = tl.dot(do_a, tl.trans(v_a), input_precision=PREC)
+    if SPLIT:
+        s = tl.dot(q_b, tl.trans(k_b), s, input_precision=PREC)
+        dp = tl.dot(do_b, tl.trans(v_b), dp, input_precision=PREC)
+    p = tl.math.exp2(s * qk_scale - lse[:, None])
+    if MASKED:
+        keep = (offs_k < NK)[None, :]
+        if CAUSAL:
+            keep = keep & (offs_k[None, :] <= offs_m[:, None])
+        p = tl.where(keep, p, 0.0)
+    ds = (p * (dp - delta[:, None])).to(k_a.dtype)
+    dq_a = tl.dot(ds, k_a, dq_a, input_precision=PREC)
+    if SPLIT:
+        dq_b = tl.dot(ds, k_b, dq_b, input_precision=PREC)
+    return dq_a, dq_b
 
 
 @triton.jit
@@ -637,30 +857,22 @@ def _dq_inner(
     MASK_B: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Accumulate one query block's dQ (unscaled) over key blocks [lo, hi), chunk by chunk of the head dim."""
+    """Accumulate one query block's dQ (unscaled) over key blocks [lo, hi), read by pointers."""
     for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
         k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn
         v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn
         in_n = (start_n + offs_n) < NK
         k_a = _tile(k_ptrs + k_offs_a, in_n, ok_a, MASKED, MASK_A)
         v_a = _tile(v_ptrs + v_offs_a, in_n, ok_a, MASKED, MASK_A)
-        s = tl.dot(q_a, tl.trans(k_a), input_precision=PREC)
-        dp = tl.dot(do_a, tl.trans(v_a), input_precision=PREC)
         if SPLIT:
             k_b = _tile(k_ptrs + k_offs_b, in_n, ok_b, MASKED, MASK_B)
             v_b = _tile(v_ptrs + v_offs_b, in_n, ok_b, MASKED, MASK_B)
-            s = tl.dot(q_b, tl.trans(k_b), s, input_precision=PREC)
-            dp = tl.dot(do_b, tl.trans(v_b), dp, input_precision=PREC)
-        p = tl.math.exp2(s * qk_scale - lse[:, None])
-        if MASKED:
-            keep = in_n[None, :]
-            if CAUSAL:
-                keep = keep & ((start_n + offs_n)[None, :] <= offs_m[:, None])
-            p = tl.where(keep, p, 0.0)
-        ds = (p * (dp - delta[:, None])).to(k_a.dtype)
-        dq_a = tl.dot(ds, k_a, dq_a, input_precision=PREC)
-        if SPLIT:
-            dq_b = tl.dot(ds, k_b, dq_b, input_precision=PREC)
+        else:  # placeholders, never read
+            k_b, v_b = k_a, v_a
+        dq_a, dq_b = _dq_step(
+            dq_a, dq_b, q_a, q_b, do_a, do_b, k_a, k_b, v_a, v_b, lse, delta, offs_m, start_n + offs_n, NK, qk_scale,
+            MASKED, CAUSAL, SPLIT, PREC,
+        )  # fmt: skip
     return dq_a, dq_b
 
 
@@ -713,15 +925,9 @@ def attention_bwd_dq_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    pid = tl.program_id(0)
-    bh = pid // NUM_M
-    start_m = pid % NUM_M
-    if CAUSAL:
-        start_m = NUM_M - 1 - start_m
-    z = bh // HQ
-    h = bh % HQ
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
     hk = h // GROUP
-    m0 = start_m * BLOCK_M
+    m0 = block * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
     offs_m = m0 + rows
     offs_n = tl.arange(0, BLOCK_N)
@@ -772,12 +978,122 @@ def attention_bwd_dq_kernel(
         )
 
 
+@triton.jit
+def _dq_inner_tma(
+    dq_a,
+    dq_b,
+    q_a,
+    q_b,
+    do_a,
+    do_b,
+    lse,
+    delta,
+    k_da,
+    k_db,
+    v_da,
+    v_db,
+    z,
+    hk,
+    offs_m,
+    offs_n,
+    lo,
+    hi,
+    NK,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """`_dq_inner` with the key and value tiles read through the descriptors k_da, k_db, v_da, v_db (rows past NK
+    arrive as zeros)."""
+    for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
+        k_a = k_da.load([z, hk, start_n, 0]).reshape(BLOCK_N, DA)
+        v_a = v_da.load([z, hk, start_n, 0]).reshape(BLOCK_N, DA)
+        if DB > 0:
+            k_b = k_db.load([z, hk, start_n, DA]).reshape(BLOCK_N, DB)
+            v_b = v_db.load([z, hk, start_n, DA]).reshape(BLOCK_N, DB)
+        else:  # placeholders, never read
+            k_b, v_b = k_a, v_a
+        dq_a, dq_b = _dq_step(
+            dq_a, dq_b, q_a, q_b, do_a, do_b, k_a, k_b, v_a, v_b, lse, delta, offs_m, start_n + offs_n, NK, qk_scale,
+            MASKED, CAUSAL, DB > 0, PREC,
+        )  # fmt: skip
+    return dq_a, dq_b
+
+
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
+def attention_bwd_dq_tma_kernel(
+    q_da,
+    q_db,
+    k_da,
+    k_db,
+    v_da,
+    v_db,
+    do_da,
+    do_db,
+    LSE,
+    DELTA,
+    dq_da,
+    dq_db,
+    HQ,
+    GROUP,
+    NQ,
+    NK,
+    NUM_M,
+    qk_scale,
+    sm_scale,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """`attention_bwd_dq_kernel` through tensor descriptors (blocks [1, 1, BLOCK_M or BLOCK_N, DA or DB]; the b
+    descriptors unused when DB = 0). Same grid, outputs and math."""
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
+    hk = h // GROUP
+    m0 = block * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    in_m = offs_m < NQ
+    lse = tl.load(LSE + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0)
+    q_a = q_da.load([z, h, m0, 0]).reshape(BLOCK_M, DA)
+    do_a = do_da.load([z, h, m0, 0]).reshape(BLOCK_M, DA)
+    dq_a = tl.zeros([BLOCK_M, DA], dtype=tl.float32)
+    if DB > 0:
+        q_b = q_db.load([z, h, m0, DA]).reshape(BLOCK_M, DB)
+        do_b = do_db.load([z, h, m0, DA]).reshape(BLOCK_M, DB)
+        dq_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
+    else:  # placeholders, never read
+        q_b, do_b, dq_b = q_a, do_a, dq_a
+    full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    dq_a, dq_b = _dq_inner_tma(
+        dq_a, dq_b, q_a, q_b, do_a, do_b, lse, delta, k_da, k_db, v_da, v_db, z, hk, offs_m, offs_n, 0, full_hi, NK,
+        qk_scale, BLOCK_N, DA, DB, False, CAUSAL, PREC,
+    )  # fmt: skip
+    dq_a, dq_b = _dq_inner_tma(
+        dq_a, dq_b, q_a, q_b, do_a, do_b, lse, delta, k_da, k_db, v_da, v_db, z, hk, offs_m, offs_n, full_hi, hi, NK,
+        qk_scale, BLOCK_N, DA, DB, True, CAUSAL, PREC,
+    )  # fmt: skip
+    dq_da.store([z, h, m0, 0], (dq_a * sm_scale).to(dq_da.dtype).reshape(1, 1, BLOCK_M, DA))
+    if DB > 0:
+        dq_db.store([z, h, m0, DA], (dq_b * sm_scale).to(dq_db.dtype).reshape(1, 1, BLOCK_M, DB))
+
+
 TRITON_KERNELS = (
     attention_fwd_kernel,
     attention_fwd_tma_kernel,
     attention_bwd_delta_kernel,
     attention_bwd_dkdv_kernel,
+    attention_bwd_dkdv_tma_kernel,
     attention_bwd_dq_kernel,
+    attention_bwd_dq_tma_kernel,
 )
 
 
@@ -894,7 +1210,7 @@ def _index(device: torch.device) -> int:
 
 
 def tma_ready(*tensors: torch.Tensor) -> bool:
-    """Whether the forward reads and writes these tensors by TMA descriptors: 16-bit CUDA tensors on a Hopper or later
+    """Whether the kernels read and write these tensors by TMA descriptors: 16-bit CUDA tensors on a Hopper or later
     GPU (not the interpreter; plain tensors, not a tracer's fakes), the head dim within one or two chunks of at most
     128 columns, the last dim contiguous, and the base and every other stride 16-byte aligned (the copy engine's
     rules)."""
@@ -1028,6 +1344,9 @@ def backward(
         dk.zero_()
         dv.zero_()
     if dq.numel() > 0:
+        tma = tma_ready(q4, k4, v4, dq, dk, dv)
+        if tma and not tma_ready(do4):  # a strided gradient: one copy, and every tile by TMA
+            do4 = do4.contiguous()
         delta = torch.empty((z, hq, nq), dtype=torch.float32, device=q.device)
         lse4 = lse.reshape(z, hq, nq)
         block = 16 if INTERPRET else 64
@@ -1043,20 +1362,38 @@ def backward(
         if num * plan.block_n < nk:  # keys no query sees (top-left causal, nk > nq): their dK and dV are zeros
             dk[:, :, num * plan.block_n :].zero_()
             dv[:, :, num * plan.block_n :].zero_()
-        _launch(
-            attention_bwd_dkdv_kernel, (num * z * hkv,), q4, k4, v4, do4, lse4, delta, dk, dv,
-            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(),
-            hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
-            plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-            PREC=prec,
-        )  # fmt: skip
+        if tma:
+            _launch(
+                attention_bwd_dkdv_tma_kernel, (num * z * hkv,), *_descriptors(q4, plan.block_m, da, db),
+                *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
+                *_descriptors(do4, plan.block_m, da, db), lse4, delta, *_descriptors(dk, plan.block_n, da, db),
+                *_descriptors(dv, plan.block_n, da, db), hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
+            )  # fmt: skip
+        else:
+            _launch(
+                attention_bwd_dkdv_kernel, (num * z * hkv,), q4, k4, v4, do4, lse4, delta, dk, dv,
+                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(),
+                hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
+                PREC=prec,
+            )  # fmt: skip
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num = triton.cdiv(nq, plan.block_m)
-        _launch(
-            attention_bwd_dq_kernel, (num * z * hq,), q4, k4, v4, do4, lse4, delta, dq,
-            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq.stride(),
-            hq, hq // hkv, nq, nk, num, scale * LOG2E, scale,
-            plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-            PREC=prec,
-        )  # fmt: skip
+        if tma:
+            _launch(
+                attention_bwd_dq_tma_kernel, (num * z * hq,), *_descriptors(q4, plan.block_m, da, db),
+                *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
+                *_descriptors(do4, plan.block_m, da, db), lse4, delta, *_descriptors(dq, plan.block_m, da, db),
+                hq, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
+            )  # fmt: skip
+        else:
+            _launch(
+                attention_bwd_dq_kernel, (num * z * hq,), q4, k4, v4, do4, lse4, delta, dq,
+                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq.stride(),
+                hq, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
+                PREC=prec,
+            )  # fmt: skip
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
