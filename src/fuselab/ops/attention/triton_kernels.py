@@ -1279,12 +1279,12 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _descriptors(t: torch.Tensor, rows: int, da: int, db: int) -> tuple[TensorDescriptor, TensorDescriptor]:
+def _descriptors(t: torch.Tensor, rows: int, da: int, db: int) -> tuple[TensorDescriptor, TensorDescriptor | None]:
     """TMA descriptors of the (Z, H, N, d) tensor `t` for tiles of `rows` rows: columns [0, da), then [da, da + db)
-    (the first again when db = 0; the kernel then never uses it)."""
+    (None when db = 0: a constexpr the kernel never reads, where a descriptor would cost the launch host time)."""
     shape, strides = list(t.shape), list(t.stride())
     first = TensorDescriptor(t, shape, strides, [1, 1, rows, da])
-    return first, TensorDescriptor(t, shape, strides, [1, 1, rows, db]) if db else first
+    return first, TensorDescriptor(t, shape, strides, [1, 1, rows, db]) if db else None
 
 
 def forward(
