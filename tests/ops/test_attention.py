@@ -415,6 +415,43 @@ def test_gpu_triton_deterministic(dtype: torch.dtype) -> None:
         assert torch.equal(a, b)
 
 
+def test_query_splits_fill_the_sms_only_when_the_key_grid_cannot() -> None:
+    pytest.importorskip("triton")
+    from fuselab.ops.attention import triton_kernels as tk
+
+    assert tk.query_splits(programs=132, nq=15004, block_m=64, sms=132) == 1  # a full grid: one program a key block
+    assert tk.query_splits(programs=8, nq=15004, block_m=64, sms=132) == 17  # 1 x 32 x 8 x 15004 x 3: 136 programs
+    assert tk.query_splits(programs=8, nq=300, block_m=64, sms=132) == 2  # shares of at least two query blocks
+    assert tk.query_splits(programs=8, nq=100, block_m=64, sms=132) == 1
+    assert tk.query_splits(programs=8, nq=100, block_m=64, sms=0) == 1  # off the GPU
+
+
+@needs_triton
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_the_dkdv_query_splits_match_one_program_per_key_block(tma: bool, monkeypatch) -> None:
+    """Few keys leave the dK/dV grid nearly empty, so each key block's query loop is split over programs whose fp32
+    partials are summed in a fixed order: the gradients of the unsplit kernel (to fp32 rounding), bitwise the same on
+    every repeat, at one to five keys, GQA, causal and not, ragged shares and a head dim in two chunks (48)."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "tma_ready", lambda *ts: tma)
+    one_program = tk.query_splits
+    for z, hq, hkv, nq, nk, d, causal in [(1, 4, 2, 75, 3, 16, True), (2, 2, 1, 61, 1, 48, False),
+                                          (1, 2, 2, 50, 37, 16, False), (1, 3, 1, 40, 5, 16, True)]:  # fmt: skip
+        gen = torch.Generator(device="cpu").manual_seed(nq + nk + d)
+        q, do = (torch.randn(z, hq, nq, d, generator=gen).to(DEVICE) for _ in range(2))
+        k, v = (torch.randn(z, hkv, nk, d, generator=gen).to(DEVICE) for _ in range(2))
+        o, lse = tk.forward(q, k, v, causal, d**-0.5)
+        one = tk.backward(do, q, k, v, o, lse, causal, d**-0.5)
+        monkeypatch.setattr(tk, "query_splits", lambda programs, nq, block_m, sms: 3)
+        split = tk.backward(do, q, k, v, o, lse, causal, d**-0.5)
+        again = tk.backward(do, q, k, v, o, lse, causal, d**-0.5)
+        monkeypatch.setattr(tk, "query_splits", one_program)
+        for a, b, c in zip(one, split, again, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+            assert torch.equal(b, c)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_tma_kernels_match_the_pointer_kernels(dtype: torch.dtype, monkeypatch) -> None:
@@ -489,9 +526,9 @@ from triton._C.libtriton import ir
 from fuselab.ops.attention import triton_kernels as tk
 
 POINTERS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
-FP32_POINTERS = {"LSE", "DELTA"}
+FP32_POINTERS = {"LSE", "DELTA", "DKP", "DVP"}
 CONSTANTS = {"HEAD_DIM": 80, "D_PAD": 128, "DA": 64, "DB": 16, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True,
-             "PREC": "tf32"}  # d 80 in two chunks (64 + 16): the split path
+             "QSPLIT": True, "PREC": "tf32"}  # d 80 in two chunks (64 + 16); dK/dV into partials
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4, "num_stages": 2})

@@ -454,9 +454,10 @@ def _dkdv_step(
 
 
 @triton.jit
-def _query_ranges(n0, NQ, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """(lo, full_lo, nq_whole) for the key block at n0: causal query blocks [lo, full_lo) see part of it (masked),
-    [full_lo, nq_whole) see all of it, [max(nq_whole, full_lo), NQ) is the ragged last block (masked)."""
+def _query_ranges(n0, NQ, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, QSPLIT: tl.constexpr):
+    """The key block at n0's three query ranges, as six bounds: causal query blocks that see part of it (masked),
+    blocks that see all of it, the ragged last block (masked). QSPLIT: each clipped to this program's share of the
+    query blocks (program_id(1) of num_programs(1) equal shares; `query_splits`)."""
     nq_whole = (NQ // BLOCK_M) * BLOCK_M
     if CAUSAL:
         lo = (n0 // BLOCK_M) * BLOCK_M  # the first query block that sees any of these keys
@@ -465,7 +466,24 @@ def _query_ranges(n0, NQ, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: 
     else:
         lo = 0
         full_lo = 0
-    return lo, full_lo, nq_whole
+    tail = tl.maximum(nq_whole, full_lo)
+    if QSPLIT:
+        share = tl.cdiv(tl.cdiv(NQ, BLOCK_M), tl.num_programs(1)) * BLOCK_M
+        q0 = tl.program_id(1) * share
+        q1 = q0 + share
+        return (
+            tl.maximum(lo, q0), tl.minimum(full_lo, q1), tl.maximum(full_lo, q0), tl.minimum(nq_whole, q1),
+            tl.maximum(tail, q0), tl.minimum(NQ, q1),
+        )  # fmt: skip
+    return lo, full_lo, full_lo, nq_whole, tail, NQ
+
+
+@triton.jit
+def _store_partial(P, row0, offs_n, in_n, acc, COL: tl.constexpr, COLS: tl.constexpr, WIDTH: tl.constexpr):
+    """acc (BLOCK_N, COLS) fp32 into columns [COL, COL + COLS) of rows row0 + offs_n (where in_n) of the partial
+    buffer P (rows of WIDTH fp32 columns)."""
+    ptrs = P + (row0 + offs_n.to(tl.int64))[:, None] * WIDTH + COL + tl.arange(0, COLS)[None, :]
+    tl.store(ptrs, acc, mask=in_n[:, None])
 
 
 @triton.jit
@@ -564,6 +582,8 @@ def attention_bwd_dkdv_kernel(
     sdvh,
     sdvn,
     sdvd,
+    DKP,
+    DVP,
     HKV,
     GROUP,
     NQ,
@@ -577,14 +597,19 @@ def attention_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    QSPLIT: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV,)."""
+    """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV, S).
+
+    S = 1 (QSPLIT False): into DK and DV. S > 1: program (i, s) takes the s-th of S shares of the query blocks and
+    writes its unscaled fp32 dK and dV into the partial buffers DKP, DVP ((S, Z, HKV, NK, DA + DB), contiguous),
+    which the launcher sums over S in a fixed order."""
     SPLIT: tl.constexpr = DB > 0
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    _, z, hk, block = _program(NUM_N, HKV, False)
+    bh, z, hk, block = _program(NUM_N, HKV, False)
     n0 = block * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -613,7 +638,7 @@ def attention_bwd_dkdv_kernel(
         do_offs_b = rows[:, None] * sdn + offs_b[None, :] * sdd
     else:  # placeholders, never read
         ok_b, k_b, v_b, dk_b, dv_b, q_offs_b, do_offs_b = ok_a, k_a, v_a, dk_a, dv_a, q_offs_a, do_offs_a
-    lo, full_lo, nq_whole = _query_ranges(n0, NQ, BLOCK_M, BLOCK_N, CAUSAL)
+    r0, r1, r2, r3, r4, r5 = _query_ranges(n0, NQ, BLOCK_M, BLOCK_N, CAUSAL, QSPLIT)
     # a `while` (not `for`): the interpreter takes no runtime range bound (see _fwd_inner); the inner loops stay `for`
     g = tl.full((), 0, tl.int32)
     while g < GROUP:
@@ -625,27 +650,35 @@ def attention_bwd_dkdv_kernel(
         if CAUSAL:  # the diagonal's blocks, masked
             dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
                 dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
-                q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, lo, full_lo, NQ, qk_scale,
+                q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r0, r1, NQ, qk_scale,
                 BLOCK_M, True, True, MASK_A, SPLIT, MASK_B, PREC,
             )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
-            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, full_lo, nq_whole, NQ, qk_scale,
+            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r2, r3, NQ, qk_scale,
             BLOCK_M, False, False, MASK_A, SPLIT, MASK_B, PREC,
         )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
-            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, tl.maximum(nq_whole, full_lo), NQ,
-            NQ, qk_scale, BLOCK_M, True, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
+            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r4, r5, NQ,
+            qk_scale, BLOCK_M, True, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
         )  # fmt: skip
         g += 1
-    out_mask = in_n[:, None] & ok_a[None, :]
-    tl.store(dk_ptrs + offs_a[None, :] * sdkd, (dk_a * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
-    tl.store(dv_ptrs + offs_a[None, :] * sdvd, dv_a.to(DV.dtype.element_ty), mask=out_mask)
-    if SPLIT:
-        out_mask = in_n[:, None] & ok_b[None, :]
-        tl.store(dk_ptrs + offs_b[None, :] * sdkd, (dk_b * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
-        tl.store(dv_ptrs + offs_b[None, :] * sdvd, dv_b.to(DV.dtype.element_ty), mask=out_mask)
+    if QSPLIT:
+        row0 = (tl.program_id(1) * (tl.num_programs(0) // NUM_N) + bh).to(tl.int64) * NK
+        _store_partial(DKP, row0, offs_n, in_n, dk_a, 0, DA, DA + DB)
+        _store_partial(DVP, row0, offs_n, in_n, dv_a, 0, DA, DA + DB)
+        if SPLIT:
+            _store_partial(DKP, row0, offs_n, in_n, dk_b, DA, DB, DA + DB)
+            _store_partial(DVP, row0, offs_n, in_n, dv_b, DA, DB, DA + DB)
+    else:
+        out_mask = in_n[:, None] & ok_a[None, :]
+        tl.store(dk_ptrs + offs_a[None, :] * sdkd, (dk_a * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
+        tl.store(dv_ptrs + offs_a[None, :] * sdvd, dv_a.to(DV.dtype.element_ty), mask=out_mask)
+        if SPLIT:
+            out_mask = in_n[:, None] & ok_b[None, :]
+            tl.store(dk_ptrs + offs_b[None, :] * sdkd, (dk_b * sm_scale).to(DK.dtype.element_ty), mask=out_mask)
+            tl.store(dv_ptrs + offs_b[None, :] * sdvd, dv_b.to(DV.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -720,6 +753,8 @@ def attention_bwd_dkdv_tma_kernel(
     dk_db,
     dv_da,
     dv_db,
+    DKP,
+    DVP,
     HKV,
     GROUP,
     NQ,
@@ -732,12 +767,13 @@ def attention_bwd_dkdv_tma_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    QSPLIT: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """`attention_bwd_dkdv_kernel` through tensor descriptors (blocks [1, 1, BLOCK_M or BLOCK_N, DA or DB]; the b
-    descriptors unused when DB = 0). Same grid, outputs and math."""
+    descriptors unused when DB = 0, the dK and dV ones when QSPLIT). Same grid, outputs and math."""
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    _, z, hk, block = _program(NUM_N, HKV, False)
+    bh, z, hk, block = _program(NUM_N, HKV, False)
     n0 = block * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -752,7 +788,7 @@ def attention_bwd_dkdv_tma_kernel(
         dv_b = tl.zeros([BLOCK_N, DB], dtype=tl.float32)
     else:  # placeholders, never read
         k_b, v_b, dk_b, dv_b = k_a, v_a, dk_a, dv_a
-    lo, full_lo, nq_whole = _query_ranges(n0, NQ, BLOCK_M, BLOCK_N, CAUSAL)
+    r0, r1, r2, r3, r4, r5 = _query_ranges(n0, NQ, BLOCK_M, BLOCK_N, CAUSAL, QSPLIT)
     g = tl.full((), 0, tl.int32)
     while g < GROUP:
         h = hk * GROUP + g
@@ -761,22 +797,31 @@ def attention_bwd_dkdv_tma_kernel(
         if CAUSAL:  # the diagonal's blocks, masked
             dk_a, dk_b, dv_a, dv_b = _dkdv_inner_tma(
                 dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_da, q_db, do_da, do_db, z, h, lse_base, delta_base,
-                offs_n, rows, lo, full_lo, NQ, qk_scale, BLOCK_M, DA, DB, True, True, PREC,
+                offs_n, rows, r0, r1, NQ, qk_scale, BLOCK_M, DA, DB, True, True, PREC,
             )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner_tma(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_da, q_db, do_da, do_db, z, h, lse_base, delta_base,
-            offs_n, rows, full_lo, nq_whole, NQ, qk_scale, BLOCK_M, DA, DB, False, False, PREC,
+            offs_n, rows, r2, r3, NQ, qk_scale, BLOCK_M, DA, DB, False, False, PREC,
         )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner_tma(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_da, q_db, do_da, do_db, z, h, lse_base, delta_base,
-            offs_n, rows, tl.maximum(nq_whole, full_lo), NQ, NQ, qk_scale, BLOCK_M, DA, DB, True, CAUSAL, PREC,
+            offs_n, rows, r4, r5, NQ, qk_scale, BLOCK_M, DA, DB, True, CAUSAL, PREC,
         )  # fmt: skip
         g += 1
-    dk_da.store([z, hk, n0, 0], (dk_a * sm_scale).to(dk_da.dtype).reshape(1, 1, BLOCK_N, DA))
-    dv_da.store([z, hk, n0, 0], dv_a.to(dv_da.dtype).reshape(1, 1, BLOCK_N, DA))
-    if DB > 0:
-        dk_db.store([z, hk, n0, DA], (dk_b * sm_scale).to(dk_db.dtype).reshape(1, 1, BLOCK_N, DB))
-        dv_db.store([z, hk, n0, DA], dv_b.to(dv_db.dtype).reshape(1, 1, BLOCK_N, DB))
+    if QSPLIT:
+        row0 = (tl.program_id(1) * (tl.num_programs(0) // NUM_N) + bh).to(tl.int64) * NK
+        in_n = offs_n < NK
+        _store_partial(DKP, row0, offs_n, in_n, dk_a, 0, DA, DA + DB)
+        _store_partial(DVP, row0, offs_n, in_n, dv_a, 0, DA, DA + DB)
+        if DB > 0:
+            _store_partial(DKP, row0, offs_n, in_n, dk_b, DA, DB, DA + DB)
+            _store_partial(DVP, row0, offs_n, in_n, dv_b, DA, DB, DA + DB)
+    else:
+        dk_da.store([z, hk, n0, 0], (dk_a * sm_scale).to(dk_da.dtype).reshape(1, 1, BLOCK_N, DA))
+        dv_da.store([z, hk, n0, 0], dv_a.to(dv_da.dtype).reshape(1, 1, BLOCK_N, DA))
+        if DB > 0:
+            dk_db.store([z, hk, n0, DA], (dk_b * sm_scale).to(dk_db.dtype).reshape(1, 1, BLOCK_N, DB))
+            dv_db.store([z, hk, n0, DA], dv_b.to(dv_db.dtype).reshape(1, 1, BLOCK_N, DB))
 
 
 @triton.jit
@@ -1231,6 +1276,16 @@ def tma_ready(*tensors: torch.Tensor) -> bool:
     )
 
 
+def query_splits(programs: int, nq: int, block_m: int, sms: int) -> int:
+    """Into how many shares of the query blocks the dK/dV kernel splits each key block's loop: 1 while its grid
+    (`programs` = key blocks x batch x key/value heads) gives every one of `sms` SMs a program; else enough shares
+    to, each of at least two query blocks. Few keys (N_k of 1-100, decoding-like shapes) otherwise leave a handful of
+    programs looping over every query."""
+    if programs >= sms:
+        return 1
+    return max(1, min(triton.cdiv(sms, programs), triton.cdiv(nq, block_m) // 2))
+
+
 def fit_plan(kernel: str, plan: Plan, nq: int, nk: int, heads: int, sms: int, row_bytes: int) -> Plan:
     """`plan` fitted to a shape of nq queries and nk keys over `heads` (batch x heads) programs' rows.
 
@@ -1359,25 +1414,40 @@ def backward(
         da, db = d_chunks(d)
         plan = choose_plan("dkdv", d, q.dtype, causal, q.device, nq, nk, z * hkv)
         num = triton.cdiv(seen_keys(nq, nk, causal), plan.block_n)
-        if num * plan.block_n < nk:  # keys no query sees (top-left causal, nk > nq): their dK and dV are zeros
-            dk[:, :, num * plan.block_n :].zero_()
-            dv[:, :, num * plan.block_n :].zero_()
+        seen = min(nk, num * plan.block_n)
+        if seen < nk:  # keys no query sees (top-left causal, nk > nq): their dK and dV are zeros
+            dk[:, :, seen:].zero_()
+            dv[:, :, seen:].zero_()
+        sms = _device_info(_index(q.device))[1] if q.device.type == "cuda" and not INTERPRET else 0
+        splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
+        dkp = dvp = None
+        if splits > 1:  # unscaled fp32 partials of each share of the queries, summed below
+            dkp = torch.empty((splits, z, hkv, nk, da + db), dtype=torch.float32, device=q.device)
+            dvp = torch.empty_like(dkp)
+        grid = (num * z * hkv, splits)
         if tma:
+            out = [None] * 4  # the partials are written by pointers
+            if splits == 1:
+                out = [*_descriptors(dk, plan.block_n, da, db), *_descriptors(dv, plan.block_n, da, db)]
             _launch(
-                attention_bwd_dkdv_tma_kernel, (num * z * hkv,), *_descriptors(q4, plan.block_m, da, db),
+                attention_bwd_dkdv_tma_kernel, grid, *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
-                *_descriptors(do4, plan.block_m, da, db), lse4, delta, *_descriptors(dk, plan.block_n, da, db),
-                *_descriptors(dv, plan.block_n, da, db), hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
-                plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
+                *_descriptors(do4, plan.block_m, da, db), lse4, delta, *out, dkp, dvp,
+                hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
+                QSPLIT=splits > 1, PREC=prec,
             )  # fmt: skip
         else:
             _launch(
-                attention_bwd_dkdv_kernel, (num * z * hkv,), q4, k4, v4, do4, lse4, delta, dk, dv,
-                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(),
+                attention_bwd_dkdv_kernel, grid, q4, k4, v4, do4, lse4, delta, dk, dv,
+                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(), dkp, dvp,
                 hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
                 plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-                PREC=prec,
+                QSPLIT=splits > 1, PREC=prec,
             )  # fmt: skip
+        if splits > 1:  # a sum in a fixed order: deterministic
+            dk[:, :, :seen] = (dkp[:, :, :, :seen, :d].sum(0) * scale).to(dk.dtype)
+            dv[:, :, :seen] = dvp[:, :, :, :seen, :d].sum(0).to(dv.dtype)
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num = triton.cdiv(nq, plan.block_m)
         if tma:
