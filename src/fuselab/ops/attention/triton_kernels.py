@@ -17,7 +17,9 @@ BLOCK_N keys of one key/value head (causal: only keys some query sees; the rest 
 loops over the query heads of its group (GQA) and over query blocks, recomputing P^T = exp2(K Q^T * c - L) and
 accumulating dV += P^T dO and dK += dS^T Q in registers; `_bwd_dq` gives one program BLOCK_M queries and loops over
 key blocks for dQ += dS K. The same split into unmasked and masked blocks applies, and causal blocks that see
-nothing are skipped. The math of one pair of tiles is written once (`_softmax_step`, `_dkdv_step`, `_dq_step`) for
+nothing are skipped. Where the dK/dV grid cannot fill the SMs (few keys), each key block's query loop is split into
+shares over a second grid dimension (`query_splits`), each writing unscaled fp32 partial dK and dV that the launcher
+sums in a fixed order. The math of one pair of tiles is written once (`_softmax_step`, `_dkdv_step`, `_dq_step`) for
 the pointer and the TMA kernels alike.
 
 TMA: on Hopper and later, 16-bit tensors whose strides TMA can address (`tma_ready`) are read and written by tensor
