@@ -291,3 +291,18 @@ def test_report_section_profiles_in_the_ops_dtype_and_heads_one_shape(tmp_path, 
             r0["shape"] for r0 in result["rows"] if r0["op"] == op_name)}  # fmt: skip
         named = [w for w in headline.replace(",", "").split() if w in {r["impl"] for r in result["rows"]}]
         assert named and set(named) <= at_shape, headline
+
+
+def test_a_backward_case_is_held_against_the_backward_cost_model(sample):
+    """`fuselab profile OP --backward --counters`: the case says forward+backward, its child runs the forward and the
+    gradients, and its kernels are held against the cost model of forward + backward (as `fuselab bench --backward`)."""
+    from fuselab.ops.registry import get_op
+
+    n = 2**24
+    forward, both = cn.Case("gelu", "triton", (n,)), cn.Case("gelu", "triton", (n,), backward=True)
+    assert both.label.endswith("forward+backward") and "backward" not in forward.label
+    kernels = [sample[1]]
+    row, row_bwd = cn.assess_case(forward, kernels), cn.assess_case(both, kernels)
+    op = get_op("gelu")
+    assert row_bwd["model_bytes"] == op.bytes_moved((n,), torch.float32, backward=True) > row["model_bytes"]
+    assert row_bwd["backward"] is True and row["backward"] is False

@@ -35,3 +35,21 @@ def test_cli_counters_runs(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert rc == 0 and "x the minimum" in out and "bound" in out
+
+
+def test_attention_forward_and_backward_kernels_under_ncu(tmp_path):
+    """--backward: the Triton attention's forward and both backward kernels each get counters (tensor pipe,
+    occupancy, stalls) beside cuDNN's, against the forward + backward cost model."""
+    result = cn.profile_counters(
+        "attention", ["triton", "sdpa-cudnn"], (2, 4, 777, 64), "bfloat16", {"causal": True}, out_dir=tmp_path,
+        backward=True,
+    )  # fmt: skip
+    ours, cudnn = result.rows
+    assert not ours["error"] and not cudnn["error"] and ours["backward"] and cudnn["backward"]
+    names = " ".join(k["name"] for k in ours["kernels"])
+    for kernel in ("attention_fwd", "attention_bwd_delta", "attention_bwd_dkdv", "attention_bwd_dq"):
+        assert kernel in names, names
+    forward_only = cn.profile_counters("attention", ["triton"], (2, 4, 777, 64), "bfloat16", {"causal": True})
+    assert ours["model_flops"] > 2 * forward_only.rows[0]["model_flops"]
+    ours_kernels = [k for k in ours["kernels"] if "attention_" in k["name"]]
+    assert all(k["tensor_pct"] is not None and k["occupancy_pct"] is not None for k in ours_kernels)

@@ -91,3 +91,31 @@ def test_inspect_cuda_impl(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "registers/thread" in out.stdout and "global loads" in out.stdout
     assert (tmp_path / "i" / "inspect.json").exists()
+
+
+def test_profile_an_op_forward_and_backward(tmp_path):
+    """--backward profiles forward + backward: the attention backward's own operators appear in the table; an impl
+    without a backward and a lecture case are refused with a line that says why."""
+    out = fuselab("profile", "attention", "--impl", "naive", "--shape", "1x2x33x16", "--device", "cpu", "--iters", "1",
+                  "--backward", "--out", "p", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    table = json.loads((tmp_path / "p" / "table.json").read_text())
+    names = {row["name"] for row in table["ops"]}
+    assert any("Backward" in name for name in names), sorted(names)[:20]
+    refused = fuselab("profile", "--case", "matmul128", "--backward", "--device", "cpu", cwd=tmp_path)
+    assert refused.returncode != 0 and "--backward profiles an op" in refused.stderr
+
+
+def test_impl_callable_forward_and_backward() -> None:
+    import torch
+
+    from fuselab.bench.sweep import Unavailable
+    from fuselab.ops.registry import get_op
+    from fuselab.profile.capture import impl_callable
+
+    op = get_op("attention")
+    grads = impl_callable(op, "naive", (1, 2, 17, 16), torch.float32, "cpu", backward=True)()
+    assert len(grads) == 3 and all(g.shape == (1, 2, 17, 16) and g.abs().sum() > 0 for g in grads)
+    assert not get_op("softmax").get_impl("triton-elementwise").backward
+    with pytest.raises(Unavailable, match="has no backward"):
+        impl_callable(get_op("softmax"), "triton-elementwise", (7, 33), torch.float32, "cpu", backward=True)

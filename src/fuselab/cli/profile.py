@@ -8,6 +8,8 @@
     fuselab profile mymod:fn --shape 4096x4096 --nargs 2
     fuselab profile --script train.py
     fuselab profile gelu --impl all --counters              (Nsight Compute: DRAM bytes vs the cost model, verdicts)
+    fuselab profile attention --impl triton,sdpa-cudnn --shape 16x1x16384x64 --dtype bf16 --opt causal=true \
+        --backward --counters                               (forward + backward: every kernel's counters)
     fuselab profile --runahead --steps 20 --layers 4 --dim 2048 --batch 2048 --out prof/runahead
 """
 
@@ -61,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--impl", action="append", help="implementation(s), comma-separated, or all (default: the baseline)")
     p.add_argument("--shape", type=shape_arg, help="input shape, e.g. 2^24 or 4096x1024 (default: the op's)")
     p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="fp32, fp16, bf16 (default fp32)")
+    p.add_argument(
+        "--backward", action="store_true", help="an op's forward + backward (autograd.grad of its inputs), not forward"
+    )
     add_opt_argument(p)
     p.add_argument("--nargs", type=positive(int), default=1, help="for MODULE:FUNCTION: how many tensors it takes")
     add_device_argument(p)
@@ -95,6 +100,8 @@ Job = tuple[str, Callable[[], Callable[[], object]]]  # (label, make the callabl
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
+    if args.backward and (not args.target or args.case or args.script or args.runahead):
+        raise ValueError("--backward profiles an op's forward + backward: fuselab profile OP --backward")
     if args.runahead:
         return _runahead(args, console)
     if args.counters:
@@ -176,9 +183,12 @@ def _op_jobs(args: argparse.Namespace, device: str) -> list[Job]:
 
     def label(impl: str) -> str:
         parts = [name] if impl == name else [name, impl]
-        return "-".join([*parts, format_shape(shape), dtype_name(dtype)])
+        return "-".join([*parts, format_shape(shape), dtype_name(dtype), *(["backward"] if args.backward else [])])
 
-    return [(label(i), lambda i=i: impl_callable(op, i, shape, dtype, device, options)) for i in impls]
+    def make(impl: str) -> Callable[[], object]:
+        return impl_callable(op, impl, shape, dtype, device, options, backward=args.backward)
+
+    return [(label(i), lambda i=i: make(i)) for i in impls]
 
 
 def _counters(args: argparse.Namespace, console: Console) -> int:
@@ -199,7 +209,8 @@ def _counters(args: argparse.Namespace, console: Console) -> int:
     shape = args.shape or op.default_profile_shape()
     options = parse_options(op, args.opt) or {}
     dtype = dtype_name(args.dtype)
-    out = args.out or Path("fuselab-profile") / f"{op.name}-counters-{format_shape(shape)}-{dtype}"
+    passes = "-backward" if args.backward else ""
+    out = args.out or Path("fuselab-profile") / f"{op.name}-counters-{format_shape(shape)}-{dtype}{passes}"
     try:
         result = profile_counters(
             op,
@@ -211,6 +222,7 @@ def _counters(args: argparse.Namespace, console: Console) -> int:
             warmup=args.warmup,
             iters=1,
             kernel_regex=args.kernel,
+            backward=args.backward,
         )
     except CountersUnavailable as exc:
         raise Unavailable(f"--counters: {exc}") from None

@@ -93,7 +93,7 @@ def bench_case(
             if isinstance(exc, torch.OutOfMemoryError):
                 torch.cuda.empty_cache()
     del ref
-    calls = {name: _call(fn, inputs, options, backward) for name, fn in fns.items()}
+    calls = {name: step_call(fn, inputs, options, backward) for name, fn in fns.items()}
     try:
         measured = benchmark_side_by_side(calls, rounds=rounds, device=device, timing=timing)
         sustained = (
@@ -136,7 +136,7 @@ def _error_of(ref: Reference | None, out: torch.Tensor) -> float | None:
         return None
 
 
-def _call(
+def step_call(
     fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor], options: dict, backward: bool
 ) -> Callable[[], object]:
     """What one timed call runs: the forward, or forward + backward (gradients of every floating input against one

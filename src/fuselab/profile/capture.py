@@ -166,17 +166,31 @@ def script_callable(path: str | Path, argv: list[str] | None = None) -> Callable
 
 
 def impl_callable(
-    op: Op, impl_name: str, shape: Shape, dtype: torch.dtype, device: str, options: dict | None = None, seed: int = 0
+    op: Op,
+    impl_name: str,
+    shape: Shape,
+    dtype: torch.dtype,
+    device: str,
+    options: dict | None = None,
+    seed: int = 0,
+    backward: bool = False,
 ) -> Callable[[], object]:
-    """A no-argument callable running `op`'s implementation `impl_name` on seeded inputs of `shape` (made once).
+    """A no-argument callable running `op`'s implementation `impl_name` on seeded inputs of `shape` (made once);
+    `backward`: forward + backward, as `fuselab bench --backward` times it (the gradients of every floating input
+    against one fixed random output gradient).
 
     Compiled impls are wrapped with torch.compile (the warm-up then compiles them before profiling).
-    Raises Unavailable (with the reason) when the impl cannot run on `device` here.
+    Raises Unavailable (with the reason) when the impl cannot run on `device` here, or has no backward.
     """
+    from fuselab.bench.sweep import Unavailable
     from fuselab.evaluate import prepare, refuse_if_too_big
+    from fuselab.evaluate.bench import step_call
 
-    fn = prepare(op.get_impl(impl_name), device)
+    impl = op.get_impl(impl_name)
+    if backward and not impl.backward:
+        raise Unavailable(f"{impl_name} has no backward")
+    fn = prepare(impl, device)
     kwargs = op.resolve_options(options)
     refuse_if_too_big(op, shape, dtype, device, kwargs, reference=False)
     inputs = op.make_inputs(shape, dtype, device, seed, **kwargs)
-    return lambda: fn(*inputs, **kwargs)
+    return step_call(fn, inputs, kwargs, backward)

@@ -15,13 +15,14 @@ from fuselab.profile.counters.ncu import MARKER_CYCLES, RANGE
 
 @dataclass(frozen=True)
 class Case:
-    """One thing to run under ncu: an op's impl on seeded inputs of `shape`."""
+    """One thing to run under ncu: an op's impl on seeded inputs of `shape`, forward or forward + backward."""
 
     op: str
     impl: str
     shape: tuple[int, ...]
     dtype: str = "float32"
     options: dict = field(default_factory=dict)
+    backward: bool = False
 
     @property
     def label(self) -> str:
@@ -29,7 +30,7 @@ class Case:
 
         dims = format_shape(self.shape)
         opts = "".join(f" {k}={v}" for k, v in sorted(self.options.items()))
-        return f"{self.op} {self.impl} {dims} {self.dtype}{opts}"
+        return f"{self.op} {self.impl} {dims} {self.dtype}{opts}{' forward+backward' if self.backward else ''}"
 
 
 def _child(spec_path: Path, status_path: Path) -> int:
@@ -43,7 +44,8 @@ def _child(spec_path: Path, status_path: Path) -> int:
     spec = json.loads(spec_path.read_text())
     statuses = []
     for raw in spec["cases"]:
-        case = Case(raw["op"], raw["impl"], tuple(raw["shape"]), raw["dtype"], raw.get("options") or {})
+        options, backward = raw.get("options") or {}, raw.get("backward", False)
+        case = Case(raw["op"], raw["impl"], tuple(raw["shape"]), raw["dtype"], options, backward)
         error = None
         fn = None
         try:
@@ -51,7 +53,9 @@ def _child(spec_path: Path, status_path: Path) -> int:
             reason = op.get_impl(case.impl).unavailable("cuda")
             if reason:
                 raise RuntimeError(reason)
-            fn = impl_callable(op, case.impl, case.shape, parse_dtype(case.dtype), "cuda", case.options)
+            fn = impl_callable(
+                op, case.impl, case.shape, parse_dtype(case.dtype), "cuda", case.options, backward=case.backward
+            )
             for _ in range(spec["warmup"]):
                 fn()
             torch.cuda.synchronize()

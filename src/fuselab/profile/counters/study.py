@@ -55,8 +55,10 @@ def profile_counters(
     warmup: int = 2,
     iters: int = 1,
     kernel_regex: str | None = None,
+    backward: bool = False,
 ) -> CountersResult:
-    """Run `op`'s impls (default: all) at `shape` (default: its first bench shape) under ncu; assess each.
+    """Run `op`'s impls (default: all) at `shape` (default: its first bench shape) under ncu, forward or (`backward`)
+    forward + backward; assess each.
 
     Raises CountersUnavailable (one line) where counters cannot be read: no GPU, no ncu, not permitted.
     Impls unavailable here (no nvcc, no Triton) come back as rows with their error.
@@ -74,7 +76,7 @@ def profile_counters(
     shape = tuple(shape) if shape is not None else tuple(op.defaults.bench_shapes[0])
     dtype = dtype if isinstance(dtype, str) else dtype_name(dtype)
     dtype = dtype_name(parse_dtype(dtype))
-    cases = [Case(op.name, name, shape, dtype, dict(options or {})) for name in names]
+    cases = [Case(op.name, name, shape, dtype, dict(options or {}), backward) for name in names]
     return run_cases(cases, out_dir=out_dir, warmup=warmup, iters=iters, kernel_regex=kernel_regex)
 
 

@@ -145,8 +145,8 @@ def assess_case(case: Case, kernels: Sequence[dict], iters: int = 1, error: str 
     op = get_op(case.op)
     dtype = parse_dtype(case.dtype)
     options = op.resolve_options(case.options)
-    model_bytes = op.bytes_moved(case.shape, dtype, **options)
-    model_flops = op.flops(case.shape, **options)
+    cost_options = {**options, "backward": True} if case.backward else options  # as `fuselab bench --backward`
+    model_bytes, model_flops = op.case_cost(case.shape, dtype, cost_options)
     out: dict = {
         **asdict(case),
         "label": case.label,
