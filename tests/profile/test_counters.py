@@ -306,3 +306,50 @@ def test_a_backward_case_is_held_against_the_backward_cost_model(sample):
     op = get_op("gelu")
     assert row_bwd["model_bytes"] == op.bytes_moved((n,), torch.float32, backward=True) > row["model_bytes"]
     assert row_bwd["backward"] is True and row["backward"] is False
+
+
+def test_report_section_profiles_the_backward_of_fused_kernels_and_peers(tmp_path, monkeypatch):
+    """On the GPU report an op that times its backward (attention) is also profiled forward + backward, for its own
+    kernels and its peers (cuDNN) but not the teaching impls; a compute-bound op's kernels get their own table (tensor
+    pipe, occupancy, stalls) that leaves out kernels under 5% of their call's time."""
+    from types import SimpleNamespace
+
+    import fuselab.profile.counters as counters
+    from fuselab.report.doc import Doc
+    from fuselab.report.runner import Context
+    from fuselab.report.sections.counters import counters_section
+
+    seen = []
+
+    def fake_run(cases, out_dir):
+        seen.extend(cases)
+        rows = []
+        for c in cases:
+            kernels = [
+                {"duration_ns": 9000.0, "short_name": f"{c.impl}_main", "verdict": "compute-bound", "tensor_pct": 61.5,
+                 "sm_pct": 70.0, "occupancy_pct": 12.1, "theoretical_occupancy_pct": 12.5,
+                 "occupancy_limiter": "registers", "registers": 255.0, "stalls": [["wait", 1.5], ["math_pipe", 0.7]]},
+                {"duration_ns": 100.0, "short_name": f"{c.impl}_tiny", "verdict": "latency-bound"},
+            ]  # fmt: skip
+            rows.append({"op": c.op, "impl": c.impl, "shape": list(c.shape), "backward": c.backward,
+                         "bound_model": get_op(c.op).bound, "kernels": kernels, "n_kernels": 2, "dram_read": 1e6,
+                         "dram_write": 1e6, "bytes_ratio": 1.0, "l2_bytes": 1e6, "duration_ns": 9100.0,
+                         "model_bytes": 2e6})  # fmt: skip
+        return SimpleNamespace(rows=rows, source="fake")
+
+    from fuselab.ops.registry import get_op
+
+    monkeypatch.setattr(counters, "counters_unavailable", lambda device: None)
+    monkeypatch.setattr(counters, "affordable_shape", lambda op, impl, shapes, device, max_call_ms, dtype: 0)
+    monkeypatch.setattr(counters, "run_cases", fake_run)
+    ctx = Context(out=tmp_path, device="cuda", mode="gpu", budget={"max_call_ms": 1.0})
+    doc = Doc(tmp_path)
+    counters_section(ctx, doc)
+    backward = {(c.op, c.impl) for c in seen if c.backward}
+    assert {("attention", "triton"), ("attention", "sdpa-cudnn")} <= backward
+    assert ("attention", "naive") not in backward and ("attention", "tiled") not in backward
+    assert all(op == "attention" for op, _ in backward)  # gelu and softmax time their forward alone on the report
+    text = "\n".join(str(b) for b in doc.blocks)
+    assert "triton, forward + backward" in text and "sdpa-cudnn, forward + backward" in text
+    assert "61.5" in text and "12.1 / 12.5 (registers)" in text and "wait 1.5, math_pipe 0.7" in text
+    assert "triton_tiny" not in text  # 1% of its call

@@ -64,10 +64,13 @@ def _child(spec_path: Path, status_path: Path) -> int:
             fn = None
         torch.cuda.nvtx.range_push(RANGE)
         torch.cuda._sleep(MARKER_CYCLES)  # the marker: this case's kernels follow it
-        if fn is not None:
-            for _ in range(spec["iters"]):
-                fn()
-        torch.cuda.synchronize()
+        # NVTX ranges are per thread, and autograd runs a CUDA backward on a thread of its own: run it on this one,
+        # so that the backward's kernels fall inside the range (outside it ncu would not profile them)
+        with torch.autograd.set_multithreading_enabled(False):
+            if fn is not None:
+                for _ in range(spec["iters"]):
+                    fn()
+            torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
         statuses.append({"label": case.label, "error": error})
         del fn

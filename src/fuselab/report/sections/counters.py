@@ -1,5 +1,8 @@
 """The hardware-counters section: every op's impls under Nsight Compute, DRAM bytes against the cost model.
 
+An op whose report times its backward has it profiled too (forward + backward), for its own kernels and the peers
+they race; a compute-bound op gets a table of its kernels' tensor-pipe use, occupancy and stalls.
+
 Generic over ops: it loops over fuselab.ops.all_ops() and reads each op's cost model; it names none. Without a GPU,
 ncu or permission to read counters it says why in one line and returns, so the rest of the report is unaffected.
 """
@@ -33,11 +36,14 @@ def counters_section(ctx: Context, doc: Doc) -> dict:
     for op in all_ops():
         shapes = study_shapes(op)[0 if ctx.mode == "gpu" else 1 :]  # the large shape on the full GPU report
         dtype = dtype_of[op.name] = next(iter(op.report_plan(ctx.mode)["bench_dtypes"]))  # attention: bfloat16
+        timed_backward = "forward+backward" in op.report_plan(ctx.mode)["passes"]
         for name, impl in op.impls.items():
             if impl.compiled:  # torch.compile under ncu compiles again, slowly; its kernels are in `fuselab bench`
                 continue
             pick = affordable_shape(op, name, shapes, ctx.device, ctx.budget["max_call_ms"], dtype)
             cases.append(Case(op.name, name, shapes[pick], dtype))
+            if timed_backward and impl.backward and (impl.inspectable or name in op.defaults.peers):
+                cases.append(Case(op.name, name, shapes[pick], dtype, backward=True))
     try:
         result = run_cases(cases, out_dir=ctx.out / "counters")
     except CountersUnavailable as exc:
@@ -57,8 +63,7 @@ def counters_section(ctx: Context, doc: Doc) -> dict:
         shape = format_shape(tuple(rows[0]["shape"]))
         table = []
         for r in rows:
-            at = "" if r["shape"] == rows[0]["shape"] else f" at {format_shape(tuple(r['shape']))}"
-            label = r["impl"] + at  # an impl too slow for ncu at the op's large shape is profiled at its small one
+            label = case_label(r, rows[0]["shape"])
             if r.get("error"):
                 table.append([label, "", "", "", "", "", f"failed: {r['error']}"])
                 continue
@@ -78,7 +83,19 @@ def counters_section(ctx: Context, doc: Doc) -> dict:
         doc.table(
             ["impl", "kernels", "DRAM MB read / written", "x minimum", "L2 MB", "µs", "longest kernel: verdict"], table
         )
-        ok = [r for r in rows if not r.get("error") and r["shape"] == rows[0]["shape"]]  # the headline: one shape
+        if any(r.get("bound_model") == "compute" and r.get("kernels") for r in rows):
+            doc.text(
+                "Each kernel of at least 5% of its call's time: the tensor pipe's share of its peak, the SM's "
+                "busiest pipe, the warps resident against what the kernel's registers and shared memory allow "
+                "(achieved / theoretical occupancy, and what limits it) and where warps wait most (cycles per "
+                "instruction issued)."
+            )
+            doc.table(
+                ["impl", "kernel", "µs", "tensor %", "SM %", "occupancy % (limit)", "registers", "top stalls"],
+                kernel_rows(rows),
+            )
+        # the headline: forward calls at one shape
+        ok = [r for r in rows if not r.get("error") and r["shape"] == rows[0]["shape"] and not r.get("backward")]
         if len(ok) >= 2:
             most, least = max(ok, key=lambda r: r["bytes_ratio"]), min(ok, key=lambda r: r["bytes_ratio"])
             headlines.append(
@@ -101,3 +118,38 @@ def counters_section(ctx: Context, doc: Doc) -> dict:
         "dram_peak_gbps": dram_peak_gbps(result.rows),
         "headline": "; ".join(headlines) if headlines else None,
     }
+
+
+def case_label(row: dict, shape: list[int]) -> str:
+    """The impl, at its shape when not the op's large one (an impl too slow for ncu there is profiled at the small
+    one), and "forward + backward" for a backward case."""
+    at = "" if row["shape"] == shape else f" at {format_shape(tuple(row['shape']))}"
+    return row["impl"] + at + (", forward + backward" if row.get("backward") else "")
+
+
+def kernel_rows(rows: list[dict], least_share: float = 0.05) -> list[list]:
+    """One table row per kernel of each case that takes at least `least_share` of the case's kernel time."""
+    table = []
+    for r in rows:
+        if r.get("error") or not r.get("kernels"):
+            continue
+        total = sum(k["duration_ns"] for k in r["kernels"]) or 1.0
+        for k in r["kernels"]:
+            if k["duration_ns"] < least_share * total:
+                continue
+            limit = f" ({k['occupancy_limiter']})" if k.get("occupancy_limiter") else ""
+            occupancy = f"{g3(k.get('occupancy_pct'))} / {g3(k.get('theoretical_occupancy_pct'))}{limit}"
+            stalls = ", ".join(f"{name} {cycles:.2g}" for name, cycles in (k.get("stalls") or [])[:2])
+            table.append(
+                [
+                    case_label(r, rows[0]["shape"]),
+                    k["short_name"][:48],
+                    g3(k["duration_ns"] / 1e3),
+                    g3(k.get("tensor_pct")),
+                    g3(k.get("sm_pct")),
+                    occupancy,
+                    g3(k.get("registers")),
+                    stalls,
+                ]
+            )
+    return table
