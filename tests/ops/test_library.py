@@ -288,18 +288,22 @@ def test_gpu_compiled_graphs_call_the_kernels(op: Op, impl: str, shape: tuple[in
 
 
 def test_wrap_triton_wraps_only_while_torch_traces(monkeypatch) -> None:
-    """A kernel launched in plain eager code (the CS336 Function, the tuner) is the kernel itself, not torch's
-    traceable wrapper (whose higher-order op cost ~300 us a call on the H200); under a dispatch mode (how torch traces
-    a triton_op's body) it is the wrapper, so torch.compile sees the kernel."""
+    """A kernel launched in plain eager code (the CS336 Function, the tuner) is launched from C (fuselab's launcher;
+    the kernel itself with the launcher off), never torch's traceable wrapper (whose higher-order op cost ~300 us a
+    call on the H200); under a dispatch mode (how torch traces a triton_op's body) it is the wrapper, so
+    torch.compile sees the kernel."""
     triton = pytest.importorskip("triton")
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from fuselab.ops import library
+    from fuselab.ops import launcher, library
 
     kernel = triton.runtime.jit.JITFunction(_noop_kernel)  # compiled-kernel kind even under the interpreter
 
     monkeypatch.setattr(library, "_interpreted", lambda: False)  # as on a GPU
-    assert library.wrap_triton(kernel) is kernel
+    eager = library.wrap_triton(kernel)
+    assert isinstance(eager, launcher.FastKernel) and eager.kernel is kernel
+    with launcher.enabled(False):
+        assert library.wrap_triton(kernel) is kernel
 
     class Passing(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -307,7 +311,7 @@ def test_wrap_triton_wraps_only_while_torch_traces(monkeypatch) -> None:
 
     with Passing():
         wrapped = library.wrap_triton(kernel)
-    assert wrapped is not kernel and getattr(wrapped, "kernel", None) is kernel
+    assert not isinstance(wrapped, launcher.FastKernel) and getattr(wrapped, "kernel", None) is kernel
 
 
 def _noop_kernel(x):

@@ -45,6 +45,8 @@ from typing import Literal
 
 import torch
 
+from fuselab.ops import launcher
+
 Kind = Literal["triton", "cuda", "python"]
 KINDS = ("triton", "cuda", "python")
 NAMESPACE = "fuselab"
@@ -54,11 +56,9 @@ _NULL_CONTEXT = contextlib.nullcontext()
 
 # ---------------------------------------------------------------------------------------------- launch-site helpers
 
-try:  # torch >= 2.6: the switch triton_op flips off around its eager body, so that wrap_triton costs nothing there
+try:  # torch >= 2.6: the switch triton_op flips off around its eager body
     from torch._library.triton import is_wrap_triton_enabled
-    from torch._library.triton import wrap_triton_enabled as _WRAP_SWITCH
 except ImportError:  # pragma: no cover (older torch: wrapping is always on)
-    _WRAP_SWITCH = None
 
     def is_wrap_triton_enabled() -> bool:
         return True
@@ -68,15 +68,18 @@ def wrap_triton(kernel: object) -> object:
     """`kernel` (a @triton.jit function) as an impl's launcher must launch it: ``wrap_triton(k)[grid](...)``.
 
     While torch traces (torch.compile, or a dispatch mode such as the functional pass over a triton_op's body),
-    torch.library.wrap_triton's traceable wrapper, so the launch becomes a node of the graph; otherwise the kernel
-    itself. The wrapper is never taken in plain eager code, even where torch leaves its switch on (a kernel launched
-    outside a triton_op's eager body, as the CS336 autograd Function and the tuner do): there it would run the
-    launch through a higher-order op, some 300 us more a call. Under the interpreter, kernels are never wrapped.
+    torch.library.wrap_triton's traceable wrapper, so the launch becomes a node of the graph. Otherwise the kernel
+    launched from C (`fuselab.ops.launcher.fast`: the binary Triton compiled, without Triton's Python per call);
+    never torch's wrapper in plain eager code, even where torch leaves its switch on (a kernel launched outside a
+    triton_op's eager body, as the CS336 autograd Function and the tuner do): there it would run the launch through
+    a higher-order op, some 300 us more a call. Under the interpreter, the kernel itself.
     The name matters: torch finds the kernels of a triton_op by looking for calls named ``wrap_triton``.
     """
-    if not is_wrap_triton_enabled() or _interpreted() or not _tracing():
+    if _interpreted():
         return kernel
-    return torch.library.wrap_triton(kernel)
+    if is_wrap_triton_enabled() and _tracing():
+        return torch.library.wrap_triton(kernel)
+    return launcher.fast(kernel)
 
 
 def _tracing() -> bool:
@@ -152,12 +155,13 @@ class FusedOp:
         if not self._tensor_idx:
             raise ValueError(f"define_op {name}: forward takes no tensor (annotate its tensor parameters)")
         self.__signature__ = _with_defaults(signature, dict(defaults or {}), name)
+        defaulted = [p.default for p in self.__signature__.parameters.values() if p.default is not p.empty]
+        self._n_required, self._tail = len(self._params) - len(defaulted), tuple(defaulted)
         self._coerce = tuple((i, c) for i in self._option_idx if (c := _coercer(annotations[i])) is not None)
         self._single = len(self.outputs) == 1 and not self.extras
         n_out = len(self.outputs)
         triton = kind == "triton"
-        self._forward = _eager(forward) if triton else forward
-        self._backward = (_eager(backward) if triton else backward) if backward is not None else None
+        self._forward, self._backward = forward, backward  # outside tracing, wrap_triton launches directly
 
         self.op = _register(name, _checked(forward, check), _checked(fake, check), triton)
         self.backward_op = None
@@ -175,10 +179,14 @@ class FusedOp:
     def __call__(self, *args: object, **kwargs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """forward's outputs for forward's parameters (options also by keyword, or left at their defaults),
         differentiable if a backward exists."""
-        if kwargs or len(args) != len(self._params):
-            bound = self.__signature__.bind(*args, **kwargs)  # TypeError naming a missing or unknown argument
-            bound.apply_defaults()
-            args = bound.args
+        n = len(args)
+        if kwargs or n != len(self._params):
+            if not kwargs and self._n_required <= n < len(self._params):  # trailing options left at their defaults
+                args = args + self._tail[n - self._n_required :]
+            else:
+                bound = self.__signature__.bind(*args, **kwargs)  # TypeError naming a missing or unknown argument
+                bound.apply_defaults()
+                args = bound.args
         if self._coerce:
             args = list(args)
             for i, convert in self._coerce:
@@ -399,24 +407,6 @@ def _checked(fn: Callable, check: Callable[..., None] | None) -> Callable:
         return fn(*args)
 
     return checked
-
-
-def _eager(fn: Callable) -> Callable:
-    """fn run with torch's wrap_triton switch off, as triton_op runs its body in eager mode: the kernels launch
-    directly instead of through the tracing wrapper."""
-    if _WRAP_SWITCH is None:
-        return fn
-    switch = _WRAP_SWITCH
-
-    def run(*args: object) -> object:
-        before = getattr(switch, "value", True)
-        switch.value = False
-        try:
-            return fn(*args)
-        finally:
-            switch.value = before
-
-    return run
 
 
 def _register(name: str, fn: Callable, fake: Callable, triton: bool) -> torch.library.CustomOpDef:

@@ -158,26 +158,37 @@ def _launch(
 ) -> torch.Tensor:
     """Run `kernel` over inputs `tensors` (same shape; any strides) into a new contiguous tensor; return it.
 
-    Contiguous inputs are one flat row; others are read as rows through their row strides (`as_rows`).
-    config: (BLOCK, num_warps) instead of `launch_config`'s (the tuner's candidates)."""
-    out = torch.empty(tensors[0].shape, dtype=tensors[0].dtype, device=tensors[0].device)
+    Contiguous inputs are one flat row, passed as they are; others are read as rows through their row strides
+    (`as_rows`). config: (BLOCK, num_warps) instead of `launch_config`'s (the tuner's candidates)."""
+    x = tensors[0]
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     n = out.numel()
     if n == 0:
         return out
-    block, num_warps = config or launch_config(out.dtype, out.get_device() if out.is_cuda else None)
+    block, num_warps = config or _CONFIGS.get((x.dtype, x.get_device())) or _config(x)
     if all(t.is_contiguous() for t in tensors):
-        views, n_rows, n_cols, strided = [t.view(-1) for t in tensors], 1, n, False
+        views, n_rows, n_cols, strided = tensors, 1, n, False
     else:
         views = [as_rows(t) for t in tensors]
         n_rows, n_cols = views[0].shape
         strided = n_rows > 1
-    per_row = triton.cdiv(n_cols, block)
+    per_row = (n_cols + block - 1) // block
     strides = [v.stride(0) if strided else n_cols for v in views]
     with on_device(out):
         wrap_triton(kernel)[(n_rows * per_row,)](
             *views, out, n_cols, *strides, per_row, TANH=tanh, BLOCK=block, STRIDED=strided, num_warps=num_warps
         )
     return out
+
+
+_CONFIGS: dict[tuple[torch.dtype, int], tuple[int, int]] = {}  # (dtype, device index or -1) -> launch_config
+
+
+def _config(x: torch.Tensor) -> tuple[int, int]:
+    """launch_config for x's dtype and device, remembered in _CONFIGS (looked up on every call)."""
+    device = x.get_device()
+    found = _CONFIGS[(x.dtype, device)] = launch_config(x.dtype, device if x.is_cuda else None)
+    return found
 
 
 def gelu_forward(x: torch.Tensor, tanh: bool, config: tuple[int, int] | None = None) -> torch.Tensor:

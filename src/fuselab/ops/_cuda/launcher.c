@@ -1,0 +1,363 @@
+// fuselab's launcher of compiled Triton kernels: one C call from Python per launch, no Triton in between.
+//
+// A `Launcher` stands for one Triton kernel at one set of compile-time options (constexprs, num_warps, ...). Triton
+// compiles one binary per *specialization* of the runtime arguments: each pointer's element type and 16-byte
+// alignment, each integer's width (i32 / i64 / u64), whether it is 1 (then a constant) and whether it is a multiple
+// of 16. `launch` reads that specialization from the arguments themselves (`key`, one byte per argument, finer than
+// Triton's, so two calls with the same key can share a binary), finds the binary registered for it (`add`, from
+// Python, after Triton compiled and ran the first call of that key) and launches it with cuLaunchKernel on the given
+// stream. It returns False, launching nothing, when no binary is registered for the key (Python then launches through
+// Triton and registers the binary), and None when an argument is of a kind it does not pass (Python stays with
+// Triton for that call).
+//
+// Arguments: CUDA tensors (anything with is_cuda, data_ptr() and dtype; dtypes numbered by `dtypes` given at
+// creation), Python ints, bools, floats and None. No torch headers: it builds with any C compiler against Python.h,
+// and libcuda is opened at the first launch (dlopen), so the module loads and computes keys on machines without a
+// GPU.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_ARGS 64
+
+typedef int CUresult;
+typedef CUresult (*LaunchKernelFn)(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                   unsigned bz, unsigned shared, void* stream, void** params, void** extra);
+typedef CUresult (*GetErrorStringFn)(CUresult, const char**);
+
+static LaunchKernelFn cu_launch_kernel = NULL;
+static GetErrorStringFn cu_get_error_string = NULL;
+static PyObject* str_data_ptr = NULL;
+static PyObject* str_dtype = NULL;
+static PyObject* str_is_cuda = NULL;
+
+// Argument kinds, in a binary's layout (one char per argument of the call): how its value is passed.
+enum {
+  PASS_SKIP = '-',   // a constant of the binary (an int equal to 1, None): not passed
+  PASS_PTR = 'p',    // a device pointer (8 bytes)
+  PASS_I32 = 'i',
+  PASS_I64 = 'l',
+  PASS_U64 = 'K',
+  PASS_U8 = 'B',     // a bool (u1)
+  PASS_F32 = 'f',
+};
+
+// Key bytes: one per argument.
+enum {
+  KEY_NONE = 1,
+  KEY_FLOAT = 2,
+  KEY_FALSE = 3,
+  KEY_TRUE = 4,
+  KEY_INT = 16,     // | width (0 i32, 1 i64, 2 u64) << 2 | (value == 1) << 1 | (value % 16 == 0)
+  KEY_TENSOR = 64,  // | dtype number << 1 | (address % 16 == 0); dtype numbers < 32
+};
+
+static int load_driver(void) {
+  if (cu_launch_kernel != NULL) return 0;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (lib == NULL) lib = dlopen("libcuda.so", RTLD_NOW | RTLD_GLOBAL);
+  if (lib == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "fuselab launcher: cannot open libcuda.so.1 (no NVIDIA driver?)");
+    return -1;
+  }
+  cu_get_error_string = (GetErrorStringFn)dlsym(lib, "cuGetErrorString");
+  cu_launch_kernel = (LaunchKernelFn)dlsym(lib, "cuLaunchKernel");
+  if (cu_launch_kernel == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "fuselab launcher: libcuda has no cuLaunchKernel");
+    return -1;
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------------ a binary
+
+typedef struct {
+  PyObject_HEAD
+  void* function;        // CUfunction, loaded by Triton in the device's primary context
+  unsigned block;        // threads per program (32 * num_warps)
+  unsigned shared;       // dynamic shared memory, bytes
+  Py_ssize_t n_args;     // arguments of the call
+  char layout[MAX_ARGS]; // PASS_* per argument
+} Binary;
+
+static PyTypeObject BinaryType;
+
+// ------------------------------------------------------------------------------------------------ the launcher
+
+typedef struct {
+  PyObject_HEAD
+  PyObject* dtypes;    // dict: dtype object -> int < 32
+  PyObject* binaries;  // dict: key (bytes: device index, then one byte per argument) -> Binary
+} Launcher;
+
+// The key of `args` on device `device` into buf (1 + n bytes); the argument values a binary passes into values.
+// Returns 1, 0 when an argument is of a kind the launcher does not pass, -1 on a Python error.
+static int read_args(Launcher* self, PyObject* const* args, Py_ssize_t n, int device, unsigned char* buf,
+                     uint64_t* values) {
+  buf[0] = (unsigned char)device;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* a = args[i];
+    unsigned char k;
+    values[i] = 0;
+    if (a == Py_None) {
+      k = KEY_NONE;
+    } else if (PyBool_Check(a)) {
+      k = a == Py_True ? KEY_TRUE : KEY_FALSE;
+      values[i] = a == Py_True;
+    } else if (PyLong_Check(a)) {
+      int overflow = 0;
+      long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+      if (v == -1 && PyErr_Occurred()) return -1;
+      int width;
+      uint64_t bits;
+      if (overflow == 0) {
+        width = (v >= INT32_MIN && v <= INT32_MAX) ? 0 : 1;
+        bits = (uint64_t)v;
+      } else if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(a);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+          PyErr_Clear();
+          return 0;  // past 64 bits
+        }
+        width = 2;
+        bits = u;
+      } else {
+        return 0;  // below -2^63
+      }
+      k = KEY_INT | width << 2 | (bits == 1) << 1 | (bits % 16 == 0);
+      values[i] = bits;
+    } else if (PyFloat_Check(a)) {
+      k = KEY_FLOAT;
+      float f = (float)PyFloat_AS_DOUBLE(a);
+      memcpy(&values[i], &f, sizeof f);
+    } else {
+      PyObject* on_gpu = PyObject_GetAttr(a, str_is_cuda);  // a CPU tensor goes to Triton, which refuses it
+      if (on_gpu == NULL) {
+        PyErr_Clear();
+        return 0;
+      }
+      Py_DECREF(on_gpu);
+      if (on_gpu != Py_True) return 0;
+      PyObject* dtype = PyObject_GetAttr(a, str_dtype);
+      if (dtype == NULL) {
+        PyErr_Clear();
+        return 0;
+      }
+      PyObject* code = PyDict_GetItemWithError(self->dtypes, dtype);  // borrowed
+      Py_DECREF(dtype);
+      if (code == NULL) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        return 0;
+      }
+      PyObject* ptr = PyObject_CallMethodNoArgs(a, str_data_ptr);
+      if (ptr == NULL) {
+        PyErr_Clear();
+        return 0;
+      }
+      unsigned long long address = PyLong_AsUnsignedLongLong(ptr);
+      Py_DECREF(ptr);
+      if (address == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+      k = KEY_TENSOR | (unsigned char)(PyLong_AsLong(code) << 1) | (address % 16 == 0);
+      values[i] = address;
+    }
+    buf[1 + i] = k;
+  }
+  return 1;
+}
+
+static PyObject* make_key(Launcher* self, PyObject* const* args, Py_ssize_t n, int device, uint64_t* values) {
+  unsigned char buf[MAX_ARGS + 1];
+  if (n > MAX_ARGS) Py_RETURN_NONE;
+  int ok = read_args(self, args, n, device, buf, values);
+  if (ok < 0) return NULL;
+  if (ok == 0) Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize((const char*)buf, n + 1);
+}
+
+// launch(grid_x, grid_y, grid_z, device, stream, *args) -> True (launched), False (no binary for the key), None
+// (an argument the launcher does not pass).
+static PyObject* Launcher_launch(Launcher* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 5) {
+    PyErr_SetString(PyExc_TypeError, "launch(grid_x, grid_y, grid_z, device, stream, *args)");
+    return NULL;
+  }
+  unsigned long long grid[3];
+  for (int d = 0; d < 3; d++) {
+    grid[d] = PyLong_AsUnsignedLongLong(args[d]);
+    if (grid[d] == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  }
+  long device = PyLong_AsLong(args[3]);
+  if (device == -1 && PyErr_Occurred()) return NULL;
+  void* stream = PyLong_AsVoidPtr(args[4]);
+  if (stream == NULL && PyErr_Occurred()) return NULL;
+  Py_ssize_t n = nargs - 5;
+  uint64_t values[MAX_ARGS];
+  PyObject* key = make_key(self, args + 5, n, (int)device, values);
+  if (key == NULL || key == Py_None) return key;
+  PyObject* found = PyDict_GetItemWithError(self->binaries, key);  // borrowed
+  Py_DECREF(key);
+  if (found == NULL) {
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_FALSE;
+  }
+  Binary* b = (Binary*)found;
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) Py_RETURN_TRUE;  // nothing to run, as Triton
+  if (grid[0] > 0x7fffffffULL || grid[1] > 65535 || grid[2] > 65535) {
+    PyErr_Format(PyExc_ValueError, "fuselab launcher: grid (%llu, %llu, %llu) is past the GPU's limits", grid[0],
+                 grid[1], grid[2]);
+    return NULL;
+  }
+  // Parameters in the binary's order: the passed arguments, then Triton's two scratch pointers (null: a binary that
+  // needs scratch memory is never registered).
+  int32_t i32[MAX_ARGS];
+  uint8_t u8[MAX_ARGS];
+  float f32[MAX_ARGS];
+  uint64_t scratch[2] = {0, 0};
+  void* params[MAX_ARGS + 2];
+  int p = 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    switch (b->layout[i]) {
+      case PASS_SKIP:
+        break;
+      case PASS_I32:
+        i32[i] = (int32_t)values[i];
+        params[p++] = &i32[i];
+        break;
+      case PASS_U8:
+        u8[i] = (uint8_t)values[i];
+        params[p++] = &u8[i];
+        break;
+      case PASS_F32:
+        memcpy(&f32[i], &values[i], sizeof(float));
+        params[p++] = &f32[i];
+        break;
+      default:  // pointers and 64-bit integers
+        params[p++] = &values[i];
+        break;
+    }
+  }
+  params[p++] = &scratch[0];
+  params[p++] = &scratch[1];
+  if (load_driver() < 0) return NULL;
+  CUresult err = cu_launch_kernel(b->function, (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2], b->block, 1,
+                                  1, b->shared, stream, params, NULL);
+  if (err != 0) {
+    const char* msg = NULL;
+    if (cu_get_error_string != NULL) cu_get_error_string(err, &msg);
+    PyErr_Format(PyExc_RuntimeError, "fuselab launcher: cuLaunchKernel failed: %s (CUresult %d)",
+                 msg ? msg : "unknown error", err);
+    return NULL;
+  }
+  Py_RETURN_TRUE;
+}
+
+// key(device, *args) -> bytes, or None (an argument the launcher does not pass).
+static PyObject* Launcher_key(Launcher* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "key(device, *args)");
+    return NULL;
+  }
+  long device = PyLong_AsLong(args[0]);
+  if (device == -1 && PyErr_Occurred()) return NULL;
+  uint64_t values[MAX_ARGS];
+  return make_key(self, args + 1, nargs - 1, (int)device, values);
+}
+
+// add(key, function, num_warps, shared, layout): register a binary for `key` (from `key`).
+static PyObject* Launcher_add(Launcher* self, PyObject* args) {
+  PyObject* key;
+  unsigned long long function;
+  unsigned num_warps, shared;
+  const char* layout;
+  Py_ssize_t layout_len;
+  if (!PyArg_ParseTuple(args, "SKIIs#", &key, &function, &num_warps, &shared, &layout, &layout_len)) return NULL;
+  if (PyBytes_GET_SIZE(key) != layout_len + 1 || layout_len > MAX_ARGS) {
+    PyErr_SetString(PyExc_ValueError, "fuselab launcher: the layout needs one char per argument of the key");
+    return NULL;
+  }
+  for (Py_ssize_t i = 0; i < layout_len; i++) {
+    if (!strchr("-pilKBf", layout[i])) {
+      PyErr_Format(PyExc_ValueError, "fuselab launcher: unknown layout char %c", layout[i]);
+      return NULL;
+    }
+  }
+  Binary* b = PyObject_New(Binary, &BinaryType);
+  if (b == NULL) return NULL;
+  b->function = (void*)(uintptr_t)function;
+  b->block = 32 * num_warps;
+  b->shared = shared;
+  b->n_args = layout_len;
+  memcpy(b->layout, layout, layout_len);
+  int rc = PyDict_SetItem(self->binaries, key, (PyObject*)b);
+  Py_DECREF(b);
+  if (rc < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject* Launcher_size(Launcher* self, PyObject* Py_UNUSED(ignored)) {
+  return PyLong_FromSsize_t(PyDict_Size(self->binaries));
+}
+
+static int Launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
+  PyObject* dtypes;
+  static char* names[] = {"dtypes", NULL};
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!", names, &PyDict_Type, &dtypes)) return -1;
+  Py_INCREF(dtypes);
+  Py_XSETREF(self->dtypes, dtypes);
+  Py_XSETREF(self->binaries, PyDict_New());
+  return self->binaries == NULL ? -1 : 0;
+}
+
+static void Launcher_dealloc(Launcher* self) {
+  Py_XDECREF(self->dtypes);
+  Py_XDECREF(self->binaries);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyMethodDef Launcher_methods[] = {
+    {"launch", (PyCFunction)(void (*)(void))Launcher_launch, METH_FASTCALL,
+     "launch(grid_x, grid_y, grid_z, device, stream, *args) -> True, False (no binary for the key), None"},
+    {"key", (PyCFunction)(void (*)(void))Launcher_key, METH_FASTCALL, "key(device, *args) -> bytes or None"},
+    {"add", (PyCFunction)Launcher_add, METH_VARARGS, "add(key, function, num_warps, shared, layout)"},
+    {"size", (PyCFunction)Launcher_size, METH_NOARGS, "number of binaries registered"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LauncherType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fuselab_launcher.Launcher",
+    .tp_basicsize = sizeof(Launcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Launcher_init,
+    .tp_dealloc = (destructor)Launcher_dealloc,
+    .tp_methods = Launcher_methods,
+    .tp_doc = "Launches one Triton kernel's binaries, one per key of its arguments (see the module's source).",
+};
+
+static PyTypeObject BinaryType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fuselab_launcher.Binary",
+    .tp_basicsize = sizeof(Binary),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One compiled binary of a Triton kernel.",
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fuselab_launcher", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit_fuselab_launcher(void) {
+  if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&BinaryType) < 0) return NULL;
+  str_data_ptr = PyUnicode_InternFromString("data_ptr");
+  str_dtype = PyUnicode_InternFromString("dtype");
+  str_is_cuda = PyUnicode_InternFromString("is_cuda");
+  if (str_data_ptr == NULL || str_dtype == NULL || str_is_cuda == NULL) return NULL;
+  PyObject* m = PyModule_Create(&module);
+  if (m == NULL) return NULL;
+  Py_INCREF(&LauncherType);
+  if (PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType) < 0) {
+    Py_DECREF(&LauncherType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

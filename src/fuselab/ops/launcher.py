@@ -1,0 +1,233 @@
+"""Compiled Triton kernels launched from C, at the host cost of a built-in op.
+
+Triton's own launch (`JITFunction.run`) binds and specializes every argument in Python, builds the cache key, looks
+up the binary and calls its launcher: some 20 us of host time a call on the H200's host, more than a small kernel
+runs. `fast(kernel)` returns a drop-in for the @triton.jit function at a launch site (``fast(kernel)[grid](*args,
+**constexprs)``) whose per-call path is one call into a small C module (_cuda/launcher.c): it reads the
+specialization Triton would compile for from the arguments themselves (pointer dtype and 16-byte alignment; integer
+width, == 1, multiple of 16), finds the binary Triton compiled for it and launches it with cuLaunchKernel on the
+current stream. The first call of each key goes through Triton (which compiles if need be, and launches); its
+binary is then registered, so every later call with the same key skips Triton. What the C module does not pass
+(tensor descriptors, launch hooks, kernels needing scratch memory or clusters, grids given as functions) stays with
+Triton, call by call.
+
+The C module is built once per Python and source version with the system's C compiler (the one Triton itself needs
+for its launchers) into ~/.cache/fuselab/ext/fuselab_launcher (or $FUSELAB_EXT_DIR). FUSELAB_LAUNCHER=triton, or
+`enabled(False)`, keeps every launch with Triton (to compare, or to rule the launcher out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+SOURCE = Path(__file__).parent / "_cuda" / "launcher.c"
+MODULE_NAME = "fuselab_launcher"
+# dtype numbers of the key (< 32); a tensor of another dtype goes to Triton
+DTYPES = (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+)  # fmt: skip
+# how the C module passes a value of each Triton signature type (its `layout` chars)
+PASS = {"i32": "i", "i64": "l", "u64": "K", "u1": "B", "fp32": "f"}
+
+
+class _State:
+    enabled = os.environ.get("FUSELAB_LAUNCHER", "fuselab") != "triton"
+
+
+@contextlib.contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    """Within the block, launch sites use this launcher (on) or Triton's own launch (off)."""
+    before = _State.enabled
+    _State.enabled = on
+    try:
+        yield
+    finally:
+        _State.enabled = before
+
+
+@functools.cache
+def module() -> ModuleType | None:
+    """The C module, built on first use; None (with a warning, once) where it cannot be built."""
+    try:
+        return _load(_build())
+    except Exception as exc:  # no compiler, no Python headers: Triton's own launch still works
+        warnings.warn(f"fuselab launcher unavailable, Triton launches its kernels itself: {exc}", stacklevel=2)
+        return None
+
+
+def _build() -> Path:
+    """Compile SOURCE into a shared library named after its content and this Python; return its path."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode()).hexdigest()[:16]
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    root = Path(os.environ.get("FUSELAB_EXT_DIR", Path.home() / ".cache" / "fuselab" / "ext")) / MODULE_NAME
+    target = root / f"{MODULE_NAME}-{digest}{suffix}"
+    if target.exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    include = sysconfig.get_paths()["include"]
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(SOURCE), "-o", str(built), "-ldl"]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        os.replace(built, target)  # atomic: concurrent builders race harmlessly
+    return target
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def new_launcher() -> object | None:
+    """A C Launcher (one kernel at one set of compile-time options), or None without the C module."""
+    mod = module()
+    return None if mod is None else mod.Launcher({d: i for i, d in enumerate(DTYPES)})
+
+
+def layout(compiled: object, n_args: int) -> str | None:
+    """How the C module passes the `n_args` positional arguments of a launch to `compiled` (a Triton CompiledKernel):
+    one char per argument ('-' a constant of the binary, 'p' a pointer, or PASS's), or None when the binary needs
+    what the C module does not do (scratch memory, clusters, cooperative or PDL launches, tensor descriptors, a
+    parameter given as a keyword that is not a constant)."""
+    md = compiled.metadata
+    needs = (
+        getattr(md, "num_ctas", 1) != 1
+        or getattr(md, "launch_cooperative_grid", False)
+        or getattr(md, "launch_pdl", False)
+        or getattr(md, "global_scratch_size", 0)
+        or getattr(md, "profile_scratch_size", 0)
+        or getattr(md, "tensordesc_meta", None)
+    )
+    if needs:
+        return None
+    src = compiled.src
+    names = list(src.fn.arg_names)
+    types = dict(src.signature)  # name (or index) -> type; "constexpr" for constants
+    constants = {k[0] if isinstance(k, tuple) else k for k in getattr(src, "constants", {})}
+    chars = []
+    for i, name in enumerate(names):
+        ty = types.get(name, types.get(i, "constexpr"))
+        constant = ty == "constexpr" or i in constants or name in constants
+        if i >= n_args:
+            if not constant:
+                return None  # a runtime parameter given by keyword: Triton's path
+            continue
+        if constant:
+            chars.append("-")
+        elif ty.startswith("*"):
+            chars.append("p")
+        elif ty in PASS:
+            chars.append(PASS[ty])
+        else:
+            return None
+    return "".join(chars) if len(chars) == n_args else None
+
+
+class _Config:
+    """One compile-time configuration of a kernel (its keyword arguments): the C Launcher and the keys it refused."""
+
+    __slots__ = ("launcher", "refused")
+
+    def __init__(self) -> None:
+        self.launcher = new_launcher()
+        self.refused: set[bytes | None] = set()
+
+
+class FastKernel:
+    """A @triton.jit kernel launched through the C module: ``FastKernel(k)[grid](*args, **constexprs)`` as Triton's
+    ``k[grid](...)``; returns None (Triton's returns the compiled kernel)."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel = kernel
+        self._configs: dict[tuple, _Config] = {}
+
+    def __getitem__(self, grid: Sequence[int]) -> functools.partial:
+        return functools.partial(self.launch, grid)
+
+    def launch(self, grid: Sequence[int], *args: object, **meta: object) -> None:
+        """Launch on `grid` (1 to 3 ints): from C when a binary is registered for the arguments' key, else through
+        Triton (registering the binary it used)."""
+        try:
+            config = self._configs[tuple(meta.items())]
+        except KeyError:
+            config = self._configs[tuple(meta.items())] = _Config()
+        except TypeError:  # an unhashable option
+            self.kernel[grid](*args, **meta)
+            return
+        if config.launcher is not None and len(grid) <= 3 and not callable(grid):
+            device = torch._C._cuda_getDevice()
+            x, y, z = (*grid, 1, 1)[:3]
+            done = config.launcher.launch(x, y, z, device, torch._C._cuda_getCurrentRawStream(device), *args)
+            if done:
+                return
+            if done is False:
+                self._register(config, grid, args, meta, device)
+                return
+        self.kernel[grid](*args, **meta)
+
+    def _register(self, config: _Config, grid: Sequence[int], args: tuple, meta: dict, device: int) -> None:
+        """Launch through Triton and register the binary it used for the arguments' key (if the C module can pass
+        its arguments and no launch hook is set)."""
+        key = config.launcher.key(device, *args)
+        compiled = self.kernel[grid](*args, **meta)
+        if key in config.refused:
+            return
+        chars = layout(compiled, len(args)) if compiled is not None and not _launch_hooks() else None
+        if key is None or chars is None:
+            config.refused.add(key)
+            return
+        compiled._init_handles()
+        config.launcher.add(key, compiled.function, compiled.metadata.num_warps, compiled.metadata.shared, chars)
+
+
+def _launch_hooks() -> bool:
+    """Whether Triton's launch hooks are set (a profiler such as proton): then launches stay with Triton."""
+    try:
+        from triton import knobs
+    except ImportError:  # pragma: no cover (older Triton)
+        return True
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    return any(h is not None and getattr(h, "calls", True) for h in hooks)
+
+
+_FAST: dict[object, FastKernel] = {}
+
+
+def fast(kernel: object) -> object:
+    """`kernel` (a @triton.jit function) as launch sites launch it outside tracing: a FastKernel when the launcher
+    is enabled and built, else the kernel itself."""
+    if not _State.enabled:
+        return kernel
+    try:
+        return _FAST[kernel]
+    except KeyError:
+        pass
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(kernel, JITFunction) or module() is None:
+        return kernel
+    wrapped = _FAST[kernel] = FastKernel(kernel)
+    return wrapped
