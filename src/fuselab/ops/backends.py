@@ -8,6 +8,7 @@ import inspect
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
@@ -150,11 +151,12 @@ def checked_inputs(
     bare = [p.replace(default=inspect.Parameter.empty, annotation=inspect.Parameter.empty) for p in params]
     declared = signature.replace(parameters=bare, return_annotation=inspect.Signature.empty)
     forwarded = ", ".join(_forwarded(p) for p in params)
+    call = "None" if getattr(fn, "test_only", False) else f"_fn({forwarded})"  # input_check: the test alone
     source = (
         f"def checked{declared}:\n"
         f"    if not ({' and '.join(accepted(t) for t in tensors)}):\n"
         f"        _refuse({', '.join(tensors)})\n"
-        f"    return _fn({forwarded})\n"
+        f"    return {call}\n"
     )
     scope = {"_fn": fn, "_refuse": refuse, "_Tensor": torch.Tensor, "_dtypes": dtypes, "_devices": devices}
     exec(compile(source, f"<input check of {impl}>", "exec"), scope)  # source made above from fn's parameter names
@@ -163,6 +165,7 @@ def checked_inputs(
     checked.__defaults__ = defaults or None
     keywords = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
     checked.__kwdefaults__ = keywords or None
+    checked.input_spec = InputSpec(impl, tuple(names), devices, dtypes, min_dim)
     return checked
 
 
@@ -179,17 +182,30 @@ def input_check(
     *, impl: str, names: Sequence[str], devices: Sequence[str], dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
     min_dim: int = 0,
 ) -> Callable[..., None]:  # fmt: skip
-    """check(*tensors, *rest): checked_inputs' test of the leading tensors alone (a custom op's `check`)."""
+    """check(*tensors, *rest): checked_inputs' test of the leading tensors alone (a custom op's `check`); its
+    `input_spec` says what it tests."""
     n = len(names)
 
     def accept(*args: object) -> None:
         """Nothing beyond the test of the tensors."""
 
+    accept.test_only = True  # checked_inputs writes the test without a call after it
     accept.__signature__ = inspect.Signature(  # the tensors as parameters of their own, then the rest
         [inspect.Parameter(f"t{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
         + [inspect.Parameter("rest", inspect.Parameter.VAR_POSITIONAL)]
     )
     return checked_inputs(accept, impl=impl, names=names, devices=devices, dtypes=dtypes, min_dim=min_dim)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What a generated input test accepts: the impl's name in messages, its inputs' names, devices, dtypes, rank."""
+
+    impl: str
+    names: tuple[str, ...]
+    devices: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...]
+    min_dim: int
 
 
 def check_matches(grad: torch.Tensor, of: torch.Tensor, *, impl: str, names: tuple[str, str]) -> None:

@@ -75,11 +75,11 @@ def wrap_triton(kernel: object) -> object:
     a higher-order op, some 300 us more a call. Under the interpreter, the kernel itself.
     The name matters: torch finds the kernels of a triton_op by looking for calls named ``wrap_triton``.
     """
-    if _interpreted():
+    if not _tracing():
+        return kernel if _interpreted() else launcher.fast(kernel)
+    if _interpreted() or not is_wrap_triton_enabled():
         return kernel
-    if is_wrap_triton_enabled() and _tracing():
-        return torch.library.wrap_triton(kernel)
-    return launcher.fast(kernel)
+    return torch.library.wrap_triton(kernel)
 
 
 def _tracing() -> bool:
@@ -147,6 +147,7 @@ class FusedOp:
         self.__name__ = self.__qualname__ = name
         self.outputs, self.extras = tuple(outputs), tuple(extras)
         self._check = check
+        self.input_spec = getattr(check, "input_spec", None)  # what `check` tests (the registry's test, if equal)
         signature = _signature(forward, name)
         annotations = [p.annotation for p in signature.parameters.values()]
         self._params = tuple(signature.parameters)
@@ -172,7 +173,7 @@ class FusedOp:
             )
             self.op.register_autograd(self._op_backward, setup_context=self._op_setup_context)
             self._function = self._make_function()
-        self._visible = (lambda out: out) if self._single else (lambda out: out[0] if n_out == 1 else out[:n_out])
+        self._visible = lambda out: out[0] if n_out == 1 else out[:n_out]  # forward's outputs without its extras
 
     # -- the call
 
@@ -194,12 +195,20 @@ class FusedOp:
         if self._check is not None:
             self._check(*args)
         if self.direct and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0:
-            tensors = [args[i] for i in self._tensor_idx]
-            if all(type(t) is torch.Tensor for t in tensors):
-                if self.backward_op is not None and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            if len(self._tensor_idx) == 1:  # written out for one tensor: a model's elementwise ops, called often
+                t = args[self._tensor_idx[0]]
+                plain, grad = type(t) is torch.Tensor, t.requires_grad
+            else:
+                tensors = [args[i] for i in self._tensor_idx]
+                plain = all(type(t) is torch.Tensor for t in tensors)
+                grad = any(t.requires_grad for t in tensors)
+            if plain:
+                if grad and self.backward_op is not None and torch.is_grad_enabled():
                     return self._function.apply(*args)
-                return self._visible(self._forward(*args))
-        return self._visible(self.op(*args))
+                out = self._forward(*args)
+                return out if self._single else self._visible(out)
+        out = self.op(*args)
+        return out if self._single else self._visible(out)
 
     def __repr__(self) -> str:
         return f"FusedOp({NAMESPACE}::{self.name}, kind={self.kind!r}, direct={self.direct})"
@@ -228,20 +237,24 @@ class FusedOp:
                 )
         self._bw_plan = tuple(plan)
         self._saved = tuple(saved)
+        # where each saved value comes from: (True, i) forward's i-th argument, (False, i) its i-th result
+        results = self.outputs + self.extras
+        self._saved_from = tuple(
+            (True, forward_names.index(n)) if n in forward_names else (False, results.index(n)) for n in saved
+        )
+        # backward's arguments as (source, i): 0 the gradients, 1 the saved tensors, 2 forward's options
+        kinds = {"grad": 0, "saved": 1}
+        self._bw_sources = tuple(
+            (2, self._option_idx.index(i)) if kind == "option" else (kinds[kind], i) for kind, i in plan
+        )
 
     def _save(self, ctx: object, args: Sequence[object], outs: tuple) -> None:
-        named = dict(zip(self._params, args, strict=True))
-        named.update(zip(self.outputs + self.extras, outs, strict=True))
-        ctx.save_for_backward(*(named[n] for n in self._saved))
-        ctx.forward_options = {i: args[i] for i in self._option_idx}
+        ctx.save_for_backward(*[args[i] if arg else outs[i] for arg, i in self._saved_from])
+        ctx.forward_options = tuple(args[i] for i in self._option_idx)
 
     def _backward_args(self, ctx: object, grads: Sequence[torch.Tensor]) -> list[object]:
-        saved = ctx.saved_tensors
-        by_kind = {"grad": grads, "saved": saved}
-        all_args: list[object] = []
-        for kind, i in self._bw_plan:
-            all_args.append(ctx.forward_options[i] if kind == "option" else by_kind[kind][i])
-        return all_args
+        sources = (grads, ctx.saved_tensors, ctx.forward_options)
+        return [sources[k][i] for k, i in self._bw_sources]
 
     def _input_grads(self, result: object) -> tuple[torch.Tensor | None, ...]:
         grads = result if isinstance(result, tuple) else (result,)

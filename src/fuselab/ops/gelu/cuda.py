@@ -36,12 +36,14 @@ def extension() -> ModuleType:
 
 def forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
     """y = gelu(x), contiguous (a copy first for non-contiguous x: one extra read and write)."""
-    return extension().forward(x.contiguous(), approximate == "tanh")
+    ext = _EXTENSION[0] if _EXTENSION else extension()
+    return ext.forward(x if x.is_contiguous() else x.contiguous(), approximate == "tanh")
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
     """dx = dy * gelu'(x), contiguous."""
-    return extension().backward(dy.contiguous(), x.contiguous(), approximate == "tanh")
+    ext = _EXTENSION[0] if _EXTENSION else extension()
+    return ext.backward(dy.contiguous(), x.contiguous(), approximate == "tanh")
 
 
 gelu_cuda = fused.FAMILY.define("gelu_cuda", forward, backward, DEVICES, kind="cuda", defaults={"approximate": "tanh"})

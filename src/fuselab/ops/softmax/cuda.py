@@ -47,12 +47,12 @@ DEVICES = ("cuda",)
 
 def _forward(x: torch.Tensor) -> torch.Tensor:
     """y = softmax(x) over the last dimension, contiguous: one call into the binding (rows and output made in C++)."""
-    return extension().softmax(x)
+    return (_EXTENSION[0] if _EXTENSION else extension()).softmax(x)
 
 
 def _backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """dx = y * (dy - sum(dy * y)) over the last dimension, contiguous."""
-    return extension().softmax_backward(y, dy)
+    return (_EXTENSION[0] if _EXTENSION else extension()).softmax_backward(y, dy)
 
 
 softmax_cuda = _shared.FAMILY.define("softmax_cuda", _forward, _backward, DEVICES, kind="cuda")

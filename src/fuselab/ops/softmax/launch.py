@@ -124,64 +124,95 @@ def _ready(x: torch.Tensor) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- forward
+#
+# Each launcher takes what fixes a launch (the tensors' width, row strides, dtype, device and 16-byte alignment, and
+# the plan) and returns the launch itself, a function of the tensors that reads only their rows: in eager mode
+# `launch_forward` keeps it per layout (`_READY`), so a call repeats none of the choosing.
+
+Launch = Callable[..., None]
 
 
-def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> None:
-    n_rows, n_cols = x.shape[0], int(x.shape[1])
+def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
+    n_cols = int(x.shape[1])
     # Masks compiled out for fp32 tiles and held rows that divide the tensor (docs/ops/softmax.md: in 16 bits the
     # masked kernel measured faster otherwise).
-    even = (x.element_size() == 4 or plan.hold) and n_cols == plan.block and n_rows % plan.rows == 0
+    even_cols = (x.element_size() == 4 or plan.hold) and n_cols == plan.block
     a = alignment(x, y)
-    wrap_triton(_forward_rows_kernel)[(triton.cdiv(n_rows, plan.rows),)](
-        x, y, n_rows, n_cols // a, x.stride(0) // a, y.stride(0) // a, ROWS=plan.rows, BLOCK=plan.block,
-        EVEN=even, HOLD=plan.hold and x.element_size() == 2, PTX=not interpreted(), ALIGN=a,
-        EDGES=edges(x, y, min_bytes=p["edge_min_bytes"]), VEC=vector(x), num_warps=plan.num_warps,
-        maxnreg=plan.maxnreg,
-    )  # fmt: skip
+    fixed = (n_cols // a, x.stride(0) // a, y.stride(0) // a)
+    rows = plan.rows
+    meta = {
+        "ROWS": rows, "BLOCK": plan.block, "HOLD": plan.hold and x.element_size() == 2, "PTX": not interpreted(),
+        "ALIGN": a, "EDGES": edges(x, y, min_bytes=p["edge_min_bytes"]), "VEC": vector(x),
+        "num_warps": plan.num_warps, "maxnreg": plan.maxnreg,
+    }  # fmt: skip
+
+    def launch(x: torch.Tensor, y: torch.Tensor) -> None:
+        n_rows = x.shape[0]
+        even = even_cols and n_rows % rows == 0
+        wrap_triton(_forward_rows_kernel)[((n_rows + rows - 1) // rows,)](x, y, n_rows, *fixed, EVEN=even, **meta)
+
+    return launch
 
 
-def _rows_ahead(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> None:
-    n_rows, n_cols = x.shape[0], int(x.shape[1])
+def _rows_ahead(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
+    n_cols = int(x.shape[1])
     programs = sm_count(x.device.index) if x.is_cuda else INTERPRETER_PROGRAMS
     a = alignment(x, y)
-    wrap_triton(_forward_rows_ahead_kernel)[(min(triton.cdiv(n_rows, plan.rows), programs),)](
-        x, y, n_rows, n_cols // a, x.stride(0) // a, y.stride(0) // a, ROWS=plan.rows, BLOCK=plan.block,
-        PTX=not interpreted(), ALIGN=a, num_warps=plan.num_warps, maxnreg=plan.maxnreg,
-    )  # fmt: skip
+    fixed = (n_cols // a, x.stride(0) // a, y.stride(0) // a)
+    rows = plan.rows
+    meta = {
+        "ROWS": rows, "BLOCK": plan.block, "PTX": not interpreted(), "ALIGN": a, "num_warps": plan.num_warps,
+        "maxnreg": plan.maxnreg,
+    }  # fmt: skip
+
+    def launch(x: torch.Tensor, y: torch.Tensor) -> None:
+        n_rows = x.shape[0]
+        grid = (min((n_rows + rows - 1) // rows, programs),)
+        wrap_triton(_forward_rows_ahead_kernel)[grid](x, y, n_rows, *fixed, **meta)
+
+    return launch
 
 
-def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> None:
-    n_rows, n_cols = x.shape[0], int(x.shape[1])
+def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
+    n_cols = int(x.shape[1])
     pairs = plan.kernel == "split_pairs" and in_pairs(x, y)  # else one by one
     # spans: multiples of 16 elements (16-byte vectors, and Triton sees the span argument divisible by 16)
     split, span, chunk = plans.split_spans(n_cols // 2 if pairs else n_cols, plan.block // (2 if pairs else 1), 16)
     if x.is_cuda and split > sm_count(x.device.index):  # all chunks of a row must fit on the GPU at once
         raise ValueError(f"softmax triton: {split} chunks of {span} per row > {sm_count(x.device.index)} SMs")
-    stats = torch.empty(2, n_rows * split, dtype=torch.float32, device=x.device)
-    sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
-    meta = {"SPLIT": split, "SPLIT_P2": triton.next_power_of_2(split), "num_warps": plan.num_warps}
+    meta = {"SPLIT": split, "SPLIT_P2": triton.next_power_of_2(split), "CHUNK": chunk, "PTX": not interpreted()}
+    meta["num_warps"] = plan.num_warps
     if pairs:
-        wrap_triton(_forward_split_pairs_kernel)[(n_rows * split,)](
-            x, y, stats[0], stats[1], sync, n_cols // 2, x.stride(0) // 2, y.stride(0) // 2, CHUNK=chunk,
-            PTX=not interpreted(), **meta,
-        )  # fmt: skip
+        kernel, fixed = _forward_split_pairs_kernel, (n_cols // 2, x.stride(0) // 2, y.stride(0) // 2)
     else:
-        wrap_triton(_forward_split_kernel)[(n_rows * split,)](
-            x, y, stats[0], stats[1], sync, n_cols, x.stride(0), y.stride(0), span, CHUNK=chunk,
-            PTX=not interpreted(), EDGES=edges(x, y, min_bytes=p["edge_min_bytes"]), VEC=vector(x), **meta,
-        )  # fmt: skip
+        kernel, fixed = _forward_split_kernel, (n_cols, x.stride(0), y.stride(0), span)
+        meta.update(EDGES=edges(x, y, min_bytes=p["edge_min_bytes"]), VEC=vector(x))
+
+    def launch(x: torch.Tensor, y: torch.Tensor) -> None:
+        n_rows = x.shape[0]
+        stats = torch.empty(2, n_rows * split, dtype=torch.float32, device=x.device)
+        sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
+        wrap_triton(kernel)[(n_rows * split,)](x, y, stats[0], stats[1], sync, *fixed, **meta)
+
+    return launch
 
 
-def _looped(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> None:
-    n_rows, n_cols = x.shape[0], int(x.shape[1])
+def _looped(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
+    n_cols = int(x.shape[1])
     a = alignment(x, y)
-    wrap_triton(_forward_looped_kernel)[(n_rows,)](
-        x, y, n_cols // a, x.stride(0) // a, y.stride(0) // a, BLOCK=plan.block, PTX=not interpreted(), ALIGN=a,
-        EDGES=edges(x, y, min_bytes=p["edge_min_bytes"]), VEC=vector(x), num_warps=plan.num_warps,
-    )  # fmt: skip
+    fixed = (n_cols // a, x.stride(0) // a, y.stride(0) // a)
+    meta = {
+        "BLOCK": plan.block, "PTX": not interpreted(), "ALIGN": a, "EDGES": edges(x, y, min_bytes=p["edge_min_bytes"]),
+        "VEC": vector(x), "num_warps": plan.num_warps,
+    }  # fmt: skip
+
+    def launch(x: torch.Tensor, y: torch.Tensor) -> None:
+        wrap_triton(_forward_looped_kernel)[(x.shape[0],)](x, y, *fixed, **meta)
+
+    return launch
 
 
-Launcher = Callable[..., None]
+Launcher = Callable[..., Launch]
 FORWARD: dict[str, Launcher] = {
     "rows": _rows,
     "rows_ahead": _rows_ahead,
@@ -189,37 +220,74 @@ FORWARD: dict[str, Launcher] = {
     "split_pairs": _split,
     "looped": _looped,
 }
+_READY: dict[tuple, Launch] = {}  # eager launches by layout (`_layout`), both directions
+READY_MAX = 4096  # layouts kept; past it the table starts over
+
+
+def _layout(kind: str, *tensors: torch.Tensor) -> tuple:
+    """What fixes a launch on (rows, width) tensors: width, dtype, device, each row stride and 16-byte alignment."""
+    x = tensors[0]
+    return (kind, x.shape[1], x.dtype, x.get_device(), *[(t.stride(0), t.data_ptr() % 16) for t in tensors])
+
+
+def _ready_launch(key: tuple, prepare: Callable[[], Launch]) -> Launch:
+    launch = _READY.get(key)
+    if launch is None:
+        if len(_READY) >= READY_MAX:
+            _READY.clear()
+        launch = _READY[key] = prepare()
+    return launch
 
 
 def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -> None:
     """y = softmax(x) row by row. x, y: (rows, width), unit column stride; plan: None chooses (`forward_plan`)."""
-    _ready(x)
+    if not x.is_cuda:
+        _ready(x)
+    if plan is None and type(x) is torch.Tensor and type(y) is torch.Tensor:  # eager: prepared once per layout
+        launch = _ready_launch(_layout("forward", x, y), lambda: _prepare_forward(x, y, None))
+    else:
+        launch = _prepare_forward(x, y, plan)
+    with on_device(x):
+        launch(x, y)
+
+
+def _prepare_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None) -> Launch:
     plan = plan or forward_plan(int(x.shape[1]), x.dtype, x.device)  # a symbolic width (torch.compile) is fixed
     if plan.kernel not in FORWARD:
         raise ValueError(f"unknown softmax kernel {plan.kernel!r}; known: {', '.join(FORWARD)}")
-    with on_device(x):
-        FORWARD[plan.kernel](x, y, plan, params(x.device))
+    return FORWARD[plan.kernel](x, y, plan, params(x.device))
 
 
 # ---------------------------------------------------------------------------------------------- backward
 
 
-def _backward_rows(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan, p: dict) -> None:
-    n_rows, n_cols = y.shape[0], int(y.shape[1])
+def _backward_rows(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan, p: dict) -> Launch:
+    n_cols = int(y.shape[1])
     a = alignment(y, dy, dx)
-    wrap_triton(_backward_rows_kernel)[(triton.cdiv(n_rows, plan.rows),)](
-        y, dy, dx, n_rows, n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)), ROWS=plan.rows, BLOCK=plan.block,
-        ALIGN=a, EDGES=edges(y, dy, dx, min_bytes=p["edge_min_bytes"]), VEC=vector(y), num_warps=plan.num_warps,
-    )  # fmt: skip
+    fixed = (n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)))
+    rows = plan.rows
+    meta = {
+        "ROWS": rows, "BLOCK": plan.block, "ALIGN": a, "EDGES": edges(y, dy, dx, min_bytes=p["edge_min_bytes"]),
+        "VEC": vector(y), "num_warps": plan.num_warps,
+    }  # fmt: skip
+
+    def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
+        n_rows = y.shape[0]
+        wrap_triton(_backward_rows_kernel)[((n_rows + rows - 1) // rows,)](y, dy, dx, n_rows, *fixed, **meta)
+
+    return launch
 
 
-def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan, p: dict) -> None:
-    n_rows, n_cols = y.shape[0], int(y.shape[1])
+def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan, p: dict) -> Launch:
+    n_cols = int(y.shape[1])
     a = alignment(y, dy, dx)
-    wrap_triton(_backward_looped_kernel)[(n_rows,)](
-        y, dy, dx, n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)), BLOCK=plan.block, ALIGN=a,
-        num_warps=plan.num_warps,
-    )  # fmt: skip
+    fixed = (n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)))
+    meta = {"BLOCK": plan.block, "ALIGN": a, "num_warps": plan.num_warps}
+
+    def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
+        wrap_triton(_backward_looped_kernel)[(y.shape[0],)](y, dy, dx, *fixed, **meta)
+
+    return launch
 
 
 BACKWARD: dict[str, Launcher] = {"rows": _backward_rows, "looped": _backward_looped}
@@ -227,12 +295,21 @@ BACKWARD: dict[str, Launcher] = {"rows": _backward_rows, "looped": _backward_loo
 
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None = None) -> None:
     """dx = y * (dy - sum(dy * y)) row by row. All (rows, width), unit column stride; plan: None chooses."""
-    _ready(y)
+    if not y.is_cuda:
+        _ready(y)
+    if plan is None and all(type(t) is torch.Tensor for t in (y, dy, dx)):
+        launch = _ready_launch(_layout("backward", y, dy, dx), lambda: _prepare_backward(y, dy, dx, None))
+    else:
+        launch = _prepare_backward(y, dy, dx, plan)
+    with on_device(y):
+        launch(y, dy, dx)
+
+
+def _prepare_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None) -> Launch:
     plan = plan or backward_plan(int(y.shape[1]), y.dtype, y.device)
     if plan.kernel not in BACKWARD:
         raise ValueError(f"unknown softmax backward kernel {plan.kernel!r}; known: {', '.join(BACKWARD)}")
-    with on_device(y):
-        BACKWARD[plan.kernel](y, dy, dx, plan, params(y.device))
+    return BACKWARD[plan.kernel](y, dy, dx, plan, params(y.device))
 
 
 TRITON_KERNELS = (
