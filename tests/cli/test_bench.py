@@ -2,7 +2,8 @@
 
 import json
 
-from fuselab.bench import ceilings
+from fuselab.bench import ceilings, results
+from fuselab.cli import bench as bench_cli
 from fuselab.cli import main
 
 
@@ -70,8 +71,6 @@ def test_bench_marks_each_rate_past_its_ceiling_in_the_table_and_says_what_it_me
 def test_bench_plot_of_a_compute_bound_op_draws_each_panels_own_ceiling(tmp_path, monkeypatch):
     """`bench attention --plot`: each dtype's panel gets its dtype's matmul peak as the ceiling (as the report's plot
     does), not none."""
-    from fuselab.bench import results
-    from fuselab.cli import bench as bench_cli
 
     monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
     path = ceilings.cache_dir() / f"{ceilings.cache_key('cpu')}.json"
@@ -111,3 +110,25 @@ def test_bench_beside_other_work_says_the_cpu_was_busy(tmp_path, monkeypatch, ca
     assert "1 of 1 timings ran while the CPU was busy with other work" in flat, flat
     (row,) = json.loads((tmp_path / "r.json").read_text())["records"]
     assert row["cpu_busy"] > 0.1 and any("the CPU was busy" in w for w in row["warnings"])
+
+
+def test_bench_plots_the_cost_of_a_call(tmp_path, monkeypatch, capsys) -> None:
+    """--plot-calls draws host and end-to-end us per call against size, one line per impl and measure, a panel per
+    dtype and pass; it refuses --call-cost-ms 0."""
+    monkeypatch.setenv("FUSELAB_CACHE", str(tmp_path / "cache"))
+    drawn = {}
+
+    def plot(points, out, **kwargs):
+        drawn.update(series={p["series"] for p in points}, panels={p["panel"] for p in points}, y=kwargs["y"])
+        return results.plot_metric(points, out, **kwargs)
+
+    monkeypatch.setattr(bench_cli, "plot_metric", plot)
+    args = ["bench", "gelu", "--impl", "torch,naive", "--shape", "2^8", "--shape", "2^12", "--device", "cpu"]
+    args += ["--dtype", "fp32", "--opt", "approximate=tanh", "--backward", "--rep-ms", "2", "--warmup-ms", "1"]
+    assert main([*args, "--call-cost-ms", "2", "--plot-calls", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 0
+    assert drawn["series"] == {f"{i} {m}" for i in ("torch", "naive") for m in ("host", "end to end")}
+    assert drawn["panels"] == {"fp32 approximate=tanh", "fp32 approximate=tanh forward+backward"}
+    capsys.readouterr()
+    assert main([*args, "--call-cost-ms", "0", "--plot-calls", str(tmp_path / "d.png")]) != 0
+    assert "--plot-calls needs the cost of a call" in capsys.readouterr().err

@@ -42,6 +42,7 @@ from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, percent, positive, resolve
 from fuselab.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, shape_ratios
 from fuselab.evaluate.choices import bench_cases, speed_axis
+from fuselab.ops.registry import Op
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="results: FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl")
     p.add_argument("--csv", type=Path, help="also write the rows as CSV")
     p.add_argument("--plot", type=Path, help="also plot GB/s against size (PNG)")
+    p.add_argument(
+        "--plot-calls",
+        type=Path,
+        help="also plot the host's and the end-to-end us per back-to-back call against size (PNG; --call-cost-ms)",
+    )
     p.add_argument("--compare", type=Path, metavar="BASELINE", help="compare with an earlier run (its --out .json or "
                    ".jsonl), case by case; exit 1 on a regression past --threshold")  # fmt: skip
     p.add_argument("--threshold", type=percent, default=5.0,
@@ -95,8 +101,10 @@ def run(args: argparse.Namespace) -> int:
     baseline = load_rows(args.compare) if args.compare else None  # a bad baseline stops before any timing
     if args.out and args.out.suffix not in (".json", ".jsonl"):
         raise ValueError(f"--out {args.out}: give FILE.json (with FILE.jsonl as the resumable log) or FILE.jsonl")
-    for path in (args.out, args.csv, args.plot):
+    for path in (args.out, args.csv, args.plot, args.plot_calls):
         check_writable(path)
+    if args.plot_calls and args.call_cost_ms == 0:
+        raise ValueError("--plot-calls needs the cost of a call: leave --call-cost-ms above 0")
     device = selection.device
     if args.cuda_graph and not device.startswith("cuda"):
         raise ValueError(f"--cuda-graph needs a CUDA device; this run is on {device}")
@@ -166,12 +174,30 @@ def run(args: argparse.Namespace) -> int:
         plot_metric(
             points, args.plot, x=x, y=y, ceiling=ceiling, xlabel=xlabel, ylabel=ylabel, title=op.name, panel="panel"
         )
+    if args.plot_calls:
+        plot_calls(rows, op, args.plot_calls)
     if baseline is not None:
         compared = compare_to_baseline(rows, baseline, args.threshold / 100)
         print_comparison(compared, args.compare, console)
         if compared.regressions:
             return 1
     return exit_status(rows)
+
+
+def plot_calls(rows: list[Row], op: Op, path: Path) -> None:
+    """Host us and end-to-end us per back-to-back call against size: one line per impl and measure, a panel per
+    dtype and pass (log-log)."""
+    points, x, xlabel = speed_axis(rows, op)
+    lines = [
+        {**p, "us": p[field], "series": f"{p['impl']} {what}"}
+        for p in points
+        for field, what in (("host_us", "host"), ("e2e_us", "end to end"))
+        if p.get(field) is not None
+    ]
+    plot_metric(
+        lines, path, x=x, y="us", series="series", panel="panel", xlabel=xlabel, ylabel="us per call",
+        title=f"{op.name}: the cost of a call", logy=True,
+    )  # fmt: skip
 
 
 def panel_peak(ceilings: dict | None) -> Callable[[list[dict]], float | None]:

@@ -52,6 +52,7 @@ KINDS = ("triton", "cuda", "python")
 NAMESPACE = "fuselab"
 
 _NULL_CONTEXT = contextlib.nullcontext()
+_MISSING = object()  # an argument neither given nor defaulted
 
 
 # ---------------------------------------------------------------------------------------------- launch-site helpers
@@ -156,8 +157,10 @@ class FusedOp:
         if not self._tensor_idx:
             raise ValueError(f"define_op {name}: forward takes no tensor (annotate its tensor parameters)")
         self.__signature__ = _with_defaults(signature, dict(defaults or {}), name)
-        defaulted = [p.default for p in self.__signature__.parameters.values() if p.default is not p.empty]
-        self._n_required, self._tail = len(self._params) - len(defaulted), tuple(defaulted)
+        self._index = {name: i for i, name in enumerate(self._params)}
+        self._defaults = tuple(  # _MISSING where forward's parameter has no default
+            _MISSING if p.default is p.empty else p.default for p in self.__signature__.parameters.values()
+        )
         self._coerce = tuple((i, c) for i in self._option_idx if (c := _coercer(annotations[i])) is not None)
         self._single = len(self.outputs) == 1 and not self.extras
         n_out = len(self.outputs)
@@ -180,14 +183,8 @@ class FusedOp:
     def __call__(self, *args: object, **kwargs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """forward's outputs for forward's parameters (options also by keyword, or left at their defaults),
         differentiable if a backward exists."""
-        n = len(args)
-        if kwargs or n != len(self._params):
-            if not kwargs and self._n_required <= n < len(self._params):  # trailing options left at their defaults
-                args = args + self._tail[n - self._n_required :]
-            else:
-                bound = self.__signature__.bind(*args, **kwargs)  # TypeError naming a missing or unknown argument
-                bound.apply_defaults()
-                args = bound.args
+        if kwargs or len(args) != len(self._params):
+            args = self._complete(args, kwargs)
         if self._coerce:
             args = list(args)
             for i, convert in self._coerce:
@@ -209,6 +206,24 @@ class FusedOp:
                 return out if self._single else self._visible(out)
         out = self.op(*args)
         return out if self._single else self._visible(out)
+
+    def _complete(self, args: tuple, kwargs: dict) -> tuple:
+        """forward's arguments in order, from `args` and options given by keyword or left at their defaults (a
+        TypeError, as a call would raise, naming a missing or unknown argument)."""
+        n, n_params = len(args), len(self._params)
+        if n <= n_params:
+            full = [*args, *self._defaults[n:]]
+            for name, value in kwargs.items():
+                i = self._index.get(name, -1)
+                if i < n:  # unknown, or given twice: bind says which
+                    break
+                full[i] = value
+            else:
+                if not any(v is _MISSING for v in full):
+                    return tuple(full)
+        bound = self.__signature__.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.args
 
     def __repr__(self) -> str:
         return f"FusedOp({NAMESPACE}::{self.name}, kind={self.kind!r}, direct={self.direct})"
