@@ -71,15 +71,20 @@ def _as_triton_arg(v: object) -> object:
 
 
 def test_arguments_the_launcher_cannot_pass_go_to_triton() -> None:
-    """launch() answers None (stay with Triton) for a CPU tensor, an unknown object, a dtype it does not number, and
-    False (no binary yet) for what it can pass; nothing is launched either way."""
+    """launch() answers None (stay with Triton) for a CPU tensor, an unknown object, a dtype it does not number, a
+    grid that is not 1 to 3 ints, and False (no binary yet) for what it can pass; nothing is launched either way."""
     L = c_launcher()
     cpu = torch.randn(4)
-    assert L.launch(1, 1, 1, 0, 0, cpu) is None
-    assert L.launch(1, 1, 1, 0, 0, object()) is None
-    assert L.launch(1, 1, 1, 0, 0, TensorLike(torch.complex64, 64)) is None
-    assert L.launch(1, 1, 1, 0, 0, 2**70) is None
-    assert L.launch(1, 1, 1, 0, 0, TensorLike(torch.float32, 64), 7, 0.5, True, None) is False
+    assert L.launch((1,), 0, 0, cpu) is None
+    assert L.launch((1,), 0, 0, object()) is None
+    assert L.launch((1,), 0, 0, TensorLike(torch.complex64, 64)) is None
+    assert L.launch((1,), 0, 0, 2**70) is None
+    arg = TensorLike(torch.float32, 64)
+    assert L.launch(lambda meta: (1,), 0, 0, arg) is None  # a grid function: Triton's
+    assert L.launch((1, 1, 1, 1), 0, 0, arg) is None
+    assert L.launch((1.0,), 0, 0, arg) is None
+    assert L.launch((4, 2), 0, 0, arg, 7, 0.5, True, None) is False
+    assert L.launch([4], 0, 0, arg, 7, 0.5, True, None) is False
     assert L.size() == 0
 
 
@@ -114,13 +119,15 @@ def test_layout_follows_the_compiled_signature() -> None:
 
 def test_disabled_or_unbuilt_launchers_leave_kernels_to_triton(monkeypatch) -> None:
     kernel = triton.runtime.jit.JITFunction(_noop_kernel)
+    monkeypatch.setattr(launcher, "_current_device", lambda: 0)  # as with a CUDA build of torch
     with launcher.enabled(False):
         assert launcher.fast(kernel) is kernel
     assert isinstance(launcher.fast(kernel), launcher.FastKernel)
     monkeypatch.setattr(launcher, "_FAST", {})
     monkeypatch.setattr(launcher, "module", lambda: None)
     assert launcher.fast(kernel) is kernel
-    assert launcher.fast(lambda x: x) is not None  # not a JITFunction: returned as is
+    fn = lambda x: x  # noqa: E731
+    assert launcher.fast(fn) is fn  # not a JITFunction: returned as is
 
 
 def _noop_kernel(x):

@@ -300,6 +300,7 @@ def test_wrap_triton_wraps_only_while_torch_traces(monkeypatch) -> None:
     kernel = triton.runtime.jit.JITFunction(_noop_kernel)  # compiled-kernel kind even under the interpreter
 
     monkeypatch.setattr(library, "_interpreted", lambda: False)  # as on a GPU
+    monkeypatch.setattr(launcher, "_current_device", lambda: 0)
     eager = library.wrap_triton(kernel)
     assert isinstance(eager, launcher.FastKernel) and eager.kernel is kernel
     with launcher.enabled(False):

@@ -31,7 +31,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import torch
 
@@ -175,12 +175,10 @@ class FastKernel:
         except KeyError:
             config = self._configs[tuple(meta.items())] = _Config()
         except TypeError:  # an unhashable option
-            self.kernel[grid](*args, **meta)
-            return
-        if config.launcher is not None and len(grid) <= 3 and not callable(grid):
-            device = torch._C._cuda_getDevice()
-            x, y, z = (*grid, 1, 1)[:3]
-            done = config.launcher.launch(x, y, z, device, torch._C._cuda_getCurrentRawStream(device), *args)
+            config = _NO_CONFIG
+        if config.launcher is not None:
+            device = _current_device()
+            done = config.launcher.launch(grid, device, _current_stream(device), *args)
             if done:
                 return
             if done is False:
@@ -214,6 +212,11 @@ def _launch_hooks() -> bool:
 
 
 _FAST: dict[object, FastKernel] = {}
+_NO_CONFIG = SimpleNamespace(launcher=None)  # options that cannot key a configuration: Triton launches
+# what Triton launches on: the current device and its current stream (absent from a CPU build of torch, where no
+# launcher is ever built past new_launcher's module: kernels there run under the interpreter)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def fast(kernel: object) -> object:
@@ -227,7 +230,7 @@ def fast(kernel: object) -> object:
         pass
     from triton.runtime.jit import JITFunction
 
-    if not isinstance(kernel, JITFunction) or module() is None:
-        return kernel
+    if not isinstance(kernel, JITFunction) or _current_device is None or module() is None:
+        return kernel  # not a plain kernel, a torch without CUDA, or no C module
     wrapped = _FAST[kernel] = FastKernel(kernel)
     return wrapped

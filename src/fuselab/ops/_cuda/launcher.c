@@ -176,25 +176,31 @@ static PyObject* make_key(Launcher* self, PyObject* const* args, Py_ssize_t n, i
   return PyBytes_FromStringAndSize((const char*)buf, n + 1);
 }
 
-// launch(grid_x, grid_y, grid_z, device, stream, *args) -> True (launched), False (no binary for the key), None
-// (an argument the launcher does not pass).
+// launch(grid, device, stream, *args) -> True (launched), False (no binary for the key), None (an argument, or a
+// grid, the launcher does not pass). grid: a tuple or list of 1 to 3 Python ints.
 static PyObject* Launcher_launch(Launcher* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 5) {
-    PyErr_SetString(PyExc_TypeError, "launch(grid_x, grid_y, grid_z, device, stream, *args)");
+  if (nargs < 3) {
+    PyErr_SetString(PyExc_TypeError, "launch(grid, device, stream, *args)");
     return NULL;
   }
-  unsigned long long grid[3];
-  for (int d = 0; d < 3; d++) {
-    grid[d] = PyLong_AsUnsignedLongLong(args[d]);
+  unsigned long long grid[3] = {1, 1, 1};
+  PyObject* g = args[0];
+  if (!(PyTuple_CheckExact(g) || PyList_CheckExact(g))) Py_RETURN_NONE;  // a function of the meta-parameters
+  Py_ssize_t dims = PySequence_Fast_GET_SIZE(g);
+  if (dims < 1 || dims > 3) Py_RETURN_NONE;
+  for (Py_ssize_t d = 0; d < dims; d++) {
+    PyObject* v = PySequence_Fast_GET_ITEM(g, d);
+    if (!PyLong_CheckExact(v)) Py_RETURN_NONE;
+    grid[d] = PyLong_AsUnsignedLongLong(v);
     if (grid[d] == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   }
-  long device = PyLong_AsLong(args[3]);
+  long device = PyLong_AsLong(args[1]);
   if (device == -1 && PyErr_Occurred()) return NULL;
-  void* stream = PyLong_AsVoidPtr(args[4]);
+  void* stream = PyLong_AsVoidPtr(args[2]);
   if (stream == NULL && PyErr_Occurred()) return NULL;
-  Py_ssize_t n = nargs - 5;
+  Py_ssize_t n = nargs - 3;
   uint64_t values[MAX_ARGS];
-  PyObject* key = make_key(self, args + 5, n, (int)device, values);
+  PyObject* key = make_key(self, args + 3, n, (int)device, values);
   if (key == NULL || key == Py_None) return key;
   PyObject* found = PyDict_GetItemWithError(self->binaries, key);  // borrowed
   Py_DECREF(key);
@@ -318,7 +324,7 @@ static void Launcher_dealloc(Launcher* self) {
 
 static PyMethodDef Launcher_methods[] = {
     {"launch", (PyCFunction)(void (*)(void))Launcher_launch, METH_FASTCALL,
-     "launch(grid_x, grid_y, grid_z, device, stream, *args) -> True, False (no binary for the key), None"},
+     "launch(grid, device, stream, *args) -> True, False (no binary for the key), None"},
     {"key", (PyCFunction)(void (*)(void))Launcher_key, METH_FASTCALL, "key(device, *args) -> bytes or None"},
     {"add", (PyCFunction)Launcher_add, METH_VARARGS, "add(key, function, num_warps, shared, layout)"},
     {"size", (PyCFunction)Launcher_size, METH_NOARGS, "number of binaries registered"},
