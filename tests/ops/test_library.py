@@ -144,6 +144,31 @@ def test_eager_path_skips_the_dispatcher_and_tracing_uses_the_op() -> None:
             TOY(fa, torch.empty(4, 3), True, 2.0, "tanh")
 
 
+def test_an_autograd_of_its_own_is_called_when_gradients_are_needed() -> None:
+    """`autograd` (a CUDA impl's C++ Function; a differentiable function here) replaces the Python Function in the
+    eager path with gradients; without them forward runs directly; compiled code and ops keep the backward op. An
+    autograd without a backward is refused."""
+    seen = []
+
+    def own_autograd(a, b, flip, scale, mode):
+        seen.append(mode)
+        return reference(a, b, flip, scale, mode)
+
+    toy = define_op("test_library_toy_own_autograd", toy_forward, **TOY_PARTS, autograd=own_autograd)
+    a, b = inputs()
+    toy(a, b, False, 2.0, "linear")
+    assert seen == []
+    leaf = a.clone().requires_grad_()
+    y = toy(leaf, b, True, 2.0, "tanh")
+    assert seen == ["tanh"] and "TestLibraryToy" not in type(y.grad_fn).__name__
+    (grad,) = torch.autograd.grad(y.sum(), leaf)
+    expected = a.clone().requires_grad_()
+    (want,) = torch.autograd.grad(reference(expected, b, True, 2.0, "tanh").sum(), expected)
+    assert rel_err(grad, want) < 1e-12
+    with pytest.raises(ValueError, match="autograd needs the backward"):
+        define_op("test_library_toy_bad_autograd", toy_forward, fake=toy_fake, autograd=own_autograd)
+
+
 def test_compiles_fullgraph_with_gradients() -> None:
     a, b = inputs((6, 9), seed=5)
     a32, b32 = a.float().requires_grad_(), b.float()
@@ -237,8 +262,11 @@ def test_gpu_a_call_syncs_never_and_launches_only_its_kernel(op: Op, impl: str, 
     leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
     wrt = [t for t in leaves if t.requires_grad]
     dy = torch.randn_like(fn(*inputs))
-    torch.autograd.grad(fn(*leaves), wrt, dy)  # builds, compiles, warms
+    out = fn(*leaves)
+    torch.autograd.grad(out, wrt, dy)  # builds, compiles, warms
     torch.cuda.synchronize()
+    if impl == "cuda":  # the extension's own C++ autograd, not a Python Function (whose nodes are BackwardCFunction)
+        assert not isinstance(out.grad_fn, torch.autograd.function.BackwardCFunction), type(out.grad_fn)
     torch.cuda.set_sync_debug_mode("error")
     try:
         fn(*inputs)

@@ -137,6 +137,7 @@ class FusedOp:
         kind: Kind,
         direct: bool,
         defaults: Mapping[str, object] | None = None,
+        autograd: Callable[..., object] | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"define_op {name}: kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -144,6 +145,9 @@ class FusedOp:
             raise ValueError(f"define_op {name}: an op needs at least one output")
         if (backward is None) != (backward_fake is None):
             raise ValueError(f"define_op {name}: give backward and backward_fake together, or neither")
+        if autograd is not None and backward is None:
+            raise ValueError(f"define_op {name}: autograd needs the backward too (compiled code differentiates it)")
+        self._autograd = autograd
         self.name, self.kind, self.direct = name, kind, direct
         self.__name__ = self.__qualname__ = name
         self.outputs, self.extras = tuple(outputs), tuple(extras)
@@ -201,7 +205,7 @@ class FusedOp:
                 grad = any(t.requires_grad for t in tensors)
             if plain:
                 if grad and self.backward_op is not None and torch.is_grad_enabled():
-                    return self._function.apply(*args)
+                    return self._function.apply(*args) if self._autograd is None else self._autograd(*args)
                 out = self._forward(*args)
                 return out if self._single else self._visible(out)
         out = self.op(*args)
@@ -323,6 +327,7 @@ def define_op(
     kind: Kind = "python",
     direct: bool = True,
     defaults: Mapping[str, object] | None = None,
+    autograd: Callable[..., object] | None = None,
 ) -> FusedOp:
     """Register ``fuselab::<name>`` (and ``fuselab::<name>_backward``) and return the callable (:class:`FusedOp`).
 
@@ -340,6 +345,9 @@ def define_op(
     gradients match by construction, skip it in eager mode).
     direct: let the eager call skip the dispatcher (see :class:`FusedOp`).
     defaults: forward's options that callers may leave out, with their values (trailing parameters).
+    autograd: forward's outputs for forward's arguments with their backward already attached, in C++ (a
+    torch::autograd::Function of the extension's): the eager path calls it when gradients are needed, instead of a
+    Python autograd.Function, so backward runs without Python. Needs `backward` (what compiled code differentiates).
     """
     return FusedOp(
         name,
@@ -354,6 +362,7 @@ def define_op(
         kind=kind,
         direct=direct,
         defaults=defaults,
+        autograd=autograd,
     )
 
 
@@ -368,7 +377,7 @@ class OpFamily:
 
     def define(
         self, name: str, forward: Callable[..., object], backward: Callable[..., object], devices: Sequence[str],
-        kind: Kind, defaults: Mapping[str, object] | None = None,
+        kind: Kind, defaults: Mapping[str, object] | None = None, autograd: Callable[..., object] | None = None,
     ) -> FusedOp:  # fmt: skip
         """`define_op(name, ...)` with the family's fakes and checks (messages name it "gelu cuda" for "gelu_cuda")."""
         check, backward_check = self.checks(name.replace("_", " "), tuple(devices))
@@ -382,6 +391,7 @@ class OpFamily:
             backward_check=backward_check,
             kind=kind,
             defaults=defaults,
+            autograd=autograd,
         )
 
 

@@ -46,7 +46,14 @@ def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tenso
     return ext.backward(dy.contiguous(), x.contiguous(), approximate == "tanh")
 
 
-gelu_cuda = fused.FAMILY.define("gelu_cuda", forward, backward, DEVICES, kind="cuda", defaults={"approximate": "tanh"})
+def forward_with_grad(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """y = gelu(x) with its backward attached in C++ (the extension's torch::autograd::Function)."""
+    return (_EXTENSION[0] if _EXTENSION else extension()).forward_with_grad(x, approximate == "tanh")
+
+
+gelu_cuda = fused.FAMILY.define(
+    "gelu_cuda", forward, backward, DEVICES, kind="cuda", defaults={"approximate": "tanh"}, autograd=forward_with_grad
+)
 GELU.impl(
     "cuda",
     devices=DEVICES,

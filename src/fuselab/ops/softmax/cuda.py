@@ -55,7 +55,14 @@ def _backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return (_EXTENSION[0] if _EXTENSION else extension()).softmax_backward(y, dy)
 
 
-softmax_cuda = _shared.FAMILY.define("softmax_cuda", _forward, _backward, DEVICES, kind="cuda")
+def _forward_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """softmax(x) with its backward attached in C++ (the extension's torch::autograd::Function)."""
+    return (_EXTENSION[0] if _EXTENSION else extension()).softmax_with_grad(x)
+
+
+softmax_cuda = _shared.FAMILY.define(
+    "softmax_cuda", _forward, _backward, DEVICES, kind="cuda", autograd=_forward_with_grad
+)
 SOFTMAX.impl(
     "cuda",
     devices=DEVICES,

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The cost of a call on a GPU: host and end-to-end us per back-to-back call of the GELU and softmax impls beside
+# PyTorch's (the impl "torch"), forward and forward + backward, launched by fuselab's launcher and, in a second run,
+# by Triton itself (FUSELAB_LAUNCHER=triton); then end to end against size (odd sizes up to 2^22 elements, forward).
+#   OUT=/tmp/out bash scripts/call_cost.sh
+# Writes to $OUT: call_cost_{gelu,softmax}.json, call_cost_{gelu,softmax}_triton.json (Triton's launch),
+# call_cost_{gelu,softmax}_sizes.json and .png. docs/call-cost.md reads them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=src
+bench() { timeout "${CASE_S:-240}" python3 -m fuselab bench "$@" > "$OUT/$(basename "${*: -1}" .json).log" 2>&1; }
+small="--dtype fp32 --dtype bf16 --backward --call-cost-ms ${CALL_MS:-200} --rep-ms 20"
+for launcher in fuselab triton; do
+  suffix=$([ "$launcher" = triton ] && echo _triton)
+  FUSELAB_LAUNCHER=$launcher bench gelu --impl torch,triton,cuda --opt approximate=tanh --shape 4096 $small \
+    --out "$OUT/call_cost_gelu$suffix.json"
+  FUSELAB_LAUNCHER=$launcher bench softmax --impl torch,triton,cuda --shape 64x1000 $small \
+    --out "$OUT/call_cost_softmax$suffix.json"
+done
+sizes="--dtype fp32 --dtype bf16 --call-cost-ms 50 --rep-ms 20"
+bench gelu --impl torch,triton,cuda --opt approximate=tanh --shape 1000 --shape 7919 --shape 50257 --shape 300007 \
+  --shape 1234567 --shape 4000037 $sizes --plot-calls "$OUT/call_cost_gelu_sizes.png" --out "$OUT/call_cost_gelu_sizes.json"
+bench softmax --impl torch,triton,cuda --shape 3x1000 --shape 37x325 --shape 1x11008 --shape 129x5003 \
+  --shape 61x50257 --shape 4096x771 $sizes --plot-calls "$OUT/call_cost_softmax_sizes.png" \
+  --out "$OUT/call_cost_softmax_sizes.json"
+ls "$OUT"
