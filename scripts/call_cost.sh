@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The cost of a call on a GPU: host and end-to-end us per back-to-back call of the GELU and softmax impls beside
 # PyTorch's (the impl "torch"), forward and forward + backward, launched by fuselab's launcher and, in a second run,
-# by Triton itself (FUSELAB_LAUNCHER=triton); then end to end against size (odd sizes up to 2^22 elements, forward).
+# by Triton itself (FUSELAB_LAUNCHER=triton), and attention's beside SDPA's (bf16: TMA descriptors, which the launcher
+# leaves to Triton; fp32: pointers); then end to end against size (odd sizes up to 2^22 elements, forward).
 #   OUT=/tmp/out bash scripts/call_cost.sh
-# Writes to $OUT: call_cost_{gelu,softmax}.json, call_cost_{gelu,softmax}_triton.json (Triton's launch),
-# call_cost_{gelu,softmax}_sizes.json and .png. docs/call-cost.md reads them.
+# Writes to $OUT: call_cost_{gelu,softmax,attention}.json, call_cost_{gelu,softmax,attention}_triton.json (Triton's
+# launch), call_cost_{gelu,softmax}_sizes.json and .png. docs/call-cost.md reads them. (The attention runs were
+# added after the committed files were made at 787567b.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -18,6 +20,9 @@ for launcher in fuselab triton; do
     --out "$OUT/call_cost_gelu$suffix.json"
   FUSELAB_LAUNCHER=$launcher bench softmax --impl torch,triton,cuda --shape 64x1000 $small \
     --out "$OUT/call_cost_softmax$suffix.json"
+  FUSELAB_LAUNCHER=$launcher bench attention --impl sdpa,sdpa-cudnn,triton --shape 1x2x4x64 --shape 1x16x512x64 \
+    --shape 2x16x4096x64 --dtype bf16 --dtype fp32 --opt causal=true --backward --call-cost-ms "${CALL_MS:-200}" \
+    --rep-ms 20 --out "$OUT/call_cost_attention$suffix.json"
 done
 sizes="--dtype fp32 --dtype bf16 --call-cost-ms 50 --rep-ms 20"
 bench gelu --impl torch,triton,cuda --opt approximate=tanh --shape 1000 --shape 7919 --shape 50257 --shape 300007 \
