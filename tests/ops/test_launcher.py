@@ -312,3 +312,15 @@ def test_gpu_a_call_with_a_workspace_is_not_replayed() -> None:
     for _ in range(2):
         torch.testing.assert_close(fused(x), torch.softmax(x, -1), rtol=1e-5, atol=1e-7)
     assert (fused._replayer.size() if fused._replayer is not None else 0) == before
+
+
+def test_a_recording_notes_this_threads_launches_within_it() -> None:
+    """recording() notes this thread's launches; within it recording_now() says so (a fused op inside a recorded
+    forward runs its own forward, so the outer recording sees every launch); after it, nothing is noted."""
+    assert not launcher.recording_now()
+    with launcher.recording() as outer:
+        assert launcher.recording_now()
+        outer.note(object(), (3,), (), 0, from_c=True)
+        outer.note(object(), (3,), (), 0, from_c=False)
+    assert not launcher.recording_now()
+    assert len(outer.launches) == 1 and not outer.replayable

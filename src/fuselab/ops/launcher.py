@@ -275,6 +275,12 @@ class Recording:
             self.launches.append((launcher, tuple(grid), args, device))
 
 
+def recording_now() -> bool:
+    """Whether this thread's launches are being recorded (a fused op called inside another's recorded forward must
+    run its own forward, so that the outer recording sees its launches)."""
+    return getattr(_LOCAL, "recording", None) is not None
+
+
 @contextlib.contextmanager
 def recording() -> Iterator[Recording]:
     """Record the FastKernel launches of this thread within the block."""

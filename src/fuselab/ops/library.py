@@ -226,7 +226,7 @@ class FusedOp:
                 self._replay = False  # nothing launches from C here: forward, always
                 return self._forward(*args)
             self._replayer = replayer
-        if launcher.enabled_now():
+        if launcher.enabled_now() and not launcher.recording_now():
             out = replayer.replay(*args)
             if out is not None:
                 return out
