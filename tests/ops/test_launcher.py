@@ -181,3 +181,146 @@ def test_gpu_a_cpu_tensor_gets_tritons_error_not_a_launch() -> None:
     with pytest.raises(Exception, match=r"(?i)pointer|cpu|device"):
         fast[(1,)](x.cpu(), torch.empty_like(x), 64, 1.0, False, BLOCK=64)
     torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------- replays
+
+
+class CallTensor(TensorLike):
+    """What the Replayer reads of a tensor: TensorLike's, and get_device(), shape, stride()."""
+
+    def __init__(self, dtype: torch.dtype, address: int, shape: tuple, strides: tuple, device: int = 0) -> None:
+        super().__init__(dtype, address)
+        self.shape, self.strides, self.device_index = torch.Size(shape), strides, device
+
+    def get_device(self) -> int:
+        return self.device_index
+
+    def stride(self) -> tuple:
+        return self.strides
+
+
+def c_replayer() -> object:
+    mod = launcher.module()
+    if mod is None:
+        pytest.fail("the launcher's C module did not build")
+    return mod.Replayer({d: i for i, d in enumerate(launcher.DTYPES)}, torch.empty_like, torch.contiguous_format, id)
+
+
+def test_a_calls_key_splits_what_a_forward_may_choose_by() -> None:
+    """Dtype, device, alignment, shape, strides and each option's value make the key; only the address past its
+    16-byte alignment does not. Arguments it cannot key (a CPU tensor, an object) give None."""
+    R = c_replayer()
+    x = CallTensor(torch.float32, 4096, (3, 11008), (11008, 1))
+
+    def key(t: object = x, *options: object) -> bytes | None:
+        return R.key(t, *(options or ("tanh",)))
+
+    base = key()
+    assert base is not None and key(CallTensor(torch.float32, 8192, (3, 11008), (11008, 1))) == base
+    others = [
+        key(CallTensor(torch.bfloat16, 4096, (3, 11008), (11008, 1))),
+        key(CallTensor(torch.float32, 4100, (3, 11008), (11008, 1))),
+        key(CallTensor(torch.float32, 4096, (3, 11008), (11008, 1), device=1)),
+        key(CallTensor(torch.float32, 4096, (3, 11007), (11008, 1))),
+        key(CallTensor(torch.float32, 4096, (3, 11008), (11009, 1))),
+        key(x, "none"),
+        key(x, True),
+        key(x, 1),
+        key(x, 1.0),
+        key(x, None),
+    ]
+    assert base not in others and len(set(others)) == len(others)
+    assert R.key(torch.randn(3), "tanh") is None and R.key(object()) is None
+    assert R.replay(x, "tanh") is None and R.size() == 0  # no recipe: the caller runs forward
+
+
+def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypatch) -> None:
+    """recipe(): every tensor a launch was given is an input (by address) or the output; the output is allocated
+    like an input of its shape and dtype. A workspace, a launch left to Triton, or no such input: no recipe."""
+    made = []
+    fake = SimpleNamespace(Recipe=lambda device, out_from, steps: made.append((device, out_from, steps)) or "recipe")
+    monkeypatch.setattr(launcher, "module", lambda: fake)
+
+    class Launched:
+        def binary(self, device, *args):
+            return "binary"
+
+        def values(self, device, *args):
+            return b"v" * 8 * len(args)
+
+    x, out = torch.randn(5), torch.empty(5)  # CPU tensors standing for CUDA ones: their addresses are read
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
+
+    def noted(*launch_args: object, replayable: bool = True) -> launcher.Recording:
+        rec = launcher.Recording()
+        rec.note(Launched(), (5,), launch_args, 0, from_c=replayable)
+        return rec
+
+    assert launcher.recipe((x, "tanh"), out, noted(x, out, 17, 17, 1)) == "recipe"
+    device, out_from, steps = made[-1]
+    assert (device, out_from) == (0, 0)
+    assert steps == (("binary", (5, 1, 1), b"v" * 40, ((0, 0), (1, -1))),)
+    workspace = torch.empty(1)
+    assert launcher.recipe((x, "tanh"), out, noted(x, out, workspace)) is None
+    assert launcher.recipe((x, "tanh"), out, noted(x, out, replayable=False)) is None
+    assert launcher.recipe((x, "tanh"), torch.empty(2, 2), noted(x, out)) is None  # no input like the output
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype"),
+    [("gelu", (4096,), torch.float32), ("gelu", (3, 11008), torch.bfloat16), ("gelu", (1,), torch.float32),
+     ("softmax", (64, 1000), torch.float32), ("softmax", (37, 325), torch.bfloat16),
+     ("softmax", (1, 1), torch.float32)],
+)  # fmt: skip
+def test_gpu_replayed_calls_give_the_forwards_results_bitwise(op: str, shape: tuple, dtype: torch.dtype) -> None:
+    """The second call of a key replays from C (forward is not run: it would raise) and gives what forward gives;
+    a misaligned view is a key of its own."""
+    from fuselab.ops import get_op
+
+    fused = get_op(op).get_impl("triton").fn
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    first = fused(x)
+    assert fused._replayer is not None and fused._replayer.size() >= 1
+    forward = fused._forward
+    try:
+        fused._forward = lambda *args: pytest.fail("forward ran: not replayed")
+        again = fused(x)
+    finally:
+        fused._forward = forward
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    with launcher.enabled(False):
+        torch.testing.assert_close(fused(x), first, rtol=0, atol=0)
+    flat = torch.randn(x.numel() + 1, device="cuda", dtype=dtype)
+    shifted = flat[1:].view(shape)  # 2 or 4 bytes past 16-byte alignment
+    for _ in range(2):
+        torch.testing.assert_close(fused(shifted), fused._forward(shifted, *fused._defaults[1:]), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_a_call_with_a_workspace_is_not_replayed() -> None:
+    """Softmax's split plan (a few very wide rows) allocates statistics per call: its calls run forward each time,
+    right."""
+    from fuselab.ops import get_op
+
+    fused = get_op("softmax").get_impl("triton").fn
+    x = torch.randn(2, 300_000, device="cuda")
+    fused(x)
+    before = fused._replayer.size() if fused._replayer is not None else 0
+    for _ in range(2):
+        torch.testing.assert_close(fused(x), torch.softmax(x, -1), rtol=1e-5, atol=1e-7)
+    assert (fused._replayer.size() if fused._replayer is not None else 0) == before
+
+
+def test_a_recording_notes_this_threads_launches_within_it() -> None:
+    """recording() notes this thread's launches; within it recording_now() says so (a fused op inside a recorded
+    forward runs its own forward, so the outer recording sees every launch); after it, nothing is noted."""
+    assert not launcher.recording_now()
+    with launcher.recording() as outer:
+        assert launcher.recording_now()
+        outer.note(object(), (3,), (), 0, from_c=True)
+        outer.note(object(), (3,), (), 0, from_c=False)
+    assert not launcher.recording_now()
+    assert len(outer.launches) == 1 and not outer.replayable

@@ -169,6 +169,24 @@ def test_an_autograd_of_its_own_is_called_when_gradients_are_needed() -> None:
         define_op("test_library_toy_bad_autograd", toy_forward, fake=toy_fake, autograd=own_autograd)
 
 
+def test_replay_is_for_triton_impls_and_leaves_the_cpu_to_forward() -> None:
+    """replay=True (a Triton forward replayed from C) is refused for other kinds; where nothing launches from C (the
+    CPU, the interpreter) the op runs forward, every call, with the same results."""
+    with pytest.raises(ValueError, match="replay is for kind 'triton'"):
+        define_op("test_library_toy_bad_replay", toy_forward, **TOY_PARTS, replay=True)
+    calls = []
+
+    def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return a * b
+
+    toy = define_op("test_library_toy_replay", product, fake=lambda a, b: torch.empty_like(a), kind="triton",
+                    replay=True)  # fmt: skip
+    a, b = inputs()
+    first, second = toy(a, b), toy(a, b)
+    assert len(calls) == 2 and torch.equal(first, second) and torch.equal(first, a * b)
+
+
 def test_compiles_fullgraph_with_gradients() -> None:
     a, b = inputs((6, 9), seed=5)
     a32, b32 = a.float().requires_grad_(), b.float()

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -48,6 +49,11 @@ PASS = {"i32": "i", "i64": "l", "u64": "K", "u1": "B", "fp32": "f"}
 
 class _State:
     enabled = os.environ.get("FUSELAB_LAUNCHER", "fuselab") != "triton"
+
+
+def enabled_now() -> bool:
+    """Whether launch sites use this launcher now (`enabled`, FUSELAB_LAUNCHER)."""
+    return _State.enabled
 
 
 @contextlib.contextmanager
@@ -169,36 +175,42 @@ class FastKernel:
 
     def launch(self, grid: Sequence[int], *args: object, **meta: object) -> None:
         """Launch on `grid` (1 to 3 ints): from C when a binary is registered for the arguments' key, else through
-        Triton (registering the binary it used)."""
+        Triton (registering the binary it used). Within `recording()`, each launch is noted (or the recording
+        marked not replayable, for one Triton made)."""
         try:
             config = self._configs[tuple(meta.items())]
         except KeyError:
             config = self._configs[tuple(meta.items())] = _Config()
         except TypeError:  # an unhashable option
             config = _NO_CONFIG
+        noted = getattr(_LOCAL, "recording", None)
         if config.launcher is not None:
             device = _current_device()
             done = config.launcher.launch(grid, device, _current_stream(device), *args)
-            if done:
-                return
             if done is False:
-                self._register(config, grid, args, meta, device)
+                done = self._register(config, grid, args, meta, device)
+            if done is not None:
+                if noted is not None:
+                    noted.note(config.launcher, grid, args, device, from_c=done)
                 return
+        if noted is not None:
+            noted.replayable = False
         self.kernel[grid](*args, **meta)
 
-    def _register(self, config: _Config, grid: Sequence[int], args: tuple, meta: dict, device: int) -> None:
+    def _register(self, config: _Config, grid: Sequence[int], args: tuple, meta: dict, device: int) -> bool:
         """Launch through Triton and register the binary it used for the arguments' key (if the C module can pass
-        its arguments and no launch hook is set)."""
+        its arguments and no launch hook is set); whether the key now has one."""
         key = config.launcher.key(device, *args)
         compiled = self.kernel[grid](*args, **meta)
         if key in config.refused:
-            return
+            return False
         chars = layout(compiled, len(args)) if compiled is not None and not _launch_hooks() else None
         if key is None or chars is None:
             config.refused.add(key)
-            return
+            return False
         compiled._init_handles()
         config.launcher.add(key, compiled.function, compiled.metadata.num_warps, compiled.metadata.shared, chars)
+        return True
 
 
 def _launch_hooks() -> bool:
@@ -234,3 +246,93 @@ def fast(kernel: object) -> object:
         return kernel  # not a plain kernel, a torch without CUDA, or no C module
     wrapped = _FAST[kernel] = FastKernel(kernel)
     return wrapped
+
+
+# ---------------------------------------------------------------------------------------------- replays
+#
+# A fused op whose eager forward allocates its one output with empty_like and writes it with Triton kernels only
+# (define_op(..., replay=True)) is replayed from C: the first call of a key (its tensors' dtypes, devices, shapes,
+# strides, alignment, and its options) runs the Python forward under `recording()`; `recipe` turns what it launched
+# into a C Recipe (the output's allocation, each launch's binary, grid and values, its pointers mapped to the call's
+# inputs and output); later calls of that key are one C call (`Replayer.replay`).
+
+_LOCAL = threading.local()
+MAX_STEPS = 8  # launches a recipe holds (the C module's limit)
+
+
+class Recording:
+    """What a forward launched while recorded: (launcher, grid, args, device) per launch from C, and whether every
+    launch was one (a launch left to Triton, a binary it would not register, makes the call not replayable)."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[object, tuple[int, ...], tuple, int]] = []
+        self.replayable = True
+
+    def note(self, launcher: object, grid: Sequence[int], args: tuple, device: int, *, from_c: bool) -> None:
+        if not from_c or callable(grid):
+            self.replayable = False
+        else:
+            self.launches.append((launcher, tuple(grid), args, device))
+
+
+def recording_now() -> bool:
+    """Whether this thread's launches are being recorded (a fused op called inside another's recorded forward must
+    run its own forward, so that the outer recording sees its launches)."""
+    return getattr(_LOCAL, "recording", None) is not None
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recording]:
+    """Record the FastKernel launches of this thread within the block."""
+    noted, before = Recording(), getattr(_LOCAL, "recording", None)
+    _LOCAL.recording = noted
+    try:
+        yield noted
+    finally:
+        _LOCAL.recording = before
+
+
+def new_replayer() -> object | None:
+    """A C Replayer for one fused op, or None where nothing is launched from C (no C module, a torch without
+    CUDA)."""
+    mod = module() if _current_stream is not None else None
+    if mod is None:
+        return None
+    dtypes = {d: i for i, d in enumerate(DTYPES)}
+    return mod.Replayer(dtypes, torch.empty_like, torch.contiguous_format, _current_stream)
+
+
+def recipe(args: Sequence[object], out: object, noted: Recording) -> object | None:
+    """The C Recipe that redoes a forward called with `args` that returned `out` and launched `noted`, or None when
+    it cannot: a launch not from C, more than MAX_STEPS launches, an output unlike every input (shape, dtype,
+    device) or not contiguous, a launch given a tensor that is neither an input nor the output (a workspace, a
+    copy), inputs sharing an address."""
+    if not noted.replayable or len(noted.launches) > MAX_STEPS or type(out) is not torch.Tensor:
+        return None
+    inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    by_address: dict[int, int] = {}
+    for i, t in inputs.items():
+        if by_address.setdefault(t.data_ptr(), i) != i:
+            return None
+    like = [i for i, t in inputs.items() if (t.shape, t.dtype, t.device) == (out.shape, out.dtype, out.device)]
+    if not like or not out.is_contiguous() or not out.is_cuda:
+        return None
+    device, out_address = out.get_device(), out.data_ptr()
+    steps = []
+    for launcher, grid, launch_args, launch_device in noted.launches:
+        binary = launcher.binary(launch_device, *launch_args)
+        values = launcher.values(launch_device, *launch_args)
+        if launch_device != device or binary is None or values is None:
+            return None
+        patches = []
+        for k, a in enumerate(launch_args):
+            if isinstance(a, torch.Tensor):
+                address = a.data_ptr()
+                if address == out_address:
+                    patches.append((k, -1))
+                elif address in by_address:
+                    patches.append((k, by_address[address]))
+                else:
+                    return None
+        steps.append((binary, (*grid, 1, 1)[:3], values, tuple(patches)))
+    return module().Recipe(device, like[0], tuple(steps))

@@ -138,6 +138,7 @@ class FusedOp:
         direct: bool,
         defaults: Mapping[str, object] | None = None,
         autograd: Callable[..., object] | None = None,
+        replay: bool = False,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"define_op {name}: kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -148,6 +149,9 @@ class FusedOp:
         if autograd is not None and backward is None:
             raise ValueError(f"define_op {name}: autograd needs the backward too (compiled code differentiates it)")
         self._autograd = autograd
+        if replay and kind != "triton":
+            raise ValueError(f"define_op {name}: replay is for kind 'triton' (forward's launches from C)")
+        self._replay, self._replayer = replay, None  # the C Replayer, made on the first eager call
         self.name, self.kind, self.direct = name, kind, direct
         self.__name__ = self.__qualname__ = name
         self.outputs, self.extras = tuple(outputs), tuple(extras)
@@ -206,10 +210,34 @@ class FusedOp:
             if plain:
                 if grad and self.backward_op is not None and torch.is_grad_enabled():
                     return self._function.apply(*args) if self._autograd is None else self._autograd(*args)
+                if self._replay and self._single:
+                    return self._replayed(args)
                 out = self._forward(*args)
                 return out if self._single else self._visible(out)
         out = self.op(*args)
         return out if self._single else self._visible(out)
+
+    def _replayed(self, args: tuple) -> torch.Tensor:
+        """forward(*args) replayed from C where a recipe of the call's key exists; else forward, recorded into one
+        (the first call of a key)."""
+        replayer = self._replayer
+        if replayer is None:
+            if _interpreted() or (replayer := launcher.new_replayer()) is None:
+                self._replay = False  # nothing launches from C here: forward, always
+                return self._forward(*args)
+            self._replayer = replayer
+        if launcher.enabled_now() and not launcher.recording_now():
+            out = replayer.replay(*args)
+            if out is not None:
+                return out
+            key = replayer.key(*args)
+            if key is not None:
+                with launcher.recording() as noted:
+                    out = self._forward(*args)
+                if (recipe := launcher.recipe(args, out, noted)) is not None:
+                    replayer.add(key, recipe)
+                return out
+        return self._forward(*args)
 
     def _complete(self, args: tuple, kwargs: dict) -> tuple:
         """forward's arguments in order, from `args` and options given by keyword or left at their defaults (a
@@ -328,6 +356,7 @@ def define_op(
     direct: bool = True,
     defaults: Mapping[str, object] | None = None,
     autograd: Callable[..., object] | None = None,
+    replay: bool = False,
 ) -> FusedOp:
     """Register ``fuselab::<name>`` (and ``fuselab::<name>_backward``) and return the callable (:class:`FusedOp`).
 
@@ -348,6 +377,10 @@ def define_op(
     autograd: forward's outputs for forward's arguments with their backward already attached, in C++ (a
     torch::autograd::Function of the extension's): the eager path calls it when gradients are needed, instead of a
     Python autograd.Function, so backward runs without Python. Needs `backward` (what compiled code differentiates).
+    replay: kind "triton" only, a promise that forward allocates its one output with ``torch.empty_like(input,
+    memory_format=torch.contiguous_format)`` and writes it with Triton kernels only: eager calls without gradients
+    are then replayed from C after the first of each key (`fuselab.ops.launcher.recipe`; a call it cannot replay
+    runs forward as before).
     """
     return FusedOp(
         name,
@@ -363,6 +396,7 @@ def define_op(
         direct=direct,
         defaults=defaults,
         autograd=autograd,
+        replay=replay,
     )
 
 
@@ -378,6 +412,7 @@ class OpFamily:
     def define(
         self, name: str, forward: Callable[..., object], backward: Callable[..., object], devices: Sequence[str],
         kind: Kind, defaults: Mapping[str, object] | None = None, autograd: Callable[..., object] | None = None,
+        replay: bool = False,
     ) -> FusedOp:  # fmt: skip
         """`define_op(name, ...)` with the family's fakes and checks (messages name it "gelu cuda" for "gelu_cuda")."""
         check, backward_check = self.checks(name.replace("_", " "), tuple(devices))
@@ -392,6 +427,7 @@ class OpFamily:
             kind=kind,
             defaults=defaults,
             autograd=autograd,
+            replay=replay,
         )
 
 

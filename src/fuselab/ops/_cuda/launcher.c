@@ -26,12 +26,17 @@ typedef int CUresult;
 typedef CUresult (*LaunchKernelFn)(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                    unsigned bz, unsigned shared, void* stream, void** params, void** extra);
 typedef CUresult (*GetErrorStringFn)(CUresult, const char**);
+typedef CUresult (*CtxGetCurrentFn)(void** context);
 
 static LaunchKernelFn cu_launch_kernel = NULL;
 static GetErrorStringFn cu_get_error_string = NULL;
+static CtxGetCurrentFn cu_ctx_get_current = NULL;
 static PyObject* str_data_ptr = NULL;
 static PyObject* str_dtype = NULL;
 static PyObject* str_is_cuda = NULL;
+static PyObject* str_get_device = NULL;
+static PyObject* str_shape = NULL;
+static PyObject* str_stride = NULL;
 
 // Argument kinds, in a binary's layout (one char per argument of the call): how its value is passed.
 enum {
@@ -63,9 +68,10 @@ static int load_driver(void) {
     return -1;
   }
   cu_get_error_string = (GetErrorStringFn)dlsym(lib, "cuGetErrorString");
+  cu_ctx_get_current = (CtxGetCurrentFn)dlsym(lib, "cuCtxGetCurrent");
   cu_launch_kernel = (LaunchKernelFn)dlsym(lib, "cuLaunchKernel");
-  if (cu_launch_kernel == NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "fuselab launcher: libcuda has no cuLaunchKernel");
+  if (cu_launch_kernel == NULL || cu_ctx_get_current == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "fuselab launcher: libcuda has no cuLaunchKernel or cuCtxGetCurrent");
     return -1;
   }
   return 0;
@@ -176,6 +182,59 @@ static PyObject* make_key(Launcher* self, PyObject* const* args, Py_ssize_t n, i
   return PyBytes_FromStringAndSize((const char*)buf, n + 1);
 }
 
+// Launch binary `b` on `grid` with the argument values of `values` (one per argument, as read_args reads them) on
+// `stream`. 0, or -1 with a Python error set.
+static int launch_binary(Binary* b, const unsigned long long grid[3], uint64_t* values, void* stream) {
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return 0;  // nothing to run, as Triton
+  if (grid[0] > 0x7fffffffULL || grid[1] > 65535 || grid[2] > 65535) {
+    PyErr_Format(PyExc_ValueError, "fuselab launcher: grid (%llu, %llu, %llu) is past the GPU's limits", grid[0],
+                 grid[1], grid[2]);
+    return -1;
+  }
+  // Parameters in the binary's order: the passed arguments, then Triton's two scratch pointers (null: a binary that
+  // needs scratch memory is never registered).
+  int32_t i32[MAX_ARGS];
+  uint8_t u8[MAX_ARGS];
+  float f32[MAX_ARGS];
+  uint64_t scratch[2] = {0, 0};
+  void* params[MAX_ARGS + 2];
+  int p = 0;
+  for (Py_ssize_t i = 0; i < b->n_args; i++) {
+    switch (b->layout[i]) {
+      case PASS_SKIP:
+        break;
+      case PASS_I32:
+        i32[i] = (int32_t)values[i];
+        params[p++] = &i32[i];
+        break;
+      case PASS_U8:
+        u8[i] = (uint8_t)values[i];
+        params[p++] = &u8[i];
+        break;
+      case PASS_F32:
+        memcpy(&f32[i], &values[i], sizeof(float));
+        params[p++] = &f32[i];
+        break;
+      default:  // pointers and 64-bit integers
+        params[p++] = &values[i];
+        break;
+    }
+  }
+  params[p++] = &scratch[0];
+  params[p++] = &scratch[1];
+  if (load_driver() < 0) return -1;
+  CUresult err = cu_launch_kernel(b->function, (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2], b->block, 1,
+                                  1, b->shared, stream, params, NULL);
+  if (err != 0) {
+    const char* msg = NULL;
+    if (cu_get_error_string != NULL) cu_get_error_string(err, &msg);
+    PyErr_Format(PyExc_RuntimeError, "fuselab launcher: cuLaunchKernel failed: %s (CUresult %d)",
+                 msg ? msg : "unknown error", err);
+    return -1;
+  }
+  return 0;
+}
+
 // launch(grid, device, stream, *args) -> True (launched), False (no binary for the key), None (an argument, or a
 // grid, the launcher does not pass). grid: a tuple or list of 1 to 3 Python ints.
 static PyObject* Launcher_launch(Launcher* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -208,54 +267,7 @@ static PyObject* Launcher_launch(Launcher* self, PyObject* const* args, Py_ssize
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_FALSE;
   }
-  Binary* b = (Binary*)found;
-  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) Py_RETURN_TRUE;  // nothing to run, as Triton
-  if (grid[0] > 0x7fffffffULL || grid[1] > 65535 || grid[2] > 65535) {
-    PyErr_Format(PyExc_ValueError, "fuselab launcher: grid (%llu, %llu, %llu) is past the GPU's limits", grid[0],
-                 grid[1], grid[2]);
-    return NULL;
-  }
-  // Parameters in the binary's order: the passed arguments, then Triton's two scratch pointers (null: a binary that
-  // needs scratch memory is never registered).
-  int32_t i32[MAX_ARGS];
-  uint8_t u8[MAX_ARGS];
-  float f32[MAX_ARGS];
-  uint64_t scratch[2] = {0, 0};
-  void* params[MAX_ARGS + 2];
-  int p = 0;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    switch (b->layout[i]) {
-      case PASS_SKIP:
-        break;
-      case PASS_I32:
-        i32[i] = (int32_t)values[i];
-        params[p++] = &i32[i];
-        break;
-      case PASS_U8:
-        u8[i] = (uint8_t)values[i];
-        params[p++] = &u8[i];
-        break;
-      case PASS_F32:
-        memcpy(&f32[i], &values[i], sizeof(float));
-        params[p++] = &f32[i];
-        break;
-      default:  // pointers and 64-bit integers
-        params[p++] = &values[i];
-        break;
-    }
-  }
-  params[p++] = &scratch[0];
-  params[p++] = &scratch[1];
-  if (load_driver() < 0) return NULL;
-  CUresult err = cu_launch_kernel(b->function, (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2], b->block, 1,
-                                  1, b->shared, stream, params, NULL);
-  if (err != 0) {
-    const char* msg = NULL;
-    if (cu_get_error_string != NULL) cu_get_error_string(err, &msg);
-    PyErr_Format(PyExc_RuntimeError, "fuselab launcher: cuLaunchKernel failed: %s (CUresult %d)",
-                 msg ? msg : "unknown error", err);
-    return NULL;
-  }
+  if (launch_binary((Binary*)found, grid, values, stream) < 0) return NULL;
   Py_RETURN_TRUE;
 }
 
@@ -269,6 +281,34 @@ static PyObject* Launcher_key(Launcher* self, PyObject* const* args, Py_ssize_t 
   if (device == -1 && PyErr_Occurred()) return NULL;
   uint64_t values[MAX_ARGS];
   return make_key(self, args + 1, nargs - 1, (int)device, values);
+}
+
+// binary(device, *args) -> the Binary registered for the key of `args`, or None.
+static PyObject* Launcher_binary(Launcher* self, PyObject* const* args, Py_ssize_t nargs) {
+  PyObject* key = Launcher_key(self, args, nargs);
+  if (key == NULL || key == Py_None) return key;
+  PyObject* found = PyDict_GetItemWithError(self->binaries, key);  // borrowed
+  Py_DECREF(key);
+  if (found == NULL) {
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+  }
+  Py_INCREF(found);
+  return found;
+}
+
+// values(device, *args) -> bytes: the 8-byte values launch passes for `args` (as read_args reads them), or None.
+static PyObject* Launcher_values(Launcher* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || nargs - 1 > MAX_ARGS) {
+    PyErr_SetString(PyExc_TypeError, "values(device, *args), at most 64 args");
+    return NULL;
+  }
+  uint64_t values[MAX_ARGS];
+  unsigned char buf[MAX_ARGS + 1];
+  int ok = read_args(self, args + 1, nargs - 1, 0, buf, values);
+  if (ok < 0) return NULL;
+  if (ok == 0) Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize((const char*)values, (nargs - 1) * (Py_ssize_t)sizeof(uint64_t));
 }
 
 // add(key, function, num_warps, shared, layout): register a binary for `key` (from `key`).
@@ -327,6 +367,8 @@ static PyMethodDef Launcher_methods[] = {
      "launch(grid, device, stream, *args) -> True, False (no binary for the key), None"},
     {"key", (PyCFunction)(void (*)(void))Launcher_key, METH_FASTCALL, "key(device, *args) -> bytes or None"},
     {"add", (PyCFunction)Launcher_add, METH_VARARGS, "add(key, function, num_warps, shared, layout)"},
+    {"binary", (PyCFunction)(void (*)(void))Launcher_binary, METH_FASTCALL, "binary(device, *args) -> Binary or None"},
+    {"values", (PyCFunction)(void (*)(void))Launcher_values, METH_FASTCALL, "values(device, *args) -> bytes or None"},
     {"size", (PyCFunction)Launcher_size, METH_NOARGS, "number of binaries registered"},
     {NULL, NULL, 0, NULL},
 };
@@ -349,21 +391,363 @@ static PyTypeObject BinaryType = {
     .tp_doc = "One compiled binary of a Triton kernel.",
 };
 
+// ------------------------------------------------------------------------------------------------ replays
+//
+// A Replayer stands for one fused op's eager forward. Its key of a call reads each tensor's dtype, device, 16-byte
+// alignment, shape and strides, and each option's value. A Recipe, recorded from the first call of a key (in
+// Python: fuselab.ops.launcher.recipe), redoes such a call with no Python between: the output allocated like one of
+// the inputs (torch.empty_like, contiguous), then each step's binary launched with the values it was launched with,
+// its pointers patched to this call's inputs and output, on the current stream.
+
+#define MAX_STEPS 8
+#define KEY_MAX 2048
+
+typedef struct {
+  Binary* binary;  // a reference held
+  unsigned long long grid[3];
+  uint64_t values[MAX_ARGS];
+  Py_ssize_t n_patches;
+  int patch_arg[MAX_ARGS];
+  int patch_source[MAX_ARGS];  // -1: the output; else the index of the call's argument whose address goes there
+} Step;
+
+typedef struct {
+  PyObject_HEAD
+  int device;
+  void* context;  // the CUDA context the binaries were loaded in: replayed only while it is current
+  int out_from;   // the output: torch.empty_like(argument out_from, memory_format=torch.contiguous_format)
+  int n_steps;
+  Step steps[MAX_STEPS];
+} Recipe;
+
+static PyTypeObject RecipeType;
+
+// Recipe(device, out_from, steps): steps a sequence of (binary, (gx, gy, gz), values: bytes, ((arg, source), ...)).
+static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
+  int device, out_from;
+  PyObject* steps;
+  if (!PyArg_ParseTuple(args, "iiO", &device, &out_from, &steps)) return -1;
+  PyObject* seq = PySequence_Fast(steps, "steps must be a sequence");
+  if (seq == NULL) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n > MAX_STEPS) {
+    Py_DECREF(seq);
+    PyErr_Format(PyExc_ValueError, "fuselab launcher: a recipe holds at most %d launches", MAX_STEPS);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* binary;
+    PyObject* values;
+    PyObject* patches;
+    Step* st = &self->steps[i];
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "O!(KKK)SO", &BinaryType, &binary, &st->grid[0],
+                          &st->grid[1], &st->grid[2], &values, &patches)) {
+      Py_DECREF(seq);
+      return -1;
+    }
+    Binary* b = (Binary*)binary;
+    if (PyBytes_GET_SIZE(values) != b->n_args * (Py_ssize_t)sizeof(uint64_t)) {
+      Py_DECREF(seq);
+      PyErr_SetString(PyExc_ValueError, "fuselab launcher: a step's values need 8 bytes per argument of its binary");
+      return -1;
+    }
+    memcpy(st->values, PyBytes_AS_STRING(values), PyBytes_GET_SIZE(values));
+    PyObject* pseq = PySequence_Fast(patches, "patches must be a sequence");
+    if (pseq == NULL) {
+      Py_DECREF(seq);
+      return -1;
+    }
+    st->n_patches = PySequence_Fast_GET_SIZE(pseq);
+    for (Py_ssize_t j = 0; j < st->n_patches && j < MAX_ARGS; j++) {
+      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(pseq, j), "ii", &st->patch_arg[j], &st->patch_source[j]) ||
+          st->patch_arg[j] < 0 || st->patch_arg[j] >= b->n_args) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fuselab launcher: a patch past the arguments");
+        Py_DECREF(pseq);
+        Py_DECREF(seq);
+        return -1;
+      }
+    }
+    Py_DECREF(pseq);
+    Py_INCREF(binary);
+    st->binary = b;
+    self->n_steps = (int)i + 1;
+  }
+  Py_DECREF(seq);
+  self->device = device;
+  self->out_from = out_from;
+  if (load_driver() < 0 || cu_ctx_get_current(&self->context) != 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "fuselab launcher: no current CUDA context");
+    return -1;
+  }
+  return 0;
+}
+
+static void Recipe_dealloc(Recipe* self) {
+  for (int i = 0; i < self->n_steps; i++) Py_XDECREF(self->steps[i].binary);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+typedef struct {
+  PyObject_HEAD
+  PyObject* dtypes;        // dict: dtype -> int
+  PyObject* recipes;       // dict: key -> Recipe
+  PyObject* empty_like;    // torch.empty_like
+  PyObject* alloc_kwargs;  // {"memory_format": torch.contiguous_format}
+  PyObject* raw_stream;    // torch._C._cuda_getCurrentRawStream
+} Replayer;
+
+typedef struct {
+  unsigned char buf[KEY_MAX];
+  Py_ssize_t len;
+} KeyBuf;
+
+static int put(KeyBuf* k, const void* p, Py_ssize_t n) {
+  if (k->len + n > KEY_MAX) return 0;
+  memcpy(k->buf + k->len, p, n);
+  k->len += n;
+  return 1;
+}
+
+static int put_ints(KeyBuf* k, PyObject* tuple) {  // a tuple of Python ints (torch.Size, a stride tuple)
+  if (!PyTuple_Check(tuple)) return 0;
+  Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+  if (!put(k, &n, sizeof n)) return 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, i));
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (!put(k, &v, sizeof v)) return 0;
+  }
+  return 1;
+}
+
+// The key of a call with `args` into k; each tensor's address into ptrs. 1, 0 (an argument no key is made of), -1.
+static int call_key(Replayer* self, PyObject* const* args, Py_ssize_t n, KeyBuf* k, uint64_t* ptrs) {
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* a = args[i];
+    int ok = 1;
+    if (a == Py_None) {
+      ok = put(k, "n", 1);
+    } else if (PyBool_Check(a)) {
+      ok = put(k, a == Py_True ? "t" : "f", 1);
+    } else if (PyLong_Check(a)) {
+      int overflow = 0;
+      long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+      if (v == -1 && PyErr_Occurred()) return -1;
+      ok = !overflow && put(k, "i", 1) && put(k, &v, sizeof v);
+    } else if (PyFloat_Check(a)) {
+      double v = PyFloat_AS_DOUBLE(a);
+      ok = put(k, "d", 1) && put(k, &v, sizeof v);
+    } else if (PyUnicode_Check(a)) {
+      Py_ssize_t len;
+      const char* text = PyUnicode_AsUTF8AndSize(a, &len);
+      if (text == NULL) return -1;
+      ok = put(k, "s", 1) && put(k, &len, sizeof len) && put(k, text, len);
+    } else {
+      PyObject* on_gpu = PyObject_GetAttr(a, str_is_cuda);
+      if (on_gpu == NULL) {
+        PyErr_Clear();
+        return 0;
+      }
+      Py_DECREF(on_gpu);
+      if (on_gpu != Py_True) return 0;
+      PyObject* dtype = PyObject_GetAttr(a, str_dtype);
+      if (dtype == NULL) return -1;
+      PyObject* code = PyDict_GetItemWithError(self->dtypes, dtype);  // borrowed
+      Py_DECREF(dtype);
+      if (code == NULL) return PyErr_Occurred() ? -1 : 0;
+      PyObject* ptr = PyObject_CallMethodNoArgs(a, str_data_ptr);
+      if (ptr == NULL) return -1;
+      ptrs[i] = PyLong_AsUnsignedLongLong(ptr);
+      Py_DECREF(ptr);
+      if (ptrs[i] == (uint64_t)-1 && PyErr_Occurred()) return -1;
+      PyObject* device = PyObject_CallMethodNoArgs(a, str_get_device);
+      if (device == NULL) return -1;
+      long dev = PyLong_AsLong(device);
+      Py_DECREF(device);
+      unsigned char head[3] = {'T', (unsigned char)PyLong_AsLong(code), (unsigned char)(ptrs[i] % 16)};
+      ok = put(k, head, 3) && put(k, &dev, sizeof dev);
+      if (ok) {
+        PyObject* shape = PyObject_GetAttr(a, str_shape);
+        if (shape == NULL) return -1;
+        ok = put_ints(k, shape);
+        Py_DECREF(shape);
+      }
+      if (ok > 0) {
+        PyObject* strides = PyObject_CallMethodNoArgs(a, str_stride);
+        if (strides == NULL) return -1;
+        ok = put_ints(k, strides);
+        Py_DECREF(strides);
+      }
+      if (ok < 0) return -1;
+    }
+    if (!ok) return 0;
+  }
+  return 1;
+}
+
+static PyObject* replay_key(Replayer* self, PyObject* const* args, Py_ssize_t n, uint64_t* ptrs) {
+  KeyBuf k;
+  k.len = 0;
+  if (n > MAX_ARGS) Py_RETURN_NONE;
+  int ok = call_key(self, args, n, &k, ptrs);
+  if (ok < 0) return NULL;
+  if (ok == 0) Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize((const char*)k.buf, k.len);
+}
+
+// key(*args) -> bytes, or None (an argument no key is made of: the call is not replayed).
+static PyObject* Replayer_key(Replayer* self, PyObject* const* args, Py_ssize_t nargs) {
+  uint64_t ptrs[MAX_ARGS];
+  return replay_key(self, args, nargs, ptrs);
+}
+
+// replay(*args) -> the output, or None: no recipe for the call's key, or its CUDA context is not current.
+static PyObject* Replayer_replay(Replayer* self, PyObject* const* args, Py_ssize_t nargs) {
+  uint64_t ptrs[MAX_ARGS];
+  PyObject* key = replay_key(self, args, nargs, ptrs);
+  if (key == NULL || key == Py_None) return key;
+  PyObject* found = PyDict_GetItemWithError(self->recipes, key);  // borrowed
+  Py_DECREF(key);
+  if (found == NULL) {
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+  }
+  Recipe* r = (Recipe*)found;
+  void* context = NULL;
+  if (load_driver() < 0) return NULL;
+  if (cu_ctx_get_current(&context) != 0 || context != r->context) Py_RETURN_NONE;
+  PyObject* device = PyLong_FromLong(r->device);
+  if (device == NULL) return NULL;
+  PyObject* stream_obj = PyObject_CallOneArg(self->raw_stream, device);
+  Py_DECREF(device);
+  if (stream_obj == NULL) return NULL;
+  void* stream = PyLong_AsVoidPtr(stream_obj);
+  Py_DECREF(stream_obj);
+  if (stream == NULL && PyErr_Occurred()) return NULL;
+  PyObject* like = PyTuple_Pack(1, args[r->out_from]);
+  if (like == NULL) return NULL;
+  PyObject* out = PyObject_Call(self->empty_like, like, self->alloc_kwargs);
+  Py_DECREF(like);
+  if (out == NULL) return NULL;
+  PyObject* out_ptr_obj = PyObject_CallMethodNoArgs(out, str_data_ptr);
+  if (out_ptr_obj == NULL) {
+    Py_DECREF(out);
+    return NULL;
+  }
+  uint64_t out_ptr = PyLong_AsUnsignedLongLong(out_ptr_obj);
+  Py_DECREF(out_ptr_obj);
+  for (int i = 0; i < r->n_steps; i++) {
+    Step* st = &r->steps[i];
+    uint64_t values[MAX_ARGS];
+    memcpy(values, st->values, st->binary->n_args * sizeof(uint64_t));
+    for (Py_ssize_t j = 0; j < st->n_patches; j++) {
+      int source = st->patch_source[j];
+      values[st->patch_arg[j]] = source < 0 ? out_ptr : ptrs[source];
+    }
+    if (launch_binary(st->binary, st->grid, values, stream) < 0) {
+      Py_DECREF(out);
+      return NULL;
+    }
+  }
+  return out;
+}
+
+// add(key, recipe): replay calls of `key` (from `key`) by `recipe`.
+static PyObject* Replayer_add(Replayer* self, PyObject* args) {
+  PyObject* key;
+  PyObject* recipe;
+  if (!PyArg_ParseTuple(args, "SO!", &key, &RecipeType, &recipe)) return NULL;
+  if (PyDict_Size(self->recipes) >= 4096) PyDict_Clear(self->recipes);  // a bound on the table, not an LRU
+  if (PyDict_SetItem(self->recipes, key, recipe) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject* Replayer_size(Replayer* self, PyObject* Py_UNUSED(ignored)) {
+  return PyLong_FromSsize_t(PyDict_Size(self->recipes));
+}
+
+// Replayer(dtypes, empty_like, contiguous_format, raw_stream)
+static int Replayer_init(Replayer* self, PyObject* args, PyObject* kwds) {
+  PyObject *dtypes, *empty_like, *contiguous, *raw_stream;
+  if (!PyArg_ParseTuple(args, "O!OOO", &PyDict_Type, &dtypes, &empty_like, &contiguous, &raw_stream)) return -1;
+  PyObject* kwargs = Py_BuildValue("{s:O}", "memory_format", contiguous);
+  if (kwargs == NULL) return -1;
+  Py_INCREF(dtypes);
+  Py_INCREF(empty_like);
+  Py_INCREF(raw_stream);
+  Py_XSETREF(self->dtypes, dtypes);
+  Py_XSETREF(self->empty_like, empty_like);
+  Py_XSETREF(self->raw_stream, raw_stream);
+  Py_XSETREF(self->alloc_kwargs, kwargs);
+  Py_XSETREF(self->recipes, PyDict_New());
+  return self->recipes == NULL ? -1 : 0;
+}
+
+static void Replayer_dealloc(Replayer* self) {
+  Py_XDECREF(self->dtypes);
+  Py_XDECREF(self->recipes);
+  Py_XDECREF(self->empty_like);
+  Py_XDECREF(self->alloc_kwargs);
+  Py_XDECREF(self->raw_stream);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyMethodDef Replayer_methods[] = {
+    {"replay", (PyCFunction)(void (*)(void))Replayer_replay, METH_FASTCALL,
+     "replay(*args) -> the output, or None (no recipe for the call, or another CUDA context current)"},
+    {"key", (PyCFunction)(void (*)(void))Replayer_key, METH_FASTCALL, "key(*args) -> bytes or None"},
+    {"add", (PyCFunction)Replayer_add, METH_VARARGS, "add(key, recipe)"},
+    {"size", (PyCFunction)Replayer_size, METH_NOARGS, "number of recipes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ReplayerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fuselab_launcher.Replayer",
+    .tp_basicsize = sizeof(Replayer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Replayer_init,
+    .tp_dealloc = (destructor)Replayer_dealloc,
+    .tp_methods = Replayer_methods,
+    .tp_doc = "Replays one fused op's eager calls from their recipes (see the module's source).",
+};
+
+static PyTypeObject RecipeType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fuselab_launcher.Recipe",
+    .tp_basicsize = sizeof(Recipe),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Recipe_init,
+    .tp_dealloc = (destructor)Recipe_dealloc,
+    .tp_doc = "How to redo one key's call: the output's allocation and the launches.",
+};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fuselab_launcher", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit_fuselab_launcher(void) {
-  if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&BinaryType) < 0) return NULL;
+  if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&BinaryType) < 0 || PyType_Ready(&ReplayerType) < 0 ||
+      PyType_Ready(&RecipeType) < 0)
+    return NULL;
   str_data_ptr = PyUnicode_InternFromString("data_ptr");
   str_dtype = PyUnicode_InternFromString("dtype");
   str_is_cuda = PyUnicode_InternFromString("is_cuda");
-  if (str_data_ptr == NULL || str_dtype == NULL || str_is_cuda == NULL) return NULL;
+  str_get_device = PyUnicode_InternFromString("get_device");
+  str_shape = PyUnicode_InternFromString("shape");
+  str_stride = PyUnicode_InternFromString("stride");
+  if (str_data_ptr == NULL || str_dtype == NULL || str_is_cuda == NULL || str_get_device == NULL ||
+      str_shape == NULL || str_stride == NULL)
+    return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
-  Py_INCREF(&LauncherType);
-  if (PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType) < 0) {
-    Py_DECREF(&LauncherType);
-    Py_DECREF(m);
-    return NULL;
+  PyTypeObject* types[] = {&LauncherType, &ReplayerType, &RecipeType};
+  const char* names[] = {"Launcher", "Replayer", "Recipe"};
+  for (int i = 0; i < 3; i++) {
+    Py_INCREF(types[i]);
+    if (PyModule_AddObject(m, names[i], (PyObject*)types[i]) < 0) {
+      Py_DECREF(types[i]);
+      Py_DECREF(m);
+      return NULL;
+    }
   }
   return m;
 }

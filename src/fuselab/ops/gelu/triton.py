@@ -48,8 +48,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tenso
 
 
 gelu_triton = fused.FAMILY.define(
-    "gelu_triton", forward, backward, DEVICES, kind="triton", defaults={"approximate": "tanh"}
-)
+    "gelu_triton", forward, backward, DEVICES, kind="triton", defaults={"approximate": "tanh"}, replay=True
+)  # replay: forward allocates y with empty_like and writes it with its kernel alone
 GELU.impl(
     "triton",
     devices=DEVICES,

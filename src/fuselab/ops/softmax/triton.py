@@ -40,7 +40,9 @@ LOOP_BLOCK = DEFAULTS["loop"][0]
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
 
 _forward, _backward = _shared.row_functions(launch_forward, launch_backward)
-softmax_triton = _shared.FAMILY.define("softmax_triton", _forward, _backward, DEVICES, kind="triton")
+# replay: forward allocates y with empty_like and writes it with its kernels alone (the split plan's workspace keeps
+# its calls from being replayed)
+softmax_triton = _shared.FAMILY.define("softmax_triton", _forward, _backward, DEVICES, kind="triton", replay=True)
 SOFTMAX.impl(
     "triton",
     devices=DEVICES,
