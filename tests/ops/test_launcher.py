@@ -72,7 +72,8 @@ def _as_triton_arg(v: object) -> object:
 
 def test_arguments_the_launcher_cannot_pass_go_to_triton() -> None:
     """launch() answers None (stay with Triton) for a CPU tensor, an unknown object, a dtype it does not number, a
-    grid that is not 1 to 3 ints, and False (no binary yet) for what it can pass; nothing is launched either way."""
+    grid that is not 1 to 3 ints, and the key (no binary yet) for what it can pass; once a key is refused, None for
+    it; nothing is launched either way."""
     L = c_launcher()
     cpu = torch.randn(4)
     assert L.launch((1,), 0, 0, cpu) is None
@@ -83,9 +84,15 @@ def test_arguments_the_launcher_cannot_pass_go_to_triton() -> None:
     assert L.launch(lambda meta: (1,), 0, 0, arg) is None  # a grid function: Triton's
     assert L.launch((1, 1, 1, 1), 0, 0, arg) is None
     assert L.launch((1.0,), 0, 0, arg) is None
-    assert L.launch((4, 2), 0, 0, arg, 7, 0.5, True, None) is False
-    assert L.launch([4], 0, 0, arg, 7, 0.5, True, None) is False
-    assert L.size() == 0
+    key = L.key(0, arg, 7, 0.5, True, None)
+    assert L.launch((4, 2), 0, 0, arg, 7, 0.5, True, None) == key
+    assert L.launch([4], 0, 0, arg, 7, 0.5, True, None) == key
+    L.refuse(key)
+    assert L.launch([4], 0, 0, arg, 7, 0.5, True, None) is None  # refused: Triton's, without another try
+    assert L.launch([4], 0, 0, arg, 16, 0.5, True, None) not in (None, True)  # another key (16k) still asks
+    assert L.size() == 0 and L.binary(0, arg, 7, 0.5, True, None) is None
+    with pytest.raises(TypeError):
+        L.refuse("not bytes")
 
 
 def test_add_checks_the_layout() -> None:
@@ -95,6 +102,8 @@ def test_add_checks_the_layout() -> None:
         L.add(key, 0, 4, 0, "p")
     with pytest.raises(ValueError, match="unknown layout"):
         L.add(key, 0, 4, 0, "pz")
+    with pytest.raises(ValueError, match="unknown layout"):
+        L.add(key, 0, 4, 0, "p\0")
     L.add(key, 0, 4, 0, "pi")
     assert L.size() == 1
 
@@ -170,7 +179,7 @@ def test_gpu_launches_from_c_match_triton_and_skip_it_after_the_first_call_of_a_
         fast[grid](x, y, n, 0.75, negate, BLOCK=256)  # the same key: from C
         torch.testing.assert_close(y, ref, rtol=0, atol=0)
     configs = list(fast._configs.values())
-    assert len(configs) == 1 and configs[0].launcher.size() >= 8  # n classes x dtypes x alignment x negate
+    assert len(configs) == 1 and configs[0].size() >= 8  # n classes x dtypes x alignment x negate
 
 
 @pytest.mark.gpu
@@ -255,7 +264,9 @@ def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypat
 
     def noted(*launch_args: object, replayable: bool = True) -> launcher.Recording:
         rec = launcher.Recording()
-        rec.note(Launched(), (5,), launch_args, 0, from_c=replayable)
+        rec.note(Launched(), (5,), launch_args, 0)
+        if not replayable:
+            rec.mark_not_replayable()
         return rec
 
     assert launcher.recipe((x, "tanh"), out, noted(x, out, 17, 17, 1)) == "recipe"
@@ -320,7 +331,7 @@ def test_a_recording_notes_this_threads_launches_within_it() -> None:
     assert not launcher.recording_now()
     with launcher.recording() as outer:
         assert launcher.recording_now()
-        outer.note(object(), (3,), (), 0, from_c=True)
-        outer.note(object(), (3,), (), 0, from_c=False)
+        outer.note(object(), (3,), (), 0)
+        outer.mark_not_replayable()
     assert not launcher.recording_now()
     assert len(outer.launches) == 1 and not outer.replayable

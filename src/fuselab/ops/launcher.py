@@ -32,7 +32,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 
 import torch
 
@@ -152,64 +152,54 @@ def layout(compiled: object, n_args: int) -> str | None:
     return "".join(chars) if len(chars) == n_args else None
 
 
-class _Config:
-    """One compile-time configuration of a kernel (its keyword arguments): the C Launcher and the keys it refused."""
-
-    __slots__ = ("launcher", "refused")
-
-    def __init__(self) -> None:
-        self.launcher = new_launcher()
-        self.refused: set[bytes | None] = set()
-
-
 class FastKernel:
     """A @triton.jit kernel launched through the C module: ``FastKernel(k)[grid](*args, **constexprs)`` as Triton's
     ``k[grid](...)``; returns None (Triton's returns the compiled kernel)."""
 
     def __init__(self, kernel: object) -> None:
         self.kernel = kernel
-        self._configs: dict[tuple, _Config] = {}
+        self._configs: dict[tuple, object] = {}  # compile-time options -> C Launcher (or None: Triton launches)
 
     def __getitem__(self, grid: Sequence[int]) -> functools.partial:
         return functools.partial(self.launch, grid)
 
     def launch(self, grid: Sequence[int], *args: object, **meta: object) -> None:
         """Launch on `grid` (1 to 3 ints): from C when a binary is registered for the arguments' key, else through
-        Triton (registering the binary it used). Within `recording()`, each launch is noted (or the recording
-        marked not replayable, for one Triton made)."""
+        Triton (registering the binary it used, or refusing the key for good). Within `recording()`, each launch is
+        noted (or the recording marked not replayable, for one Triton made)."""
         try:
             config = self._configs[tuple(meta.items())]
         except KeyError:
-            config = self._configs[tuple(meta.items())] = _Config()
+            config = self._configs[tuple(meta.items())] = new_launcher()
         except TypeError:  # an unhashable option
-            config = _NO_CONFIG
+            config = None
         noted = getattr(_LOCAL, "recording", None)
-        if config.launcher is not None:
+        if config is not None:
             device = _current_device()
-            done = config.launcher.launch(grid, device, _current_stream(device), *args)
-            if done is False:
-                done = self._register(config, grid, args, meta, device)
+            done = config.launch(grid, device, _current_stream(device), *args)
             if done is not None:
-                if noted is not None:
-                    noted.note(config.launcher, grid, args, device, from_c=done)
+                if done is not True:  # the key, with nothing registered for it yet: Triton launches
+                    done = self._register(config, done, grid, args, meta)
+                if noted is not None and done:
+                    noted.note(config, grid, args, device)
+                elif noted is not None:
+                    noted.mark_not_replayable()
                 return
         if noted is not None:
-            noted.replayable = False
+            noted.mark_not_replayable()
         self.kernel[grid](*args, **meta)
 
-    def _register(self, config: _Config, grid: Sequence[int], args: tuple, meta: dict, device: int) -> bool:
-        """Launch through Triton and register the binary it used for the arguments' key (if the C module can pass
-        its arguments and no launch hook is set); whether the key now has one."""
-        key = config.launcher.key(device, *args)
+    def _register(self, config: object, key: bytes, grid: Sequence[int], args: tuple, meta: dict) -> bool:
+        """Launch through Triton and register the binary it used for `key`, or refuse the key (the C module cannot
+        pass its arguments, or a launch hook is set) so that later calls go straight to Triton; whether it was
+        registered."""
         compiled = self.kernel[grid](*args, **meta)
-        if key in config.refused:
-            return False
         chars = layout(compiled, len(args)) if compiled is not None and not _launch_hooks() else None
-        if key is None or chars is None:
-            config.refused.add(key)
+        if chars is None:
+            config.refuse(key)
             return False
         compiled._init_handles()
-        config.launcher.add(key, compiled.function, compiled.metadata.num_warps, compiled.metadata.shared, chars)
+        config.add(key, compiled.function, compiled.metadata.num_warps, compiled.metadata.shared, chars)
         return True
 
 
@@ -224,7 +214,6 @@ def _launch_hooks() -> bool:
 
 
 _FAST: dict[object, FastKernel] = {}
-_NO_CONFIG = SimpleNamespace(launcher=None)  # options that cannot key a configuration: Triton launches
 # what Triton launches on: the current device and its current stream (absent from a CPU build of torch, where no
 # launcher is ever built past new_launcher's module: kernels there run under the interpreter)
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
@@ -268,11 +257,13 @@ class Recording:
         self.launches: list[tuple[object, tuple[int, ...], tuple, int]] = []
         self.replayable = True
 
-    def note(self, launcher: object, grid: Sequence[int], args: tuple, device: int, *, from_c: bool) -> None:
-        if not from_c or callable(grid):
-            self.replayable = False
-        else:
-            self.launches.append((launcher, tuple(grid), args, device))
+    def note(self, launcher: object, grid: Sequence[int], args: tuple, device: int) -> None:
+        """A launch from C (or one Triton made whose binary is now registered)."""
+        self.launches.append((launcher, tuple(grid), args, device))
+
+    def mark_not_replayable(self) -> None:
+        """A launch left to Triton."""
+        self.replayable = False
 
 
 def recording_now() -> bool:

@@ -6,9 +6,9 @@
 // of 16. `launch` reads that specialization from the arguments themselves (`key`, one byte per argument, finer than
 // Triton's, so two calls with the same key can share a binary), finds the binary registered for it (`add`, from
 // Python, after Triton compiled and ran the first call of that key) and launches it with cuLaunchKernel on the given
-// stream. It returns False, launching nothing, when no binary is registered for the key (Python then launches through
-// Triton and registers the binary), and None when an argument is of a kind it does not pass (Python stays with
-// Triton for that call).
+// stream. It returns the key, launching nothing, when no binary is registered for it (Python then launches through
+// Triton and registers the binary, or `refuse`s the key), and None when an argument is of a kind it does not pass or
+// the key was refused (Python stays with Triton for that call).
 //
 // Arguments: CUDA tensors (anything with is_cuda, data_ptr() and dtype; dtypes numbered by `dtypes` given at
 // creation), Python ints, bools, floats and None. No torch headers: it builds with any C compiler against Python.h,
@@ -235,8 +235,10 @@ static int launch_binary(Binary* b, const unsigned long long grid[3], uint64_t* 
   return 0;
 }
 
-// launch(grid, device, stream, *args) -> True (launched), False (no binary for the key), None (an argument, or a
-// grid, the launcher does not pass). grid: a tuple or list of 1 to 3 Python ints.
+// launch(grid, device, stream, *args) -> True (launched); the key (bytes) when nothing is registered for it (Python
+// launches through Triton and registers the binary, or refuses the key); None when an argument, or the grid, is of a
+// kind the launcher does not pass, or the key was refused (Python launches through Triton). grid: a tuple or list of
+// 1 to 3 Python ints.
 static PyObject* Launcher_launch(Launcher* self, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 3) {
     PyErr_SetString(PyExc_TypeError, "launch(grid, device, stream, *args)");
@@ -262,11 +264,15 @@ static PyObject* Launcher_launch(Launcher* self, PyObject* const* args, Py_ssize
   PyObject* key = make_key(self, args + 3, n, (int)device, values);
   if (key == NULL || key == Py_None) return key;
   PyObject* found = PyDict_GetItemWithError(self->binaries, key);  // borrowed
-  Py_DECREF(key);
   if (found == NULL) {
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_FALSE;
+    if (PyErr_Occurred()) {
+      Py_DECREF(key);
+      return NULL;
+    }
+    return key;
   }
+  Py_DECREF(key);
+  if (found == Py_None) Py_RETURN_NONE;  // refused: Triton launches it
   if (launch_binary((Binary*)found, grid, values, stream) < 0) return NULL;
   Py_RETURN_TRUE;
 }
@@ -294,7 +300,7 @@ static PyObject* Launcher_binary(Launcher* self, PyObject* const* args, Py_ssize
     Py_RETURN_NONE;
   }
   Py_INCREF(found);
-  return found;
+  return found;  // None for a refused key
 }
 
 // values(device, *args) -> bytes: the 8-byte values launch passes for `args` (as read_args reads them), or None.
@@ -324,7 +330,7 @@ static PyObject* Launcher_add(Launcher* self, PyObject* args) {
     return NULL;
   }
   for (Py_ssize_t i = 0; i < layout_len; i++) {
-    if (!strchr("-pilKBf", layout[i])) {
+    if (layout[i] == '\0' || !strchr("-pilKBf", layout[i])) {  // strchr finds the string's own NUL too
       PyErr_Format(PyExc_ValueError, "fuselab launcher: unknown layout char %c", layout[i]);
       return NULL;
     }
@@ -342,8 +348,22 @@ static PyObject* Launcher_add(Launcher* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// refuse(key): launch answers None for `key` from now on (Triton launches it: a binary the launcher cannot pass).
+static PyObject* Launcher_refuse(Launcher* self, PyObject* key) {
+  if (!PyBytes_Check(key)) {
+    PyErr_SetString(PyExc_TypeError, "refuse(key): key is the bytes launch() returned");
+    return NULL;
+  }
+  if (PyDict_SetItem(self->binaries, key, Py_None) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+// size() -> the number of binaries registered (refused keys not counted).
 static PyObject* Launcher_size(Launcher* self, PyObject* Py_UNUSED(ignored)) {
-  return PyLong_FromSsize_t(PyDict_Size(self->binaries));
+  Py_ssize_t pos = 0, n = 0;
+  PyObject *key, *value;
+  while (PyDict_Next(self->binaries, &pos, &key, &value)) n += value != Py_None;
+  return PyLong_FromSsize_t(n);
 }
 
 static int Launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
@@ -364,11 +384,12 @@ static void Launcher_dealloc(Launcher* self) {
 
 static PyMethodDef Launcher_methods[] = {
     {"launch", (PyCFunction)(void (*)(void))Launcher_launch, METH_FASTCALL,
-     "launch(grid, device, stream, *args) -> True, False (no binary for the key), None"},
+     "launch(grid, device, stream, *args) -> True, the key (bytes: nothing registered for it), None"},
     {"key", (PyCFunction)(void (*)(void))Launcher_key, METH_FASTCALL, "key(device, *args) -> bytes or None"},
     {"add", (PyCFunction)Launcher_add, METH_VARARGS, "add(key, function, num_warps, shared, layout)"},
     {"binary", (PyCFunction)(void (*)(void))Launcher_binary, METH_FASTCALL, "binary(device, *args) -> Binary or None"},
     {"values", (PyCFunction)(void (*)(void))Launcher_values, METH_FASTCALL, "values(device, *args) -> bytes or None"},
+    {"refuse", (PyCFunction)Launcher_refuse, METH_O, "refuse(key): Triton launches `key` from now on"},
     {"size", (PyCFunction)Launcher_size, METH_NOARGS, "number of binaries registered"},
     {NULL, NULL, 0, NULL},
 };
