@@ -304,3 +304,25 @@ def test_attention_evidence_keeps_the_kernels_not_tuned_again() -> None:
     assert [c["case"]["d"] for c in merged] == [64, 96, 64] and sorted(merged[0]["best"]) == ["dkdv", "dq"]
     assert tune.merge_cases(earlier[:1], [case(["fwd", "dkdv", "dq"], kernels=["fwd", "dkdv", "dq"])])[0]["case"][
         "kernels"] == ["fwd", "dkdv", "dq"]  # fmt: skip
+
+
+def test_prepared_launches_are_made_once_per_layout_and_start_over_when_a_table_is_written(tmp_path) -> None:
+    """tuning.Prepared: prepare() runs once per key; past its limit, and whenever any plan table is written (the
+    plans it holds may have changed), it starts over."""
+    made: list[tuple] = []
+
+    def prepare(key: tuple) -> object:
+        made.append(key)
+        return ("launch", key)
+
+    held = tuning.Prepared(limit=3)
+    for key in [(1, "fp32"), (1, "fp32"), (7, "bf16"), (1, "fp32")]:
+        assert held.get(key, lambda key=key: prepare(key)) == ("launch", key)
+    assert made == [(1, "fp32"), (7, "bf16")] and len(held) == 2
+    tuning.write_table(tmp_path, "some-gpu-sm90", {"block": 64}, {})
+    assert len(held) == 0
+    held.get((1, "fp32"), lambda: prepare((1, "fp32")))
+    assert made[-1] == (1, "fp32") and len(made) == 3
+    for n in range(3):
+        held.get(n, lambda n=n: prepare((n,)))
+    assert len(held) == 1  # the limit (3) was reached: it started over with the fourth key

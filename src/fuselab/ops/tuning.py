@@ -30,10 +30,10 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -86,6 +86,35 @@ def params(defaults: Mapping[str, object], folder: Path, key: str | None) -> dic
     return {**defaults, **tuned}
 
 
+class Prepared:
+    """Launches an op prepared once per layout (the key its eager path reads off its tensors: shape, strides, dtype,
+    device, alignment, options), so that a call repeats none of the plan's choosing. Every instance starts over when
+    a plan table is written (the plans it holds may have changed), and when it holds `limit` layouts."""
+
+    _every: ClassVar[list[Prepared]] = []
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit, self._held = limit, {}
+        Prepared._every.append(self)
+
+    def get(self, key: Hashable, prepare: Callable[[], Any]) -> Any:
+        """The launch prepared for `key`, made by `prepare()` the first time."""
+        held = self._held.get(key)
+        if held is None:
+            if len(self._held) >= self.limit:
+                self._held.clear()
+            held = self._held[key] = prepare()
+        return held
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @classmethod
+    def clear_all(cls) -> None:
+        for prepared in cls._every:
+            prepared._held.clear()
+
+
 def write_table(folder: Path, key: str, values: Mapping[str, object], evidence: Mapping[str, object]) -> Path:
     """Write (or replace) the table of GPU `key`: `values` (parameters), `evidence` (what the tuner timed)."""
     path = table_path(folder, key)
@@ -93,6 +122,7 @@ def write_table(folder: Path, key: str, values: Mapping[str, object], evidence: 
     data = {"version": TABLE_VERSION, "device": key, "params": dict(values), "evidence": dict(evidence)}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     load_table.cache_clear()
+    Prepared.clear_all()
     return path
 
 

@@ -1162,7 +1162,7 @@ KERNELS = ("fwd", "dkdv", "dq")
 
 def d_pad(d: int) -> int:
     """The head dim padded to a power of two, at least 16 (tl.dot's smallest)."""
-    return max(16, triton.next_power_of_2(d))
+    return max(16, 1 << (d - 1).bit_length())  # triton.next_power_of_2 is a constexpr function: slow on the host
 
 
 def d_chunks(d: int) -> tuple[int, int]:
@@ -1241,9 +1241,22 @@ def forced_plans(plans: dict[str, Plan]) -> Iterator[None]:
 def choose_plan(
     kernel: str, d: int, dtype: torch.dtype, causal: bool, device: torch.device, nq: int, nk: int, heads: int
 ) -> Plan:
-    """The tuned plan for this GPU if its table has one, else the rule's, fitted to the shape (`fit_plan`)."""
+    """The tuned plan for this GPU if its table has one, else the rule's, fitted to the shape (`fit_plan`); chosen
+    once per argument set (`_PLANS`)."""
     if kernel in FORCED:
         return FORCED[kernel]
+    return _PLANS.get(
+        (kernel, d, dtype, causal, device, nq, nk, heads),
+        lambda: _choose_plan(kernel, d, dtype, causal, device, nq, nk, heads),
+    )
+
+
+_PLANS = tuning.Prepared()  # choose_plan's answers; cleared when a plan table is written
+
+
+def _choose_plan(
+    kernel: str, d: int, dtype: torch.dtype, causal: bool, device: torch.device, nq: int, nk: int, heads: int
+) -> Plan:
     plan = rule_plan(kernel, d, dtype, causal)
     if device.type != "cuda" or INTERPRET:
         return plan

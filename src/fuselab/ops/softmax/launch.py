@@ -220,8 +220,7 @@ FORWARD: dict[str, Launcher] = {
     "split_pairs": _split,
     "looped": _looped,
 }
-_READY: dict[tuple, Launch] = {}  # eager launches by layout (`_layout`), both directions
-READY_MAX = 4096  # layouts kept; past it the table starts over
+_READY = tuning.Prepared()  # eager launches by layout (`_layout`), both directions
 
 
 def _layout(kind: str, *tensors: torch.Tensor) -> tuple:
@@ -230,21 +229,12 @@ def _layout(kind: str, *tensors: torch.Tensor) -> tuple:
     return (kind, x.shape[1], x.dtype, x.get_device(), *[(t.stride(0), t.data_ptr() % 16) for t in tensors])
 
 
-def _ready_launch(key: tuple, prepare: Callable[[], Launch]) -> Launch:
-    launch = _READY.get(key)
-    if launch is None:
-        if len(_READY) >= READY_MAX:
-            _READY.clear()
-        launch = _READY[key] = prepare()
-    return launch
-
-
 def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -> None:
     """y = softmax(x) row by row. x, y: (rows, width), unit column stride; plan: None chooses (`forward_plan`)."""
     if not x.is_cuda:
         _ready(x)
     if plan is None and type(x) is torch.Tensor and type(y) is torch.Tensor:  # eager: prepared once per layout
-        launch = _ready_launch(_layout("forward", x, y), lambda: _prepare_forward(x, y, None))
+        launch = _READY.get(_layout("forward", x, y), lambda: _prepare_forward(x, y, None))
     else:
         launch = _prepare_forward(x, y, plan)
     with on_device(x):
@@ -298,7 +288,7 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: P
     if not y.is_cuda:
         _ready(y)
     if plan is None and all(type(t) is torch.Tensor for t in (y, dy, dx)):
-        launch = _ready_launch(_layout("backward", y, dy, dx), lambda: _prepare_backward(y, dy, dx, None))
+        launch = _READY.get(_layout("backward", y, dy, dx), lambda: _prepare_backward(y, dy, dx, None))
     else:
         launch = _prepare_backward(y, dy, dx, plan)
     with on_device(y):
