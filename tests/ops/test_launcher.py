@@ -241,7 +241,10 @@ def test_a_calls_key_splits_what_a_forward_may_choose_by() -> None:
     ]
     assert base not in others and len(set(others)) == len(others)
     assert R.key(torch.randn(3), "tanh") is None and R.key(object()) is None
-    assert R.replay(x, "tanh") is None and R.size() == 0  # no recipe: the caller runs forward
+    key = R.key(x, "tanh")
+    assert R.replay(x, "tanh") == key and R.size() == 0  # no recipe: the caller runs forward, recorded
+    R.refuse(key)
+    assert R.replay(x, "tanh") is None and R.size() == 0  # refused: the caller runs forward, unrecorded
 
 
 def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypatch) -> None:
@@ -308,6 +311,35 @@ def test_gpu_replayed_calls_give_the_forwards_results_bitwise(op: str, shape: tu
     shifted = flat[1:].view(shape)  # 2 or 4 bytes past 16-byte alignment
     for _ in range(2):
         torch.testing.assert_close(fused(shifted), fused._forward(shifted, *fused._defaults[1:]), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype"),
+    [("gelu", (4096,), torch.float32), ("gelu", (3, 11008), torch.bfloat16), ("softmax", (64, 1000), torch.float32),
+     ("softmax", (37, 325), torch.bfloat16)],
+)  # fmt: skip
+def test_gpu_replayed_gradients_are_the_backwards_bitwise(op: str, shape: tuple, dtype: torch.dtype) -> None:
+    """Under autograd, forward and backward are replayed too once recorded (backward is not run: it would raise),
+    giving what Triton's own launches give."""
+    from fuselab.ops import get_op
+
+    fused = get_op(op).get_impl("triton").fn
+    x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+    dy = torch.randn_like(x)
+    with launcher.enabled(False):
+        want_y = fused(x)
+        (want,) = torch.autograd.grad(want_y, x, dy)
+    fused(x).backward(dy)  # records forward and backward
+    backward = fused._backward
+    try:
+        fused._backward = lambda *args: pytest.fail("backward ran: not replayed")
+        y = fused(x)
+        (got,) = torch.autograd.grad(y, x, dy)
+    finally:
+        fused._backward = backward
+    torch.testing.assert_close(y, want_y, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

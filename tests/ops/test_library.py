@@ -187,6 +187,63 @@ def test_replay_is_for_triton_impls_and_leaves_the_cpu_to_forward() -> None:
     assert len(calls) == 2 and torch.equal(first, second) and torch.equal(first, a * b)
 
 
+def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoes(monkeypatch) -> None:
+    """The replay flow, forward and backward alike, over a stand-in C Replayer: a key without a recipe runs forward
+    recorded and adds the recipe; a key whose recording makes none is refused (forward runs, unrecorded, and is not
+    recorded again); a call without a key runs forward; later calls of a held key never run forward."""
+    from fuselab.ops import launcher, library
+
+    with pytest.raises(ValueError, match="one output"):
+        define_op("test_library_toy_replay_two", toy_forward, **TOY_PARTS, kind="triton", replay=True)
+
+    class StandIn:
+        def __init__(self) -> None:
+            self.held: dict[bytes, object] = {}
+            self.refused: list[bytes] = []
+
+        def replay(self, x, *options):
+            key = None if x.shape[0] == 1 else f"{tuple(x.shape)}".encode()
+            if key is None or key in self.refused:
+                return None
+            return self.held[key].clone() if key in self.held else key
+
+        def add(self, key, recipe):
+            self.held[key] = recipe
+
+        def refuse(self, key):
+            self.refused.append(key)
+
+    made = []
+    monkeypatch.setattr(library, "_interpreted", lambda: False)
+    monkeypatch.setattr(launcher, "new_replayer", lambda: made.append(StandIn()) or made[-1])
+    monkeypatch.setattr(launcher, "recipe", lambda args, out, noted: None if args[0].shape[0] == 5 else out)
+    runs = []
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        runs.append(tuple(x.shape))
+        return x * 2
+
+    def double_backward(dy: torch.Tensor) -> torch.Tensor:
+        runs.append(("backward", tuple(dy.shape)))
+        return dy * 2
+
+    toy = define_op("test_library_toy_replay_flow", double, fake=lambda x: torch.empty_like(x), kind="triton",
+                    backward=double_backward, backward_fake=lambda dy: torch.empty_like(dy), replay=True)  # fmt: skip
+    x3, x5, x1 = torch.randn(3), torch.randn(5), torch.randn(1)
+    for _ in range(3):
+        assert torch.equal(toy(x3), x3 * 2) and torch.equal(toy(x5), x5 * 2) and torch.equal(toy(x1), x1 * 2)
+    assert runs == [(3,), (5,), (1,), (5,), (1,), (5,), (1,)]  # 3: recorded once; 5: refused; 1: no key
+    forward_replayer = made[0]
+    assert list(forward_replayer.held) == [b"(3,)"] and forward_replayer.refused == [b"(5,)"]
+    runs.clear()
+    x = torch.randn(3, requires_grad=True)
+    for _ in range(2):
+        (g,) = torch.autograd.grad(toy(x), x, torch.ones(3))
+        assert torch.equal(g, torch.full((3,), 2.0))
+    assert runs == [("backward", (3,))]  # forward replayed both times, backward recorded once then replayed
+    assert len(made) == 2 and list(made[1].held) == [b"(3,)"]
+
+
 def test_compiles_fullgraph_with_gradients() -> None:
     a, b = inputs((6, 9), seed=5)
     a32, b32 = a.float().requires_grad_(), b.float()

@@ -151,7 +151,8 @@ class FusedOp:
         self._autograd = autograd
         if replay and kind != "triton":
             raise ValueError(f"define_op {name}: replay is for kind 'triton' (forward's launches from C)")
-        self._replay, self._replayer = replay, None  # the C Replayer, made on the first eager call
+        self._replay = replay
+        self._replayer = self._backward_replayer = None  # C Replayers of forward and backward, made on first use
         self.name, self.kind, self.direct = name, kind, direct
         self.__name__ = self.__qualname__ = name
         self.outputs, self.extras = tuple(outputs), tuple(extras)
@@ -171,6 +172,8 @@ class FusedOp:
         )
         self._coerce = tuple((i, c) for i in self._option_idx if (c := _coercer(annotations[i])) is not None)
         self._single = len(self.outputs) == 1 and not self.extras
+        if replay and not self._single:
+            raise ValueError(f"define_op {name}: replay needs one output and no extras (a recipe allocates one)")
         n_out = len(self.outputs)
         triton = kind == "triton"
         self._forward, self._backward = forward, backward  # outside tracing, wrap_triton launches directly
@@ -210,34 +213,41 @@ class FusedOp:
             if plain:
                 if grad and self.backward_op is not None and torch.is_grad_enabled():
                     return self._function.apply(*args) if self._autograd is None else self._autograd(*args)
-                if self._replay and self._single:
+                if self._replay:
                     return self._replayed(args)
                 out = self._forward(*args)
                 return out if self._single else self._visible(out)
         out = self.op(*args)
         return out if self._single else self._visible(out)
 
-    def _replayed(self, args: tuple) -> torch.Tensor:
-        """forward(*args) replayed from C where a recipe of the call's key exists; else forward, recorded into one
-        (the first call of a key)."""
-        replayer = self._replayer
+    def _replayed(self, args: Sequence[object], backward: bool = False) -> torch.Tensor:
+        """forward(*args) (or backward's) replayed from C where a recipe of the call's key is held; else run, and
+        recorded into a recipe (the first call of a key) or, when none can redo it, the key refused for good."""
+        fn = self._backward if backward else self._forward
+        replayer = self._backward_replayer if backward else self._replayer
         if replayer is None:
             if _interpreted() or (replayer := launcher.new_replayer()) is None:
                 self._replay = False  # nothing launches from C here: forward, always
-                return self._forward(*args)
-            self._replayer = replayer
-        if launcher.enabled_now() and not launcher.recording_now():
-            out = replayer.replay(*args)
-            if out is not None:
-                return out
-            key = replayer.key(*args)
-            if key is not None:
-                with launcher.recording() as noted:
-                    out = self._forward(*args)
-                if (recipe := launcher.recipe(args, out, noted)) is not None:
-                    replayer.add(key, recipe)
-                return out
-        return self._forward(*args)
+                return fn(*args)
+            if backward:
+                self._backward_replayer = replayer
+            else:
+                self._replayer = replayer
+        if not launcher.enabled_now() or launcher.recording_now():
+            return fn(*args)
+        out = replayer.replay(*args)
+        if out is None:  # no key, a refused key, another CUDA context
+            return fn(*args)
+        if type(out) is not bytes:
+            return out
+        with launcher.recording() as noted:
+            result = fn(*args)
+        recipe = launcher.recipe(args, result, noted)
+        if recipe is None:
+            replayer.refuse(out)
+        else:
+            replayer.add(out, recipe)
+        return result
 
     def _complete(self, args: tuple, kwargs: dict) -> tuple:
         """forward's arguments in order, from `args` and options given by keyword or left at their defaults (a
@@ -328,13 +338,14 @@ class FusedOp:
         n_out = len(self.outputs)
 
         def forward(ctx: object, *args: object) -> object:
-            out = fused._forward(*args)
+            out = fused._replayed(args) if fused._replay else fused._forward(*args)
             outs = out if isinstance(out, tuple) else (out,)
             fused._save(ctx, args, outs)
             return outs[0] if n_out == 1 else outs[:n_out]
 
         def backward(ctx: object, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-            return fused._input_grads(fused._backward(*fused._backward_args(ctx, grads)))
+            args = fused._backward_args(ctx, grads)
+            return fused._input_grads(fused._replayed(args, backward=True) if fused._replay else fused._backward(*args))
 
         title = "".join(part.title() for part in self.name.split("_"))
         body = {"forward": staticmethod(forward), "backward": staticmethod(backward), "__module__": __name__}
@@ -377,10 +388,10 @@ def define_op(
     autograd: forward's outputs for forward's arguments with their backward already attached, in C++ (a
     torch::autograd::Function of the extension's): the eager path calls it when gradients are needed, instead of a
     Python autograd.Function, so backward runs without Python. Needs `backward` (what compiled code differentiates).
-    replay: kind "triton" only, a promise that forward allocates its one output with ``torch.empty_like(input,
-    memory_format=torch.contiguous_format)`` and writes it with Triton kernels only: eager calls without gradients
-    are then replayed from C after the first of each key (`fuselab.ops.launcher.recipe`; a call it cannot replay
-    runs forward as before).
+    replay: kind "triton" only, one output, a promise that forward and backward each allocate their one output with
+    ``torch.empty_like(input, memory_format=torch.contiguous_format)`` and write it with Triton kernels only: eager
+    calls (forward, and backward under autograd) are then replayed from C after the first of each key
+    (`fuselab.ops.launcher.recipe`; a call it cannot replay runs as before).
     """
     return FusedOp(
         name,

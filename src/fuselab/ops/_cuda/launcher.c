@@ -622,17 +622,23 @@ static PyObject* Replayer_key(Replayer* self, PyObject* const* args, Py_ssize_t 
   return replay_key(self, args, nargs, ptrs);
 }
 
-// replay(*args) -> the output, or None: no recipe for the call's key, or its CUDA context is not current.
+// replay(*args) -> the output; the call's key (bytes) when no recipe is held for it (Python runs forward, recording
+// it, and adds a recipe or refuses the key); None when the call makes no key, its key was refused, or the recipe's
+// CUDA context is not current (Python runs forward).
 static PyObject* Replayer_replay(Replayer* self, PyObject* const* args, Py_ssize_t nargs) {
   uint64_t ptrs[MAX_ARGS];
   PyObject* key = replay_key(self, args, nargs, ptrs);
   if (key == NULL || key == Py_None) return key;
   PyObject* found = PyDict_GetItemWithError(self->recipes, key);  // borrowed
-  Py_DECREF(key);
   if (found == NULL) {
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_NONE;
+    if (PyErr_Occurred()) {
+      Py_DECREF(key);
+      return NULL;
+    }
+    return key;
   }
+  Py_DECREF(key);
+  if (found == Py_None) Py_RETURN_NONE;  // refused: forward, every time
   Recipe* r = (Recipe*)found;
   void* context = NULL;
   if (load_driver() < 0) return NULL;
@@ -683,8 +689,23 @@ static PyObject* Replayer_add(Replayer* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// refuse(key): replay answers None for `key` from now on (a call no recipe can redo: forward runs, unrecorded).
+static PyObject* Replayer_refuse(Replayer* self, PyObject* key) {
+  if (!PyBytes_Check(key)) {
+    PyErr_SetString(PyExc_TypeError, "refuse(key): key is the bytes replay() returned");
+    return NULL;
+  }
+  if (PyDict_Size(self->recipes) >= 4096) PyDict_Clear(self->recipes);
+  if (PyDict_SetItem(self->recipes, key, Py_None) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+// size() -> the number of recipes held (refused keys not counted).
 static PyObject* Replayer_size(Replayer* self, PyObject* Py_UNUSED(ignored)) {
-  return PyLong_FromSsize_t(PyDict_Size(self->recipes));
+  Py_ssize_t pos = 0, n = 0;
+  PyObject *key, *value;
+  while (PyDict_Next(self->recipes, &pos, &key, &value)) n += value != Py_None;
+  return PyLong_FromSsize_t(n);
 }
 
 // Replayer(dtypes, empty_like, contiguous_format, raw_stream)
@@ -715,9 +736,10 @@ static void Replayer_dealloc(Replayer* self) {
 
 static PyMethodDef Replayer_methods[] = {
     {"replay", (PyCFunction)(void (*)(void))Replayer_replay, METH_FASTCALL,
-     "replay(*args) -> the output, or None (no recipe for the call, or another CUDA context current)"},
+     "replay(*args) -> the output, the key (no recipe yet), or None (forward runs)"},
     {"key", (PyCFunction)(void (*)(void))Replayer_key, METH_FASTCALL, "key(*args) -> bytes or None"},
     {"add", (PyCFunction)Replayer_add, METH_VARARGS, "add(key, recipe)"},
+    {"refuse", (PyCFunction)Replayer_refuse, METH_O, "refuse(key): forward runs for `key` from now on"},
     {"size", (PyCFunction)Replayer_size, METH_NOARGS, "number of recipes"},
     {NULL, NULL, 0, NULL},
 };
