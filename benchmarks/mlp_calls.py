@@ -1,0 +1,117 @@
+"""A transformer's feed-forward block built of torch.nn and of fuselab's GELU, timed per call as a model calls it.
+
+Linear(d, 4d), GELU (tanh), Linear(4d, d): with `nn.GELU(approximate="tanh")` ("torch") and with
+`fuselab.nn.GELU(approximate="tanh", impl=...)` for each fused impl (triton, cuda), same weights. Each is called
+eager and under torch.compile in each mode given (one compile per token count), forward alone (no grad) and forward +
+backward (the gradients of every weight and of x), and timed back to back by `fuselab.bench.timer.call_cost`: host
+µs per call and end-to-end µs per call (host and GPU overlapped, as in a model). Ratios are each impl's end-to-end
+time over torch's at the same mode, pass and token count, measured side by side in one process.
+
+    PYTHONPATH=src python3 benchmarks/mlp_calls.py --out benchmarks/results/h200/mlp_calls.json
+    PYTHONPATH=src python3 benchmarks/mlp_calls.py --device cpu --dim 64 --tokens 3 --modes eager --impl torch
+
+On the CPU fuselab's GELU with impl "triton" runs under Triton's interpreter only (TRITON_INTERPRET=1): a check that
+the script runs, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fuselab.bench.dtypes import dtype_name, parse_dtype
+from fuselab.bench.env import environment
+from fuselab.bench.timer import call_cost
+
+
+def mlp(dim: int, act: nn.Module) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(dim, 4 * dim), act, nn.Linear(4 * dim, dim))
+
+
+def with_act(like: nn.Sequential, impl: str) -> nn.Sequential:
+    """`like` (weights copied) with its GELU replaced by fuselab's, impl `impl`; `like` itself for "torch"."""
+    if impl == "torch":
+        return like
+    import fuselab.nn
+
+    model = copy.deepcopy(like)
+    model[1] = fuselab.nn.GELU(approximate="tanh", impl=impl)
+    return model
+
+
+def call(model: nn.Module, x: torch.Tensor, backward: bool) -> Callable[[], object]:
+    if not backward:
+
+        def forward() -> torch.Tensor:
+            with torch.no_grad():
+                return model(x)
+
+        return forward
+    params = [*model.parameters(), x]
+    return lambda: torch.autograd.grad(model(x).float().square().mean(), params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, help="results JSON")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--dim", type=int, default=1024, help="d_model (default 1024; the hidden layer is 4x)")
+    p.add_argument("--tokens", default="1,997,4099", help="token counts (rows of x), comma separated")
+    p.add_argument("--impl", default="torch,triton,cuda", help="GELUs: torch (nn.GELU) first, then fuselab impls")
+    p.add_argument("--modes", default="eager,default,max-autotune-no-cudagraphs", help="eager and compile modes")
+    p.add_argument("--budget-ms", type=float, default=100.0, help="call_cost's time per case")
+    args = p.parse_args(argv)
+    impls, modes = args.impl.split(","), args.modes.split(",")
+    if impls[0] != "torch":
+        p.error("--impl must start with torch (the baseline of every ratio)")
+    dtype = parse_dtype(args.dtype)
+    torch.manual_seed(0)
+    base = mlp(args.dim, nn.GELU(approximate="tanh")).to(args.device, dtype)
+    rows, start = [], time.perf_counter()
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        x = torch.randn(tokens, args.dim, device=args.device, dtype=dtype, requires_grad=True)
+        for mode in modes:
+            for backward in (False, True):
+                timed = {}
+                for impl in impls:
+                    model = with_act(base, impl)
+                    if mode != "eager":
+                        torch._dynamo.reset()
+                        model = torch.compile(model, mode=mode)
+                    fn = call(model, x, backward)
+                    fn()  # compiles
+                    cost = call_cost(fn, device=args.device, budget_ms=args.budget_ms)
+                    timed[impl] = cost
+                    row = {"tokens": tokens, "mode": mode, "pass": "forward + backward" if backward else "forward",
+                           "impl": impl, "host_us": cost.host_us, "e2e_us": cost.end_to_end_us,
+                           "e2e_vs_torch": cost.end_to_end_us / timed["torch"].end_to_end_us}  # fmt: skip
+                    rows.append(row)
+                    print(f"{tokens:6d} {mode:27} {row['pass']:18} {impl:7} host {cost.host_us:8.1f} us  "
+                          f"e2e {cost.end_to_end_us:8.1f} us  {row['e2e_vs_torch']:.3f}x  "
+                          f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+    torch._dynamo.reset()
+    if args.out:
+        revision = (
+            os.environ.get("FUSELAB_REVISION")
+            or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        )
+        record = {"model": {"dim": args.dim, "hidden": 4 * args.dim}, "dtype": dtype_name(dtype), "revision": revision,
+                  "env": environment(args.device), "budget_ms": args.budget_ms, "rows": rows}  # fmt: skip
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
