@@ -14,7 +14,8 @@ mkdir -p "$OUT"
 export PYTHONPATH=src
 bench() { timeout "${CASE_S:-240}" python3 -m fuselab bench "$@" > "$OUT/$(basename "${*: -1}" .json).log" 2>&1; }
 small="--dtype fp32 --dtype bf16 --backward --call-cost-ms ${CALL_MS:-200} --rep-ms 20"
-for launcher in fuselab triton; do
+calls() {  # $1: the launcher (fuselab, or triton: Triton's own launch)
+  launcher=$1
   suffix=$([ "$launcher" = triton ] && echo _triton)
   FUSELAB_LAUNCHER=$launcher bench gelu --impl torch,triton,cuda --opt approximate=tanh --shape 4096 $small \
     --out "$OUT/call_cost_gelu$suffix.json"
@@ -23,11 +24,13 @@ for launcher in fuselab triton; do
   FUSELAB_LAUNCHER=$launcher bench attention --impl sdpa,sdpa-cudnn,triton --shape 1x2x4x64 --shape 1x16x512x64 \
     --shape 2x16x4096x64 --dtype bf16 --dtype fp32 --opt causal=true --backward --call-cost-ms "${CALL_MS:-200}" \
     --rep-ms 20 --out "$OUT/call_cost_attention$suffix.json"
-done
+}
+calls fuselab
 sizes="--dtype fp32 --dtype bf16 --call-cost-ms 50 --rep-ms 20"
 bench gelu --impl torch,triton,cuda --opt approximate=tanh --shape 1000 --shape 7919 --shape 50257 --shape 300007 \
   --shape 1234567 --shape 4000037 $sizes --plot-calls "$OUT/call_cost_gelu_sizes.png" --out "$OUT/call_cost_gelu_sizes.json"
 bench softmax --impl torch,triton,cuda --shape 3x1000 --shape 37x325 --shape 1x11008 --shape 129x5003 \
   --shape 61x50257 --shape 4096x771 $sizes --plot-calls "$OUT/call_cost_softmax_sizes.png" \
   --out "$OUT/call_cost_softmax_sizes.json"
+calls triton  # last: a comparison, cut first when time runs out
 ls "$OUT"
