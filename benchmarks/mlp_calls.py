@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from gpt_blocks import step  # benchmarks/ (this script's folder, first on sys.path)
 from torch import nn
 
 from fuselab.bench.dtypes import dtype_name, parse_dtype
@@ -51,15 +50,15 @@ def with_act(like: nn.Sequential, impl: str) -> nn.Sequential:
 
 
 def call(model: nn.Module, x: torch.Tensor, backward: bool) -> Callable[[], object]:
-    """One forward without gradients, or one forward + backward (gpt_blocks.step: every weight's gradient and x's)."""
-    if backward:
-        return step(model, x)
+    if not backward:
 
-    def forward() -> torch.Tensor:
-        with torch.no_grad():
-            return model(x)
+        def forward() -> torch.Tensor:
+            with torch.no_grad():
+                return model(x)
 
-    return forward
+        return forward
+    params = [*model.parameters(), x]
+    return lambda: torch.autograd.grad(model(x).float().square().mean(), params)
 
 
 def main(argv: list[str] | None = None) -> int:
