@@ -202,6 +202,8 @@ class CallTensor(TensorLike):
         super().__init__(dtype, address)
         self.shape, self.strides, self.device_index = torch.Size(shape), strides, device
 
+    requires_grad = False
+
     def get_device(self) -> int:
         return self.device_index
 
@@ -213,7 +215,8 @@ def c_replayer() -> object:
     mod = launcher.module()
     if mod is None:
         pytest.fail("the launcher's C module did not build")
-    return mod.Replayer({d: i for i, d in enumerate(launcher.DTYPES)}, torch.empty_like, torch.contiguous_format, id)
+    dtypes = {d: i for i, d in enumerate(launcher.DTYPES)}
+    return mod.Replayer(dtypes, torch.empty_like, torch.contiguous_format, id, CallTensor)
 
 
 def test_a_calls_key_splits_what_a_forward_may_choose_by() -> None:
@@ -245,6 +248,36 @@ def test_a_calls_key_splits_what_a_forward_may_choose_by() -> None:
     assert R.replay(x, "tanh") == key and R.size() == 0  # no recipe: the caller runs forward, recorded
     R.refuse(key)
     assert R.replay(x, "tanh") is None and R.size() == 0  # refused: the caller runs forward, unrecorded
+
+
+def test_a_users_call_is_keyed_as_replay_keys_it_and_left_to_python_where_it_must_be() -> None:
+    """call(args, kwargs): positional arguments keyed as replay() keys them, each option given by keyword a key of
+    its own (name and value). None: a tensor of a subclass or requiring grad, a tensor by keyword, replays switched
+    off, within a recording, a refused key. Its own misuse is a TypeError."""
+    R = c_replayer()
+    x = CallTensor(torch.float32, 4096, (3, 11008), (11008, 1))
+    assert R.call((x, "tanh"), {}) == R.key(x, "tanh")
+    by_name = R.call((x,), {"approximate": "tanh"})
+    assert type(by_name) is bytes and by_name not in (R.key(x, "tanh"), R.call((x,), {"form": "tanh"}))
+    assert R.call((x,), {"approximate": "none"}) != by_name
+
+    class Sub(CallTensor):
+        pass
+
+    grad = CallTensor(torch.float32, 4096, (3, 11008), (11008, 1))
+    grad.requires_grad = True
+    assert R.call((Sub(torch.float32, 4096, (3,), (1,)), "tanh"), {}) is None
+    assert R.call((grad, "tanh"), {}) is None and R.replay(grad, "tanh") == R.key(x, "tanh")
+    assert R.call((x,), {"other": x}) is None
+    with launcher.enabled(False):
+        assert R.call((x, "tanh"), {}) is None
+    with launcher.recording():
+        assert R.call((x, "tanh"), {}) is None
+    assert R.call((x, "tanh"), {}) == R.key(x, "tanh")
+    R.refuse(by_name)
+    assert R.call((x,), {"approximate": "tanh"}) is None
+    with pytest.raises(TypeError, match="call"):
+        R.call(x, {})
 
 
 def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypatch) -> None:

@@ -207,6 +207,10 @@ def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoe
                 return None
             return self.held[key].clone() if key in self.held else key
 
+        def call(self, args, kwargs):  # as the C entry: plain tensors not requiring grad
+            x = args[0]
+            return None if type(x) is not torch.Tensor or x.requires_grad else self.replay(*args)
+
         def add(self, key, recipe):
             self.held[key] = recipe
 
@@ -242,6 +246,99 @@ def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoe
         assert torch.equal(g, torch.full((3,), 2.0))
     assert runs == [("backward", (3,))]  # forward replayed both times, backward recorded once then replayed
     assert len(made) == 2 and list(made[1].held) == [b"(3,)"]
+
+
+def test_a_users_call_goes_to_the_c_entry_first_and_its_answers_steer_the_python_path(monkeypatch) -> None:
+    """Once the first call made the replayer, a call is handed to its C entry (`call`) as the user made it: a held key
+    returns without the check or forward; a key it holds nothing for (options by keyword make a key of their own) is
+    recorded under that key after the check; None leaves the call to the Python path, which gives the check's
+    errors. While torch.compile traces, the entry is never called."""
+    from fuselab.ops import launcher, library
+
+    class Entry:
+        def __init__(self) -> None:
+            self.held: dict[bytes, torch.Tensor] = {}
+            self.calls: list[tuple] = []
+
+        def call(self, args, kwargs):
+            self.calls.append((len(args), tuple(kwargs)))
+            x = args[0]
+            if type(x) is not torch.Tensor or x.requires_grad or x.shape[0] == 1:
+                return None
+            key = repr((tuple(x.shape), args[1:], sorted(kwargs.items()))).encode()
+            return self.held.get(key, key)
+
+        def replay(self, *args):
+            return self.call(args, {})
+
+        def add(self, key, recipe):
+            self.held[key] = recipe
+
+        def refuse(self, key):
+            pytest.fail("nothing here is refused")
+
+    entry = Entry()
+    monkeypatch.setattr(library, "_interpreted", lambda: False)
+    monkeypatch.setattr(launcher, "new_replayer", lambda: entry)
+    monkeypatch.setattr(launcher, "recipe", lambda args, out, noted: out)
+    checked, runs = [], []
+
+    def check(x: torch.Tensor, scale: float) -> None:
+        checked.append(scale)
+        if scale < 0:
+            raise ValueError("toy: scale must be >= 0")
+
+    def scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+        runs.append(scale)
+        return x * scale
+
+    toy = define_op("test_library_toy_entry", scaled, fake=lambda x, s: torch.empty_like(x), kind="triton",
+                    check=check, defaults={"scale": 2.0}, replay=True)  # fmt: skip
+    x = torch.randn(3)
+    for _ in range(3):
+        assert torch.equal(toy(x, 3.0), x * 3.0)
+    assert runs == [3.0] and checked == [3.0]  # recorded by the first call (no entry yet), replayed after
+    runs.clear(), checked.clear()
+    for _ in range(3):
+        assert torch.equal(toy(x, scale=3.0), x * 3.0) and torch.equal(toy(x), x * 2.0)
+    assert runs == [3.0, 2.0] and checked == [3.0, 2.0]  # a key of their own each, recorded once
+    assert (1, ("scale",)) in entry.calls and (1, ()) in entry.calls
+    runs.clear(), checked.clear()
+    one = torch.randn(1)
+    for _ in range(2):
+        assert torch.equal(toy(one, 3.0), one * 3.0)
+    assert runs == [3.0, 3.0] and checked == [3.0, 3.0]  # the entry takes no such call: Python's path, every time
+    with pytest.raises(ValueError, match="scale must be"):
+        toy(x, -1.0)
+    entry.calls.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: toy(t, 3.0) + 1, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x), x * 3.0 + 1)
+    assert entry.calls == []
+    torch._dynamo.reset()
+
+
+def test_a_cuda_impls_entry_is_made_by_its_first_direct_call() -> None:
+    """fast= (kind "cuda"): made once, by the first call that runs forward directly; later calls go to it first,
+    and its None leaves the call to forward. Other kinds are refused it."""
+    made, taken, runs = [], [], []
+
+    def entry(args, kwargs):
+        taken.append(args[0].shape)
+        return args[0] * 10 if args[0].shape[0] == 3 else None
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        runs.append(x.shape)
+        return x * 10
+
+    with pytest.raises(ValueError, match="fast is for kind 'cuda'"):
+        define_op("test_library_toy_bad_fast", forward, fake=lambda x: torch.empty_like(x), fast=lambda: entry)
+    toy = define_op("test_library_toy_fast", forward, fake=lambda x: torch.empty_like(x), kind="cuda",
+                    fast=lambda: made.append(1) or entry)  # fmt: skip
+    x3, x4 = torch.randn(3), torch.randn(4)
+    for _ in range(2):
+        assert torch.equal(toy(x3), x3 * 10) and torch.equal(toy(x4), x4 * 10)
+    assert made == [1] and runs == [(3,), (4,), (4,)] and taken == [(4,), (3,), (4,)]
 
 
 def test_compiles_fullgraph_with_gradients() -> None:
@@ -388,6 +485,44 @@ def test_gpu_compiled_graphs_call_the_kernels(op: Op, impl: str, shape: tuple[in
             torch.cuda.synchronize()
         assert own & set(device_activities(prof)), (mode, own, device_activities(prof))
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("op_name", "impl"), [("gelu", "cuda"), ("softmax", "cuda"), ("gelu", "triton"),
+                                               ("softmax", "triton")])  # fmt: skip
+def test_gpu_the_c_entry_gives_the_python_paths_results_and_errors(op_name: str, impl: str) -> None:
+    """A call handed to the impl's C entry (options positional or by keyword) gives bitwise what the registered op
+    gives, gradients too; what the entry does not take (a strided input, another dtype or device, an unknown option)
+    gets the Python path's results and errors."""
+    from fuselab.ops import get_op
+
+    fused = get_op(op_name).get_impl(impl).fn
+    options = {"approximate": "tanh"} if op_name == "gelu" else {}
+    x = torch.randn(37, 325, device="cuda", dtype=torch.bfloat16)
+    want = fused.op(x, *options.values())
+    for _ in range(3):
+        assert torch.equal(fused(x, *options.values()), want) and torch.equal(fused(x, **options), want)
+    assert fused._fast is not None
+    assert torch.equal(fused._fast((x, *options.values()), {}), want)  # the entry itself answers
+    leaf, via_op = x.clone().requires_grad_(), x.clone().requires_grad_()
+    dy = torch.randn_like(x)
+    for _ in range(2):
+        (got,) = torch.autograd.grad(fused(leaf, **options), leaf, dy)
+        (expected,) = torch.autograd.grad(fused.op(via_op, *options.values()), via_op, dy)
+        assert torch.equal(got, expected)
+    strided = torch.randn(325, 37, device="cuda", dtype=torch.bfloat16).t()
+    if (op_name, impl) == ("gelu", "cuda"):
+        assert fused._fast((strided, "tanh"), {}) is None  # its copy is the Python path's
+    for _ in range(2):
+        assert torch.equal(fused(strided, **options), fused.op(strided, *options.values()))
+    with pytest.raises(TypeError, match="float64"):
+        fused(x.double(), **options)
+    with pytest.raises(ValueError, match="on cpu"):
+        fused(x.float().cpu(), **options)
+    if op_name == "gelu":
+        with pytest.raises(ValueError, match="approximate"):
+            fused(x, approximate="exact")
+    torch.cuda.synchronize()
 
 
 def test_wrap_triton_wraps_only_while_torch_traces(monkeypatch) -> None:

@@ -58,13 +58,20 @@ def enabled_now() -> bool:
 
 @contextlib.contextmanager
 def enabled(on: bool) -> Iterator[None]:
-    """Within the block, launch sites use this launcher (on) or Triton's own launch (off)."""
+    """Within the block, launch sites use this launcher (on) or Triton's own launch (off), and fused ops replay their
+    calls (on) or run their Python (off)."""
     before = _State.enabled
-    _State.enabled = on
+    _set_enabled(on)
     try:
         yield
     finally:
-        _State.enabled = before
+        _set_enabled(before)
+
+
+def _set_enabled(on: bool) -> None:
+    _State.enabled = on
+    if _LOADED:  # the C module's switch of Replayer.call (read at its load otherwise)
+        _LOADED[0].set_enabled(on)
 
 
 @functools.cache
@@ -100,10 +107,15 @@ def _build() -> Path:
     return target
 
 
+_LOADED: list[ModuleType] = []  # the C module once loaded
+
+
 def _load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    mod.set_enabled(_State.enabled)
+    _LOADED[:] = [mod]
     return mod
 
 
@@ -277,10 +289,15 @@ def recording() -> Iterator[Recording]:
     """Record the FastKernel launches of this thread within the block."""
     noted, before = Recording(), getattr(_LOCAL, "recording", None)
     _LOCAL.recording = noted
+    mod = _LOADED[0] if _LOADED else None  # Replayer.call reads the C module's per-thread depth
+    if mod is not None:
+        mod.recording(1)
     try:
         yield noted
     finally:
         _LOCAL.recording = before
+        if mod is not None:
+            mod.recording(-1)
 
 
 def new_replayer() -> object | None:
@@ -290,7 +307,7 @@ def new_replayer() -> object | None:
     if mod is None:
         return None
     dtypes = {d: i for i, d in enumerate(DTYPES)}
-    return mod.Replayer(dtypes, torch.empty_like, torch.contiguous_format, _current_stream)
+    return mod.Replayer(dtypes, torch.empty_like, torch.contiguous_format, _current_stream, torch.Tensor)
 
 
 def recipe(args: Sequence[object], out: object, noted: Recording) -> object | None:

@@ -118,6 +118,8 @@ class FusedOp:
     Options may be given by keyword, and those with `defaults` left out: its signature (`inspect.signature`) is
     forward's with them, so an op registers it as an impl itself (``OP.impl("triton", ...)(fused_op)``). Options
     annotated bool, int or float (or float | None) are converted to that type, as the op's schema needs.
+    Eager calls go to a C entry first where the impl has one (`replay`, `fast`): the whole call, Python's only frame
+    this method's.
     Attributes: `name`; `op` / `backward_op`: the registered ops (``torch.ops.fuselab.<name>`` and its backward);
     `kind`; `direct`: whether the eager path may skip the dispatcher (False: always call the op).
     """
@@ -139,6 +141,7 @@ class FusedOp:
         defaults: Mapping[str, object] | None = None,
         autograd: Callable[..., object] | None = None,
         replay: bool = False,
+        fast: Callable[[], Callable[[tuple, dict], object] | None] | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"define_op {name}: kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -153,6 +156,12 @@ class FusedOp:
             raise ValueError(f"define_op {name}: replay is for kind 'triton' (forward's launches from C)")
         self._replay = replay
         self._replayer = self._backward_replayer = None  # C Replayers of forward and backward, made on first use
+        if fast is not None and (kind != "cuda" or replay):
+            raise ValueError(f"define_op {name}: fast is for kind 'cuda' (a replay's C entry is its Replayer's)")
+        # the eager call's C entry, (args, kwargs) -> output, or None / a replay key for the Python path: made on the
+        # first direct call (`fast`, or the Replayer's `call`)
+        self._fast: Callable[[tuple, dict], object] | None = None
+        self._make_fast = fast if direct else None
         self.name, self.kind, self.direct = name, kind, direct
         self.__name__ = self.__qualname__ = name
         self.outputs, self.extras = tuple(outputs), tuple(extras)
@@ -194,6 +203,13 @@ class FusedOp:
     def __call__(self, *args: object, **kwargs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """forward's outputs for forward's parameters (options also by keyword, or left at their defaults),
         differentiable if a backward exists."""
+        key = None
+        if not torch.compiler.is_compiling() and self._fast is not None and torch._C._len_torch_dispatch_stack() == 0:
+            out = self._fast(args, kwargs)  # the whole call in C, or None (or a replay's key): the path below
+            if out is not None:
+                if type(out) is not bytes:
+                    return out
+                key = out
         if kwargs or len(args) != len(self._params):
             args = self._complete(args, kwargs)
         if self._coerce:
@@ -211,43 +227,45 @@ class FusedOp:
                 plain = all(type(t) is torch.Tensor for t in tensors)
                 grad = any(t.requires_grad for t in tensors)
             if plain:
+                if self._make_fast is not None:  # once: the impl's C entry exists once its forward has run
+                    self._fast, self._make_fast = self._make_fast(), None
                 if grad and self.backward_op is not None and torch.is_grad_enabled():
                     return self._function.apply(*args) if self._autograd is None else self._autograd(*args)
                 if self._replay:
-                    return self._replayed(args)
+                    return self._replayed(args, key)
                 out = self._forward(*args)
                 return out if self._single else self._visible(out)
         out = self.op(*args)
         return out if self._single else self._visible(out)
 
-    def _replayed(self, args: Sequence[object], backward: bool = False) -> torch.Tensor:
-        """forward(*args) (or backward's) replayed from C where a recipe of the call's key is held; else run, and
-        recorded into a recipe (the first call of a key) or, when none can redo it, the key refused for good."""
-        fn = self._backward if backward else self._forward
-        replayer = self._backward_replayer if backward else self._replayer
+    def _replayed(self, args: Sequence[object], key: bytes | None = None) -> torch.Tensor:
+        """forward(*args) replayed from C where a recipe of the call's key is held; else run, and recorded into a
+        recipe (the first call of a key) or, when none can redo it, the key refused for good. key: the call's key as
+        the C entry made it (from the arguments as given), when it found no recipe."""
+        replayer = self._replayer
         if replayer is None:
-            if _interpreted() or (replayer := launcher.new_replayer()) is None:
-                self._replay = False  # nothing launches from C here: forward, always
-                return fn(*args)
-            if backward:
-                self._backward_replayer = replayer
-            else:
-                self._replayer = replayer
-        if not launcher.enabled_now() or launcher.recording_now():
-            return fn(*args)
-        out = replayer.replay(*args)
-        if out is None:  # no key, a refused key, another CUDA context
-            return fn(*args)
-        if type(out) is not bytes:
-            return out
-        with launcher.recording() as noted:
-            result = fn(*args)
-        recipe = launcher.recipe(args, result, noted)
-        if recipe is None:
-            replayer.refuse(out)
-        else:
-            replayer.add(out, recipe)
-        return result
+            replayer = self._replayer = self._new_replayer()
+            if replayer is None:
+                return self._forward(*args)
+            if self.direct:
+                self._fast = replayer.call
+        return _replay(replayer, self._forward, args, key)
+
+    def _replayed_backward(self, args: Sequence[object]) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        """backward(*args), as `_replayed` runs forward (a Replayer of its own)."""
+        replayer = self._backward_replayer
+        if replayer is None:
+            replayer = self._backward_replayer = self._new_replayer()
+            if replayer is None:
+                return self._backward(*args)
+        return _replay(replayer, self._backward, args, None)
+
+    def _new_replayer(self) -> object | None:
+        """A C Replayer, or None where nothing launches from C (the interpreter, no C module): replay is then off."""
+        replayer = None if _interpreted() else launcher.new_replayer()
+        if replayer is None:
+            self._replay = False
+        return replayer
 
     def _complete(self, args: tuple, kwargs: dict) -> tuple:
         """forward's arguments in order, from `args` and options given by keyword or left at their defaults (a
@@ -345,7 +363,7 @@ class FusedOp:
 
         def backward(ctx: object, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
             args = fused._backward_args(ctx, grads)
-            return fused._input_grads(fused._replayed(args, backward=True) if fused._replay else fused._backward(*args))
+            return fused._input_grads(fused._replayed_backward(args) if fused._replay else fused._backward(*args))
 
         title = "".join(part.title() for part in self.name.split("_"))
         body = {"forward": staticmethod(forward), "backward": staticmethod(backward), "__module__": __name__}
@@ -368,6 +386,7 @@ def define_op(
     defaults: Mapping[str, object] | None = None,
     autograd: Callable[..., object] | None = None,
     replay: bool = False,
+    fast: Callable[[], Callable[[tuple, dict], object] | None] | None = None,
 ) -> FusedOp:
     """Register ``fuselab::<name>`` (and ``fuselab::<name>_backward``) and return the callable (:class:`FusedOp`).
 
@@ -391,7 +410,14 @@ def define_op(
     replay: kind "triton" only, one output, a promise that forward and backward each allocate their one output with
     ``torch.empty_like(input, memory_format=torch.contiguous_format)`` and write it with Triton kernels only: eager
     calls (forward, and backward under autograd) are then replayed from C after the first of each key
-    (`fuselab.ops.launcher.recipe`; a call it cannot replay runs as before).
+    (`fuselab.ops.launcher.recipe`; a call it cannot replay runs as before). A user's call is first handed to the
+    Replayer's C entry (`call`), which replays a known key without any Python of this module: neither the argument
+    completion nor `check`, which must therefore depend on nothing but what the key holds (each tensor's dtype,
+    device, shape, strides and alignment; the options' values), as it passed for the first call of that key.
+    fast: kind "cuda", a function returning the extension's C++ entry ``entry(args: tuple, kwargs: dict)``: the output
+    of a user's call (with autograd's graph where its inputs need one), or None where it leaves the call to the Python
+    path (any input it does not take exactly as `check` would accept it, so that errors stay `check`'s). Made by the
+    first eager call, which builds the extension.
     """
     return FusedOp(
         name,
@@ -408,6 +434,7 @@ def define_op(
         defaults=defaults,
         autograd=autograd,
         replay=replay,
+        fast=fast,
     )
 
 
@@ -423,7 +450,7 @@ class OpFamily:
     def define(
         self, name: str, forward: Callable[..., object], backward: Callable[..., object], devices: Sequence[str],
         kind: Kind, defaults: Mapping[str, object] | None = None, autograd: Callable[..., object] | None = None,
-        replay: bool = False,
+        replay: bool = False, fast: Callable[[], Callable[[tuple, dict], object] | None] | None = None,
     ) -> FusedOp:  # fmt: skip
         """`define_op(name, ...)` with the family's fakes and checks (messages name it "gelu cuda" for "gelu_cuda")."""
         check, backward_check = self.checks(name.replace("_", " "), tuple(devices))
@@ -439,10 +466,34 @@ class OpFamily:
             defaults=defaults,
             autograd=autograd,
             replay=replay,
+            fast=fast,
         )
 
 
 # ---------------------------------------------------------------------------------------------- pieces
+
+
+def _replay(replayer: object, fn: Callable[..., object], args: Sequence[object], key: bytes | None) -> object:
+    """fn(*args) replayed by `replayer` (a C Replayer) where it holds a recipe of the call's key; else run, recorded
+    and the recipe added, or the key refused when no recipe can redo the call. key: the key, when the caller already
+    asked the replayer and it held nothing for it."""
+    if key is None:
+        if not launcher.enabled_now() or launcher.recording_now():
+            return fn(*args)
+        out = replayer.replay(*args)
+        if out is None:  # no key, a refused key, another CUDA context
+            return fn(*args)
+        if type(out) is not bytes:
+            return out
+        key = out
+    with launcher.recording() as noted:
+        result = fn(*args)
+    recipe = launcher.recipe(args, result, noted)
+    if recipe is None:
+        replayer.refuse(key)
+    else:
+        replayer.add(key, recipe)
+    return result
 
 
 def _with_defaults(signature: inspect.Signature, defaults: dict[str, object], name: str) -> inspect.Signature:

@@ -37,6 +37,13 @@ static PyObject* str_is_cuda = NULL;
 static PyObject* str_get_device = NULL;
 static PyObject* str_shape = NULL;
 static PyObject* str_stride = NULL;
+static PyObject* str_requires_grad = NULL;
+
+// Whether Replayer.call may replay (`set_enabled`: fuselab.ops.launcher.enabled), and how deep this thread is in
+// recordings (`recording`: a fused op called inside another's recorded forward runs its own Python, so that the outer
+// recording sees its launches).
+static int replays_on = 1;
+static _Thread_local int recording_depth = 0;
 
 // Argument kinds, in a binary's layout (one char per argument of the call): how its value is passed.
 enum {
@@ -515,6 +522,7 @@ typedef struct {
   PyObject* empty_like;    // torch.empty_like
   PyObject* alloc_kwargs;  // {"memory_format": torch.contiguous_format}
   PyObject* raw_stream;    // torch._C._cuda_getCurrentRawStream
+  PyObject* tensor_type;   // torch.Tensor: Replayer.call takes tensors of exactly this type
 } Replayer;
 
 typedef struct {
@@ -541,67 +549,104 @@ static int put_ints(KeyBuf* k, PyObject* tuple) {  // a tuple of Python ints (to
   return 1;
 }
 
-// The key of a call with `args` into k; each tensor's address into ptrs. 1, 0 (an argument no key is made of), -1.
-static int call_key(Replayer* self, PyObject* const* args, Py_ssize_t n, KeyBuf* k, uint64_t* ptrs) {
+// An option's value (None, bool, int, float, str) into k: 1; 0 when it makes no key (an int past 64 bits, a full
+// buffer); 2 when `a` is not an option; -1 on a Python error.
+static int put_option(KeyBuf* k, PyObject* a) {
+  if (a == Py_None) return put(k, "n", 1);
+  if (PyBool_Check(a)) return put(k, a == Py_True ? "t" : "f", 1);
+  if (PyLong_Check(a)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    return !overflow && put(k, "i", 1) && put(k, &v, sizeof v);
+  }
+  if (PyFloat_Check(a)) {
+    double v = PyFloat_AS_DOUBLE(a);
+    return put(k, "d", 1) && put(k, &v, sizeof v);
+  }
+  if (PyUnicode_Check(a)) {
+    Py_ssize_t len;
+    const char* text = PyUnicode_AsUTF8AndSize(a, &len);
+    if (text == NULL) return -1;
+    return put(k, "s", 1) && put(k, &len, sizeof len) && put(k, text, len);
+  }
+  return 2;
+}
+
+// A CUDA tensor into k (dtype, 16-byte alignment, device, shape, strides), its address into *ptr: 1, 0 (not a CUDA
+// tensor of a numbered dtype, a full buffer), -1.
+static int put_tensor(Replayer* self, KeyBuf* k, PyObject* a, uint64_t* ptr) {
+  PyObject* on_gpu = PyObject_GetAttr(a, str_is_cuda);
+  if (on_gpu == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  Py_DECREF(on_gpu);
+  if (on_gpu != Py_True) return 0;
+  PyObject* dtype = PyObject_GetAttr(a, str_dtype);
+  if (dtype == NULL) return -1;
+  PyObject* code = PyDict_GetItemWithError(self->dtypes, dtype);  // borrowed
+  Py_DECREF(dtype);
+  if (code == NULL) return PyErr_Occurred() ? -1 : 0;
+  PyObject* address = PyObject_CallMethodNoArgs(a, str_data_ptr);
+  if (address == NULL) return -1;
+  *ptr = PyLong_AsUnsignedLongLong(address);
+  Py_DECREF(address);
+  if (*ptr == (uint64_t)-1 && PyErr_Occurred()) return -1;
+  PyObject* device = PyObject_CallMethodNoArgs(a, str_get_device);
+  if (device == NULL) return -1;
+  long dev = PyLong_AsLong(device);
+  Py_DECREF(device);
+  unsigned char head[3] = {'T', (unsigned char)PyLong_AsLong(code), (unsigned char)(*ptr % 16)};
+  int ok = put(k, head, 3) && put(k, &dev, sizeof dev);
+  if (ok) {
+    PyObject* shape = PyObject_GetAttr(a, str_shape);
+    if (shape == NULL) return -1;
+    ok = put_ints(k, shape);
+    Py_DECREF(shape);
+  }
+  if (ok > 0) {
+    PyObject* strides = PyObject_CallMethodNoArgs(a, str_stride);
+    if (strides == NULL) return -1;
+    ok = put_ints(k, strides);
+    Py_DECREF(strides);
+  }
+  return ok;
+}
+
+// The key of a call with positional `args` into k; each tensor's address into ptrs. With `plain`, as a user's call
+// (Replayer.call): a tensor must be exactly torch.Tensor and not require grad. 1, 0 (an argument no key is made of),
+// -1.
+static int call_key(Replayer* self, PyObject* const* args, Py_ssize_t n, KeyBuf* k, uint64_t* ptrs, int plain) {
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject* a = args[i];
-    int ok = 1;
-    if (a == Py_None) {
-      ok = put(k, "n", 1);
-    } else if (PyBool_Check(a)) {
-      ok = put(k, a == Py_True ? "t" : "f", 1);
-    } else if (PyLong_Check(a)) {
-      int overflow = 0;
-      long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
-      if (v == -1 && PyErr_Occurred()) return -1;
-      ok = !overflow && put(k, "i", 1) && put(k, &v, sizeof v);
-    } else if (PyFloat_Check(a)) {
-      double v = PyFloat_AS_DOUBLE(a);
-      ok = put(k, "d", 1) && put(k, &v, sizeof v);
-    } else if (PyUnicode_Check(a)) {
-      Py_ssize_t len;
-      const char* text = PyUnicode_AsUTF8AndSize(a, &len);
-      if (text == NULL) return -1;
-      ok = put(k, "s", 1) && put(k, &len, sizeof len) && put(k, text, len);
-    } else {
-      PyObject* on_gpu = PyObject_GetAttr(a, str_is_cuda);
-      if (on_gpu == NULL) {
-        PyErr_Clear();
-        return 0;
+    int ok = put_option(k, a);
+    if (ok == 2) {
+      if (plain) {
+        if (Py_TYPE(a) != (PyTypeObject*)self->tensor_type) return 0;
+        PyObject* grad = PyObject_GetAttr(a, str_requires_grad);
+        if (grad == NULL) return -1;
+        Py_DECREF(grad);
+        if (grad != Py_False) return 0;
       }
-      Py_DECREF(on_gpu);
-      if (on_gpu != Py_True) return 0;
-      PyObject* dtype = PyObject_GetAttr(a, str_dtype);
-      if (dtype == NULL) return -1;
-      PyObject* code = PyDict_GetItemWithError(self->dtypes, dtype);  // borrowed
-      Py_DECREF(dtype);
-      if (code == NULL) return PyErr_Occurred() ? -1 : 0;
-      PyObject* ptr = PyObject_CallMethodNoArgs(a, str_data_ptr);
-      if (ptr == NULL) return -1;
-      ptrs[i] = PyLong_AsUnsignedLongLong(ptr);
-      Py_DECREF(ptr);
-      if (ptrs[i] == (uint64_t)-1 && PyErr_Occurred()) return -1;
-      PyObject* device = PyObject_CallMethodNoArgs(a, str_get_device);
-      if (device == NULL) return -1;
-      long dev = PyLong_AsLong(device);
-      Py_DECREF(device);
-      unsigned char head[3] = {'T', (unsigned char)PyLong_AsLong(code), (unsigned char)(ptrs[i] % 16)};
-      ok = put(k, head, 3) && put(k, &dev, sizeof dev);
-      if (ok) {
-        PyObject* shape = PyObject_GetAttr(a, str_shape);
-        if (shape == NULL) return -1;
-        ok = put_ints(k, shape);
-        Py_DECREF(shape);
-      }
-      if (ok > 0) {
-        PyObject* strides = PyObject_CallMethodNoArgs(a, str_stride);
-        if (strides == NULL) return -1;
-        ok = put_ints(k, strides);
-        Py_DECREF(strides);
-      }
-      if (ok < 0) return -1;
+      ok = put_tensor(self, k, a, &ptrs[i]);
     }
-    if (!ok) return 0;
+    if (ok <= 0) return ok;
+  }
+  return 1;
+}
+
+// Options given by keyword (a dict of name -> None, bool, int, float or str) into k: 1, 0 (another value), -1.
+static int keyword_key(PyObject* kwargs, KeyBuf* k) {
+  Py_ssize_t pos = 0;
+  PyObject *name, *value;
+  while (PyDict_Next(kwargs, &pos, &name, &value)) {
+    Py_ssize_t len;
+    const char* text = PyUnicode_AsUTF8AndSize(name, &len);
+    if (text == NULL) return -1;
+    int ok = put(k, "k", 1) && put(k, &len, sizeof len) && put(k, text, len);
+    if (ok) ok = put_option(k, value);
+    if (ok != 1) return ok == 2 ? 0 : ok;
   }
   return 1;
 }
@@ -610,7 +655,7 @@ static PyObject* replay_key(Replayer* self, PyObject* const* args, Py_ssize_t n,
   KeyBuf k;
   k.len = 0;
   if (n > MAX_ARGS) Py_RETURN_NONE;
-  int ok = call_key(self, args, n, &k, ptrs);
+  int ok = call_key(self, args, n, &k, ptrs, 0);
   if (ok < 0) return NULL;
   if (ok == 0) Py_RETURN_NONE;
   return PyBytes_FromStringAndSize((const char*)k.buf, k.len);
@@ -622,24 +667,9 @@ static PyObject* Replayer_key(Replayer* self, PyObject* const* args, Py_ssize_t 
   return replay_key(self, args, nargs, ptrs);
 }
 
-// replay(*args) -> the output; the call's key (bytes) when no recipe is held for it (Python runs forward, recording
-// it, and adds a recipe or refuses the key); None when the call makes no key, its key was refused, or the recipe's
-// CUDA context is not current (Python runs forward).
-static PyObject* Replayer_replay(Replayer* self, PyObject* const* args, Py_ssize_t nargs) {
-  uint64_t ptrs[MAX_ARGS];
-  PyObject* key = replay_key(self, args, nargs, ptrs);
-  if (key == NULL || key == Py_None) return key;
-  PyObject* found = PyDict_GetItemWithError(self->recipes, key);  // borrowed
-  if (found == NULL) {
-    if (PyErr_Occurred()) {
-      Py_DECREF(key);
-      return NULL;
-    }
-    return key;
-  }
-  Py_DECREF(key);
-  if (found == Py_None) Py_RETURN_NONE;  // refused: forward, every time
-  Recipe* r = (Recipe*)found;
+// Recipe `r` run for a call with positional `args` (ptrs: their tensors' addresses): its output; None when the
+// recipe's CUDA context is not current; NULL on an error.
+static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, const uint64_t* ptrs) {
   void* context = NULL;
   if (load_driver() < 0) return NULL;
   if (cu_ctx_get_current(&context) != 0 || context != r->context) Py_RETURN_NONE;
@@ -679,6 +709,57 @@ static PyObject* Replayer_replay(Replayer* self, PyObject* const* args, Py_ssize
   return out;
 }
 
+// The recipe held for `key` (a new reference to bytes), run: the output; `key` itself when none is held (returned);
+// None for a refused key or another context. Steals `key`.
+static PyObject* replay_by_key(Replayer* self, PyObject* key, PyObject* const* args, const uint64_t* ptrs) {
+  PyObject* found = PyDict_GetItemWithError(self->recipes, key);  // borrowed
+  if (found == NULL) {
+    if (PyErr_Occurred()) {
+      Py_DECREF(key);
+      return NULL;
+    }
+    return key;
+  }
+  Py_DECREF(key);
+  if (found == Py_None) Py_RETURN_NONE;  // refused: forward, every time
+  return run_recipe(self, (Recipe*)found, args, ptrs);
+}
+
+// replay(*args) -> the output; the call's key (bytes) when no recipe is held for it (Python runs forward, recording
+// it, and adds a recipe or refuses the key); None when the call makes no key, its key was refused, or the recipe's
+// CUDA context is not current (Python runs forward).
+static PyObject* Replayer_replay(Replayer* self, PyObject* const* args, Py_ssize_t nargs) {
+  uint64_t ptrs[MAX_ARGS];
+  PyObject* key = replay_key(self, args, nargs, ptrs);
+  if (key == NULL || key == Py_None) return key;
+  return replay_by_key(self, key, args, ptrs);
+}
+
+// call(args, kwargs) -> as replay, for a call as a user makes it (the positional arguments as a tuple, the options
+// given by keyword as a dict): tensors exactly torch.Tensor, none requiring grad, options by keyword of the kinds
+// positional ones may be (their names are part of the key). None, besides replay's cases, when replays are off
+// (`set_enabled`) or this thread is recording.
+static PyObject* Replayer_call(Replayer* self, PyObject* const* argv, Py_ssize_t nargv) {
+  if (nargv != 2 || !PyTuple_CheckExact(argv[0]) || !PyDict_CheckExact(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "call(args: tuple, kwargs: dict)");
+    return NULL;
+  }
+  if (!replays_on || recording_depth > 0) Py_RETURN_NONE;
+  PyObject* const* args = &PyTuple_GET_ITEM(argv[0], 0);
+  Py_ssize_t n = PyTuple_GET_SIZE(argv[0]);
+  if (n > MAX_ARGS) Py_RETURN_NONE;
+  uint64_t ptrs[MAX_ARGS];
+  KeyBuf k;
+  k.len = 0;
+  int ok = call_key(self, args, n, &k, ptrs, 1);
+  if (ok > 0 && PyDict_GET_SIZE(argv[1]) > 0) ok = keyword_key(argv[1], &k);
+  if (ok < 0) return NULL;
+  if (ok == 0) Py_RETURN_NONE;
+  PyObject* key = PyBytes_FromStringAndSize((const char*)k.buf, k.len);
+  if (key == NULL) return NULL;
+  return replay_by_key(self, key, args, ptrs);
+}
+
 // add(key, recipe): replay calls of `key` (from `key`) by `recipe`.
 static PyObject* Replayer_add(Replayer* self, PyObject* args) {
   PyObject* key;
@@ -708,15 +789,19 @@ static PyObject* Replayer_size(Replayer* self, PyObject* Py_UNUSED(ignored)) {
   return PyLong_FromSsize_t(n);
 }
 
-// Replayer(dtypes, empty_like, contiguous_format, raw_stream)
+// Replayer(dtypes, empty_like, contiguous_format, raw_stream, tensor_type)
 static int Replayer_init(Replayer* self, PyObject* args, PyObject* kwds) {
-  PyObject *dtypes, *empty_like, *contiguous, *raw_stream;
-  if (!PyArg_ParseTuple(args, "O!OOO", &PyDict_Type, &dtypes, &empty_like, &contiguous, &raw_stream)) return -1;
+  PyObject *dtypes, *empty_like, *contiguous, *raw_stream, *tensor_type;
+  if (!PyArg_ParseTuple(args, "O!OOOO!", &PyDict_Type, &dtypes, &empty_like, &contiguous, &raw_stream, &PyType_Type,
+                        &tensor_type))
+    return -1;
   PyObject* kwargs = Py_BuildValue("{s:O}", "memory_format", contiguous);
   if (kwargs == NULL) return -1;
   Py_INCREF(dtypes);
   Py_INCREF(empty_like);
   Py_INCREF(raw_stream);
+  Py_INCREF(tensor_type);
+  Py_XSETREF(self->tensor_type, tensor_type);
   Py_XSETREF(self->dtypes, dtypes);
   Py_XSETREF(self->empty_like, empty_like);
   Py_XSETREF(self->raw_stream, raw_stream);
@@ -731,12 +816,15 @@ static void Replayer_dealloc(Replayer* self) {
   Py_XDECREF(self->empty_like);
   Py_XDECREF(self->alloc_kwargs);
   Py_XDECREF(self->raw_stream);
+  Py_XDECREF(self->tensor_type);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
 static PyMethodDef Replayer_methods[] = {
     {"replay", (PyCFunction)(void (*)(void))Replayer_replay, METH_FASTCALL,
      "replay(*args) -> the output, the key (no recipe yet), or None (forward runs)"},
+    {"call", (PyCFunction)(void (*)(void))Replayer_call, METH_FASTCALL,
+     "call(args, kwargs) -> replay's answer for a user's call (None also when replays are off or recording)"},
     {"key", (PyCFunction)(void (*)(void))Replayer_key, METH_FASTCALL, "key(*args) -> bytes or None"},
     {"add", (PyCFunction)Replayer_add, METH_VARARGS, "add(key, recipe)"},
     {"refuse", (PyCFunction)Replayer_refuse, METH_O, "refuse(key): forward runs for `key` from now on"},
@@ -765,7 +853,29 @@ static PyTypeObject RecipeType = {
     .tp_doc = "How to redo one key's call: the output's allocation and the launches.",
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fuselab_launcher", NULL, -1, NULL};
+// set_enabled(on): whether Replayer.call replays (fuselab.ops.launcher.enabled keeps it in step).
+static PyObject* set_enabled(PyObject* Py_UNUSED(m), PyObject* on) {
+  int truth = PyObject_IsTrue(on);
+  if (truth < 0) return NULL;
+  replays_on = truth;
+  Py_RETURN_NONE;
+}
+
+// recording(step): this thread enters (+1) or leaves (-1) a recording (fuselab.ops.launcher.recording).
+static PyObject* recording(PyObject* Py_UNUSED(m), PyObject* step) {
+  long v = PyLong_AsLong(step);
+  if (v == -1 && PyErr_Occurred()) return NULL;
+  recording_depth += (int)v;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"set_enabled", set_enabled, METH_O, "set_enabled(on): whether Replayer.call replays"},
+    {"recording", recording, METH_O, "recording(+1 or -1): this thread enters or leaves a recording"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fuselab_launcher", NULL, -1, module_methods};
 
 PyMODINIT_FUNC PyInit_fuselab_launcher(void) {
   if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&BinaryType) < 0 || PyType_Ready(&ReplayerType) < 0 ||
@@ -777,8 +887,9 @@ PyMODINIT_FUNC PyInit_fuselab_launcher(void) {
   str_get_device = PyUnicode_InternFromString("get_device");
   str_shape = PyUnicode_InternFromString("shape");
   str_stride = PyUnicode_InternFromString("stride");
+  str_requires_grad = PyUnicode_InternFromString("requires_grad");
   if (str_data_ptr == NULL || str_dtype == NULL || str_is_cuda == NULL || str_get_device == NULL ||
-      str_shape == NULL || str_stride == NULL)
+      str_shape == NULL || str_stride == NULL || str_requires_grad == NULL)
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;

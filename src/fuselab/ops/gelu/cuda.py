@@ -52,8 +52,9 @@ def forward_with_grad(x: torch.Tensor, approximate: str) -> torch.Tensor:
 
 
 gelu_cuda = fused.FAMILY.define(
-    "gelu_cuda", forward, backward, DEVICES, kind="cuda", defaults={"approximate": "tanh"}, autograd=forward_with_grad
-)
+    "gelu_cuda", forward, backward, DEVICES, kind="cuda", defaults={"approximate": "tanh"}, autograd=forward_with_grad,
+    fast=lambda: extension().fast,
+)  # fmt: skip
 GELU.impl(
     "cuda",
     devices=DEVICES,

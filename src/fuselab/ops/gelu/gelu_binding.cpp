@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include "../_cuda/fast_call.h"
 #include "gelu.h"
 
 namespace {
@@ -107,6 +108,18 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
 
 at::Tensor forward_with_grad(const at::Tensor& x, bool tanh) { return GeluFunction::apply(x, tanh); }
 
+// The op's eager call, whole (fuselab.ops.library's `fast` entry): gelu_cuda(x, approximate) for a contiguous x
+// that its Python check accepts and approximate "none" or "tanh" given; with autograd's graph where x needs one.
+at::Tensor fast_gelu(PyObject* args, PyObject* kwargs) {
+  namespace fc = fuselab::fast_call;
+  PyObject* values[2];
+  if (!fc::bind(args, kwargs, {"x", "approximate"}, values)) return {};
+  const at::Tensor* x = fc::cuda_float(values[0]);
+  const int form = fc::choice(values[1], {"none", "tanh"});
+  if (x == nullptr || form < 0 || !x->is_contiguous()) return {};
+  return fc::needs_grad(*x) ? forward_with_grad(*x, form == 1) : forward_tensor(*x, form == 1);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuselab, CUDA, m) {
@@ -121,4 +134,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("tanh"));
   m.def("forward_with_grad", &forward_with_grad, "GELU forward with its backward attached in C++ (x, tanh) -> y",
         pybind11::arg("x"), pybind11::arg("tanh"));
+  m.add_object("fast", pybind11::reinterpret_steal<pybind11::object>(fuselab::fast_call::function<fast_gelu>(
+                           "fast", "fast(args, kwargs) -> y, or None: gelu_cuda's eager call, whole")));
 }

@@ -61,8 +61,9 @@ def _forward_with_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 softmax_cuda = _shared.FAMILY.define(
-    "softmax_cuda", _forward, _backward, DEVICES, kind="cuda", autograd=_forward_with_grad
-)
+    "softmax_cuda", _forward, _backward, DEVICES, kind="cuda", autograd=_forward_with_grad,
+    fast=lambda: extension().fast,
+)  # fmt: skip
 SOFTMAX.impl(
     "cuda",
     devices=DEVICES,

@@ -8,6 +8,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include "../_cuda/fast_call.h"
 #include "softmax.h"
 
 namespace {
@@ -100,6 +101,17 @@ class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
 
 torch::Tensor softmax_with_grad(const torch::Tensor& x) { return SoftmaxFunction::apply(x); }
 
+// The op's eager call, whole (fuselab.ops.library's `fast` entry): softmax_cuda(x) for an x that its Python check
+// accepts, with autograd's graph where x needs one.
+torch::Tensor fast_softmax(PyObject* args, PyObject* kwargs) {
+  namespace fc = fuselab::fast_call;
+  PyObject* x_obj;
+  if (!fc::bind(args, kwargs, {"x"}, &x_obj)) return {};
+  const torch::Tensor* x = fc::cuda_float(x_obj);
+  if (x == nullptr) return {};
+  return fc::needs_grad(*x) ? softmax_with_grad(*x) : softmax_op(*x);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuselab, CUDA, m) {
@@ -117,4 +129,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("dy"));
   m.def("softmax_with_grad", &softmax_with_grad, "softmax(x) with its backward attached in C++",
         pybind11::arg("x"));
+  m.add_object("fast", pybind11::reinterpret_steal<pybind11::object>(fuselab::fast_call::function<fast_softmax>(
+                           "fast", "fast(args, kwargs) -> y, or None: softmax_cuda's eager call, whole")));
 }
