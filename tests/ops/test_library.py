@@ -525,6 +525,35 @@ def test_gpu_the_c_entry_gives_the_python_paths_results_and_errors(op_name: str,
     torch.cuda.synchronize()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("op_name", ["gelu", "softmax"])
+def test_gpu_a_cuda_ops_autograd_on_cuda_tensors_is_the_extensions(op_name: str) -> None:
+    """Once the extension is loaded, the registered op's autograd on CUDA tensors (how compiled code and the
+    dispatcher call it) is its C++ AutogradCUDA kernel, giving the eager path's gradients bitwise, compiled too; its
+    backward op has no derivative."""
+    from fuselab.ops import get_op
+
+    fused = get_op(op_name).get_impl("cuda").fn
+    options = ("tanh",) if op_name == "gelu" else ()
+    x = torch.randn(37, 325, device="cuda", requires_grad=True)
+    dy = torch.randn_like(x)
+    (want,) = torch.autograd.grad(fused(x, *options), x, dy)
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fuselab::{op_name}_cuda", "AutogradCUDA")
+    y = fused.op(x, *options)
+    assert "OpFunction" in y.grad_fn.name(), y.grad_fn.name()
+    (got,) = torch.autograd.grad(y, x, dy, create_graph=False)
+    assert torch.equal(got, want)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: fused(t * 1.0, *options), fullgraph=True)
+    for _ in range(2):
+        (got,) = torch.autograd.grad(compiled(x), x, dy)
+        assert torch.equal(got, want)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=r"(?i)not implemented|derivative"):
+        (g,) = torch.autograd.grad(fused.op(x, *options), x, dy, create_graph=True)
+        torch.autograd.grad(g.sum(), x)
+
+
 def test_wrap_triton_wraps_only_while_torch_traces(monkeypatch) -> None:
     """A kernel launched in plain eager code (the CS336 Function, the tuner) is launched from C (fuselab's launcher;
     the kernel itself with the launcher off), never torch's traceable wrapper (whose higher-order op cost ~300 us a

@@ -255,7 +255,8 @@ def fast(kernel: object) -> object:
 # (define_op(..., replay=True)) is replayed from C: the first call of a key (its tensors' dtypes, devices, shapes,
 # strides, alignment, and its options) runs the Python forward under `recording()`; `recipe` turns what it launched
 # into a C Recipe (the output's allocation, each launch's binary, grid and values, its pointers mapped to the call's
-# inputs and output); later calls of that key are one C call (`Replayer.replay`).
+# inputs and output); later calls of that key are one C call (`Replayer.replay`; `Replayer.call` takes a user's call
+# as made, options by keyword included, before any Python of the op's: fuselab.ops.library.FusedOp.__call__).
 
 _LOCAL = threading.local()
 MAX_STEPS = 8  # launches a recipe holds (the C module's limit)

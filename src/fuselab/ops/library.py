@@ -11,13 +11,17 @@ What it builds, for name "gelu_triton":
   from the compiled code and can capture it in a CUDA graph. Under Triton's CPU interpreter (TRITON_INTERPRET=1)
   kernels cannot be traced, so there the op is an opaque ``custom_op`` with the given fake.
   kind "cuda": a ``custom_op`` whose Python body (the CompositeExplicitAutograd kernel) calls the extension; the
-  extension's binding registers its own kernels for the CUDA dispatch key (TORCH_LIBRARY_IMPL) when it is loaded,
-  and from then on the dispatcher calls C++ directly for CUDA tensors.
+  extension's binding registers its own kernels for the CUDA and AutogradCUDA dispatch keys (TORCH_LIBRARY_IMPL)
+  when it is loaded, and from then on the dispatcher, compiled code's calls included, runs C++ alone for CUDA
+  tensors (the AutogradCUDA kernel, a C++ autograd Function calling the two ops below autograd, takes precedence
+  over the Autograd kernel that register_autograd gives the op in Python).
   kind "python": a plain ``custom_op`` on `forward` / `backward`.
 - a :class:`FusedOp`, the function users call. In eager mode, on plain tensors and outside any tracing, it skips the
-  dispatcher: without autograd it calls `forward` directly; with it, a ``torch.autograd.Function`` calling `forward`
-  and `backward` directly (a custom op's Python autograd costs some 20 us more a call). While torch.compile traces
-  (or under a dispatch mode, or on tensor subclasses such as FakeTensor) it calls the registered op.
+  dispatcher: first its C entry, where the impl has one (a Triton replay's `Replayer.call`, a CUDA extension's
+  `fast`), takes the whole call; else without autograd it calls `forward` directly; with it, a
+  ``torch.autograd.Function`` calling `forward` and `backward` directly (a custom op's Python autograd costs some 20
+  us more a call). While torch.compile traces (or under a dispatch mode, or on tensor subclasses such as FakeTensor)
+  it calls the registered op.
 
 The functions, by convention (attention is the general case)::
 

@@ -4,6 +4,7 @@
 // Python defines (fuselab.ops.library); registering them here lets the dispatcher reach C++ without Python.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -108,6 +109,45 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
 
 at::Tensor forward_with_grad(const at::Tensor& x, bool tanh) { return GeluFunction::apply(x, tanh); }
 
+// The ops as the dispatcher sees them, for a kernel that calls them below autograd.
+const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, c10::string_view)>& gelu_cuda_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fuselab::gelu_cuda", "")
+                             .typed<at::Tensor(const at::Tensor&, c10::string_view)>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>&
+gelu_cuda_backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fuselab::gelu_cuda_backward", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op;
+}
+
+// fuselab::gelu_cuda's autograd on CUDA tensors (its AutogradCUDA kernel): the op and its backward op called through
+// the dispatcher below autograd, so torch.compile's tracing sees both as ops, and compiled code runs them without
+// Python (the Autograd kernel that Python's register_autograd gives the op yields to this one on CUDA tensors).
+class GeluOpFunction : public torch::autograd::Function<GeluOpFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["approximate"] = std::string(approximate);
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return gelu_cuda_op().call(x, approximate);
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    return {gelu_cuda_backward_op().call(grads[0], ctx->get_saved_variables()[0], approximate), at::Tensor()};
+  }
+};
+
+at::Tensor gelu_autograd(const at::Tensor& x, c10::string_view approximate) {
+  return GeluOpFunction::apply(x, approximate);
+}
+
 // The op's eager call, whole (fuselab.ops.library's `fast` entry): gelu_cuda(x, approximate) for a contiguous x
 // that its Python check accepts and approximate "none" or "tanh" given; with autograd's graph where x needs one.
 at::Tensor fast_gelu(PyObject* args, PyObject* kwargs) {
@@ -125,6 +165,11 @@ at::Tensor fast_gelu(PyObject* args, PyObject* kwargs) {
 TORCH_LIBRARY_IMPL(fuselab, CUDA, m) {
   m.impl("gelu_cuda", &gelu_op);
   m.impl("gelu_cuda_backward", &gelu_backward_op);
+}
+
+TORCH_LIBRARY_IMPL(fuselab, AutogradCUDA, m) {
+  m.impl("gelu_cuda", &gelu_autograd);
+  m.impl("gelu_cuda_backward", torch::autograd::autogradNotImplementedFallback());  // no second derivative
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

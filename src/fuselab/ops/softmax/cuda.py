@@ -1,8 +1,9 @@
 """Softmax in CUDA C++: kernels and launchers in softmax.cu, torch binding in softmax_binding.cpp, built on first use.
 
 Registered as impl "cuda" and, through the op factory (fuselab.ops.library), as ops fuselab::softmax_cuda /
-fuselab::softmax_cuda_backward: schemas, fakes and autograd in Python, CUDA kernels registered from C++
-(TORCH_LIBRARY_IMPL in softmax_binding.cpp) when the extension loads. In eager mode the impl calls the binding.
+fuselab::softmax_cuda_backward: schemas and fakes in Python, CUDA and AutogradCUDA kernels registered from C++
+(TORCH_LIBRARY_IMPL in softmax_binding.cpp) when the extension loads. In eager mode a call goes to the binding's C++
+entry (`fast`) first.
 
 The kernels (warp per row, block per row, looped online softmax; see softmax.cu) need no torch headers, so
 `nvcc -arch=sm_90 -c softmax.cu` checks them anywhere. The extension is built once per machine and cached in

@@ -5,6 +5,7 @@
 // Python defines (fuselab.ops.library); registered here, the dispatcher reaches them without Python.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -101,6 +102,44 @@ class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
 
 torch::Tensor softmax_with_grad(const torch::Tensor& x) { return SoftmaxFunction::apply(x); }
 
+// The ops as the dispatcher sees them, for a kernel that calls them below autograd.
+const c10::TypedOperatorHandle<torch::Tensor(const torch::Tensor&)>& softmax_cuda_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fuselab::softmax_cuda", "")
+                             .typed<torch::Tensor(const torch::Tensor&)>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& softmax_cuda_backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fuselab::softmax_cuda_backward", "")
+                             .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>();
+  return op;
+}
+
+// fuselab::softmax_cuda's autograd on CUDA tensors (its AutogradCUDA kernel): the op and its backward op called
+// through the dispatcher below autograd, so torch.compile's tracing sees both as ops, and compiled code runs them
+// without Python (the Autograd kernel that Python's register_autograd gives the op yields to this one on CUDA).
+class SoftmaxOpFunction : public torch::autograd::Function<SoftmaxOpFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
+    torch::Tensor y;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      y = softmax_cuda_op().call(x);
+    }
+    ctx->save_for_backward({y});
+    return y;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    return {softmax_cuda_backward_op().call(ctx->get_saved_variables()[0], grads[0])};
+  }
+};
+
+torch::Tensor softmax_autograd(const torch::Tensor& x) { return SoftmaxOpFunction::apply(x); }
+
 // The op's eager call, whole (fuselab.ops.library's `fast` entry): softmax_cuda(x) for an x that its Python check
 // accepts, with autograd's graph where x needs one.
 torch::Tensor fast_softmax(PyObject* args, PyObject* kwargs) {
@@ -117,6 +156,11 @@ torch::Tensor fast_softmax(PyObject* args, PyObject* kwargs) {
 TORCH_LIBRARY_IMPL(fuselab, CUDA, m) {
   m.impl("softmax_cuda", &softmax_op);
   m.impl("softmax_cuda_backward", &softmax_backward_op);
+}
+
+TORCH_LIBRARY_IMPL(fuselab, AutogradCUDA, m) {
+  m.impl("softmax_cuda", &softmax_autograd);
+  m.impl("softmax_cuda_backward", torch::autograd::autogradNotImplementedFallback());  // no second derivative
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
