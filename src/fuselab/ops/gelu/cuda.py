@@ -5,8 +5,8 @@ fuselab::gelu_cuda_backward: their schemas and fakes are Python; their CUDA and 
 from C++ (TORCH_LIBRARY_IMPL in gelu_binding.cpp) when the extension loads, so torch.compile's code and autograd reach
 the kernel without Python in between. In eager mode a call goes to the binding's C++ entry (`fast`) first. gelu.cu
 holds the kernels and raw-pointer launchers with no torch headers (CI checks it with `nvcc -arch=sm_90 -c`);
-gelu_binding.cpp is the thin torch side. The build (~1 min) is cached under ~/.cache/fuselab/ext/fuselab_gelu (or $FUSELAB_EXT_DIR) and rebuilt
-only when a source changes.
+gelu_binding.cpp is the thin torch side. The build (~1 min) is cached under ~/.cache/fuselab/ext/fuselab_gelu (or
+$FUSELAB_EXT_DIR) and rebuilt only when a source changes.
 """
 
 from __future__ import annotations
