@@ -4,8 +4,9 @@ Linear(d, 4d), GELU (tanh), Linear(4d, d): with `nn.GELU(approximate="tanh")` ("
 `fuselab.nn.GELU(approximate="tanh", impl=...)` for each fused impl (triton, cuda), same weights. Each is called
 eager and under torch.compile in each mode given (one compile per token count), forward alone (no grad) and forward +
 backward (the gradients of every weight and of x), and timed back to back by `fuselab.bench.timer.call_cost`: host
-µs per call and end-to-end µs per call (host and GPU overlapped, as in a model). Ratios are each impl's end-to-end
-time over torch's at the same mode, pass and token count, measured side by side in one process.
+µs per call and end-to-end µs per call (host and GPU overlapped, as in a model), the median of `--rounds` rounds that
+take the impls in turn. Ratios are each impl's end-to-end time over torch's at the same mode, pass and token count,
+measured side by side in one process.
 
     PYTHONPATH=src python3 benchmarks/mlp_calls.py --out benchmarks/results/h200/mlp_calls.json
     PYTHONPATH=src python3 benchmarks/mlp_calls.py --device cpu --dim 64 --tokens 3 --modes eager --impl torch
@@ -20,6 +21,7 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="1,997,4099", help="token counts (rows of x), comma separated")
     p.add_argument("--impl", default="torch,triton,cuda", help="GELUs: torch (nn.GELU) first, then fuselab impls")
     p.add_argument("--modes", default="eager,default,max-autotune-no-cudagraphs", help="eager and compile modes")
-    p.add_argument("--budget-ms", type=float, default=100.0, help="call_cost's time per case")
+    p.add_argument("--budget-ms", type=float, default=100.0, help="call_cost's time per case and impl")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (medians are reported)")
     args = p.parse_args(argv)
     impls, modes = args.impl.split(","), args.modes.split(",")
     if impls[0] != "torch":
@@ -82,23 +85,28 @@ def main(argv: list[str] | None = None) -> int:
     for tokens in (int(t) for t in args.tokens.split(",")):
         x = torch.randn(tokens, args.dim, device=args.device, dtype=dtype, requires_grad=True)
         for mode in modes:
+            torch._dynamo.reset()  # each impl's model compiled afresh in this mode, all held at once below
+            models = {impl: with_act(base, impl) for impl in impls}
+            if mode != "eager":
+                models = {impl: torch.compile(model, mode=mode) for impl, model in models.items()}
             for backward in (False, True):
-                timed = {}
-                for impl in impls:
-                    model = with_act(base, impl)
-                    if mode != "eager":
-                        torch._dynamo.reset()
-                        model = torch.compile(model, mode=mode)
-                    fn = call(model, x, backward)
+                fns = {impl: call(model, x, backward) for impl, model in models.items()}
+                for fn in fns.values():
                     fn()  # compiles
-                    cost = call_cost(fn, device=args.device, budget_ms=args.budget_ms)
-                    timed[impl] = cost
-                    row = {"tokens": tokens, "mode": mode, "pass": "forward + backward" if backward else "forward",
-                           "impl": impl, "host_us": cost.host_us, "e2e_us": cost.end_to_end_us,
-                           "e2e_vs_torch": cost.end_to_end_us / timed["torch"].end_to_end_us}  # fmt: skip
+                costs = {impl: [] for impl in impls}
+                for _ in range(args.rounds):  # interleaved: drift of the host's speed hits every impl alike
+                    for impl, fn in fns.items():
+                        costs[impl].append(call_cost(fn, device=args.device, budget_ms=args.budget_ms / args.rounds))
+                pass_name = "forward + backward" if backward else "forward"
+                host = {impl: statistics.median(c.host_us for c in cs) for impl, cs in costs.items()}
+                e2e = {impl: statistics.median(c.end_to_end_us for c in cs) for impl, cs in costs.items()}
+                for impl in impls:
+                    ratio = e2e[impl] / e2e["torch"]
+                    row = {"tokens": tokens, "mode": mode, "pass": pass_name, "impl": impl, "rounds": args.rounds,
+                           "host_us": host[impl], "e2e_us": e2e[impl], "e2e_vs_torch": ratio}  # fmt: skip
                     rows.append(row)
-                    print(f"{tokens:6d} {mode:27} {row['pass']:18} {impl:7} host {cost.host_us:8.1f} us  "
-                          f"e2e {cost.end_to_end_us:8.1f} us  {row['e2e_vs_torch']:.3f}x  "
+                    print(f"{tokens:6d} {mode:27} {pass_name:18} {impl:7} host {host[impl]:8.1f} us  "
+                          f"e2e {e2e[impl]:8.1f} us  {row['e2e_vs_torch']:.3f}x  "
                           f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
     torch._dynamo.reset()
     if args.out:
