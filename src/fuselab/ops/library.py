@@ -80,16 +80,11 @@ def wrap_triton(kernel: object) -> object:
     a higher-order op, some 300 us more a call. Under the interpreter, the kernel itself.
     The name matters: torch finds the kernels of a triton_op by looking for calls named ``wrap_triton``.
     """
-    if not _tracing():
+    if not launcher.tracing():
         return kernel if _interpreted() else launcher.fast(kernel)
     if _interpreted() or not is_wrap_triton_enabled():
         return kernel
     return torch.library.wrap_triton(kernel)
-
-
-def _tracing() -> bool:
-    """Whether torch is tracing this call: Dynamo compiling, or a dispatch mode on the stack (fake, functional)."""
-    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
 def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:

@@ -443,6 +443,8 @@ typedef struct {
   PyObject_HEAD
   int device;
   void* context;  // the CUDA context the binaries were loaded in: replayed only while it is current
+  void* stream;   // the stream its workspaces belong to, replayed only on it; NULL: any stream
+  PyObject* keep; // what the launches' constant pointers point into (workspaces), kept alive
   int out_from;   // the output: torch.empty_like(argument out_from, memory_format=torch.contiguous_format)
   int n_steps;
   Step steps[MAX_STEPS];
@@ -450,11 +452,18 @@ typedef struct {
 
 static PyTypeObject RecipeType;
 
-// Recipe(device, out_from, steps): steps a sequence of (binary, (gx, gy, gz), values: bytes, ((arg, source), ...)).
+// Recipe(device, out_from, steps, keep=(), stream=0): steps a sequence of (binary, (gx, gy, gz), values: bytes,
+// ((arg, source), ...)); keep: objects held for the recipe's life (the workspaces its values point into); stream: the
+// only stream it may run on (0: any).
 static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
   int device, out_from;
   PyObject* steps;
-  if (!PyArg_ParseTuple(args, "iiO", &device, &out_from, &steps)) return -1;
+  PyObject* keep = NULL;
+  unsigned long long stream = 0;
+  if (!PyArg_ParseTuple(args, "iiO|OK", &device, &out_from, &steps, &keep, &stream)) return -1;
+  Py_XINCREF(keep);
+  Py_XSETREF(self->keep, keep);
+  self->stream = (void*)(uintptr_t)stream;
   PyObject* seq = PySequence_Fast(steps, "steps must be a sequence");
   if (seq == NULL) return -1;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -512,6 +521,7 @@ static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
 
 static void Recipe_dealloc(Recipe* self) {
   for (int i = 0; i < self->n_steps; i++) Py_XDECREF(self->steps[i].binary);
+  Py_XDECREF(self->keep);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
@@ -668,7 +678,7 @@ static PyObject* Replayer_key(Replayer* self, PyObject* const* args, Py_ssize_t 
 }
 
 // Recipe `r` run for a call with positional `args` (ptrs: their tensors' addresses): its output; None when the
-// recipe's CUDA context is not current; NULL on an error.
+// recipe's CUDA context is not current, or its stream not the current one; NULL on an error.
 static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, const uint64_t* ptrs) {
   void* context = NULL;
   if (load_driver() < 0) return NULL;
@@ -681,6 +691,7 @@ static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, co
   void* stream = PyLong_AsVoidPtr(stream_obj);
   Py_DECREF(stream_obj);
   if (stream == NULL && PyErr_Occurred()) return NULL;
+  if (r->stream != NULL && stream != r->stream) Py_RETURN_NONE;  // its workspaces are another stream's
   PyObject* like = PyTuple_Pack(1, args[r->out_from]);
   if (like == NULL) return NULL;
   PyObject* out = PyObject_Call(self->empty_like, like, self->alloc_kwargs);
