@@ -280,6 +280,23 @@ def test_a_users_call_is_keyed_as_replay_keys_it_and_left_to_python_where_it_mus
         R.call(x, {})
 
 
+class Launched:
+    """A launch's C Launcher as `recipe` reads it: a binary, and 8 bytes of values per argument."""
+
+    def binary(self, device, *args):
+        return "binary"
+
+    def values(self, device, *args):
+        return b"v" * 8 * len(args)
+
+
+def as_if_on_gpu(monkeypatch, make_recipe) -> None:
+    """CPU tensors standing for CUDA ones (is_cuda, device 0), and the C module's Recipe made by `make_recipe`."""
+    monkeypatch.setattr(launcher, "module", lambda: SimpleNamespace(Recipe=make_recipe))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
+
+
 def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypatch) -> None:
     """recipe(): every tensor a launch was given is an input (by address) or the output; the output is allocated
     like an input of its shape and dtype. A workspace, a launch left to Triton, or no such input: no recipe."""
@@ -290,19 +307,8 @@ def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypat
         made.append((device, out_from, steps))
         return "recipe"
 
-    fake = SimpleNamespace(Recipe=made_recipe)
-    monkeypatch.setattr(launcher, "module", lambda: fake)
-
-    class Launched:
-        def binary(self, device, *args):
-            return "binary"
-
-        def values(self, device, *args):
-            return b"v" * 8 * len(args)
-
+    as_if_on_gpu(monkeypatch, made_recipe)
     x, out = torch.randn(5), torch.empty(5)  # CPU tensors standing for CUDA ones: their addresses are read
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
 
     def noted(*launch_args: object, replayable: bool = True) -> launcher.Recording:
         rec = launcher.Recording()
@@ -350,19 +356,8 @@ def test_a_recipe_keeps_a_workspaces_address_and_holds_it_on_its_stream(monkeypa
     """A launch given part of a workspace: its address stays in the values (no patch), the recipe holds the buffer
     and runs on the buffer's stream only."""
     made = []
-    fake = SimpleNamespace(Recipe=lambda *parts: made.append(parts) or "recipe")
-    monkeypatch.setattr(launcher, "module", lambda: fake)
-
-    class Launched:
-        def binary(self, device, *args):
-            return "binary"
-
-        def values(self, device, *args):
-            return b"v" * 8 * len(args)
-
+    as_if_on_gpu(monkeypatch, lambda *parts: made.append(parts) or "recipe")
     x, out = torch.randn(5), torch.empty(5)
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
     buffer = torch.zeros(8)
     monkeypatch.setitem(launcher._HELD, buffer.data_ptr(), (buffer, 1234))
     rec = launcher.Recording()
