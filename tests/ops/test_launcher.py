@@ -280,23 +280,35 @@ def test_a_users_call_is_keyed_as_replay_keys_it_and_left_to_python_where_it_mus
         R.call(x, {})
 
 
+class Launched:
+    """A launch's C Launcher as `recipe` reads it: a binary, and 8 bytes of values per argument."""
+
+    def binary(self, device, *args):
+        return "binary"
+
+    def values(self, device, *args):
+        return b"v" * 8 * len(args)
+
+
+def as_if_on_gpu(monkeypatch, make_recipe) -> None:
+    """CPU tensors standing for CUDA ones (is_cuda, device 0), and the C module's Recipe made by `make_recipe`."""
+    monkeypatch.setattr(launcher, "module", lambda: SimpleNamespace(Recipe=make_recipe))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
+
+
 def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypatch) -> None:
     """recipe(): every tensor a launch was given is an input (by address) or the output; the output is allocated
     like an input of its shape and dtype. A workspace, a launch left to Triton, or no such input: no recipe."""
     made = []
-    fake = SimpleNamespace(Recipe=lambda device, out_from, steps: made.append((device, out_from, steps)) or "recipe")
-    monkeypatch.setattr(launcher, "module", lambda: fake)
 
-    class Launched:
-        def binary(self, device, *args):
-            return "binary"
+    def made_recipe(device, out_from, steps, keep, stream):
+        assert (keep, stream) == ((), 0)  # no workspace: nothing held, any stream
+        made.append((device, out_from, steps))
+        return "recipe"
 
-        def values(self, device, *args):
-            return b"v" * 8 * len(args)
-
+    as_if_on_gpu(monkeypatch, made_recipe)
     x, out = torch.randn(5), torch.empty(5)  # CPU tensors standing for CUDA ones: their addresses are read
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
 
     def noted(*launch_args: object, replayable: bool = True) -> launcher.Recording:
         rec = launcher.Recording()
@@ -313,6 +325,46 @@ def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypat
     assert launcher.recipe((x, "tanh"), out, noted(x, out, workspace)) is None
     assert launcher.recipe((x, "tanh"), out, noted(x, out, replayable=False)) is None
     assert launcher.recipe((x, "tanh"), torch.empty(2, 2), noted(x, out)) is None  # no input like the output
+
+
+def test_a_workspace_is_kept_per_name_dtype_and_device_and_fresh_while_tracing() -> None:
+    """workspace(): zeros, the same buffer for the same name, dtype and device (grown when too small, the old one kept
+    for what holds it), another for another name; while torch traces, fresh zeros every call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    cpu = torch.device("cpu")
+    a = launcher.workspace("test a", 5, torch.int32, cpu)
+    assert a.numel() == 5 and not a.any()
+    a.fill_(7)
+    assert launcher.workspace("test a", 3, torch.int32, cpu).data_ptr() == a.data_ptr()
+    assert launcher.workspace("test b", 3, torch.int32, cpu).data_ptr() != a.data_ptr()
+    assert launcher.workspace("test a", 3, torch.float32, cpu).data_ptr() != a.data_ptr()
+    grown = launcher.workspace("test a", 9, torch.int32, cpu)
+    assert grown.numel() == 9 and grown.data_ptr() != a.data_ptr() and not grown.any()
+    assert launcher._HELD[a.data_ptr()][0].data_ptr() == a.data_ptr()  # the old one, still held
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passing():
+        fresh = launcher.workspace("test a", 9, torch.int32, cpu)
+    assert fresh.data_ptr() != grown.data_ptr() and fresh.data_ptr() not in launcher._HELD
+
+
+def test_a_recipe_keeps_a_workspaces_address_and_holds_it_on_its_stream(monkeypatch) -> None:
+    """A launch given part of a workspace: its address stays in the values (no patch), the recipe holds the buffer
+    and runs on the buffer's stream only."""
+    made = []
+    as_if_on_gpu(monkeypatch, lambda *parts: made.append(parts) or "recipe")
+    x, out = torch.randn(5), torch.empty(5)
+    buffer = torch.zeros(8)
+    monkeypatch.setitem(launcher._HELD, buffer.data_ptr(), (buffer, 1234))
+    rec = launcher.Recording()
+    rec.note(Launched(), (5,), (x, out, buffer[:4], buffer[4:]), 0)
+    assert launcher.recipe((x,), out, rec) == "recipe"
+    steps, keep, stream = made[-1][2:]
+    assert steps[0][3] == ((0, 0), (1, -1)) and keep == (buffer,) and stream == 1234
 
 
 @pytest.mark.gpu
@@ -376,18 +428,36 @@ def test_gpu_replayed_gradients_are_the_backwards_bitwise(op: str, shape: tuple,
 
 
 @pytest.mark.gpu
-def test_gpu_a_call_with_a_workspace_is_not_replayed() -> None:
-    """Softmax's split plan (a few very wide rows) allocates statistics per call: its calls run forward each time,
-    right."""
+@pytest.mark.parametrize(("shape", "dtype"), [((2, 300_000), torch.float32), ((61, 50257), torch.bfloat16),
+                                              ((5, 65536), torch.bfloat16)])  # fmt: skip
+def test_gpu_a_call_with_a_workspace_is_replayed_on_its_stream(shape: tuple, dtype: torch.dtype) -> None:
+    """Softmax's split plan (a few very wide rows: a vocabulary) keeps its workspace per stream: its calls are
+    replayed (forward is not run: it would raise), bitwise what forward gives, the counters left zeros; on another
+    stream the recipe is not used and the call is right."""
     from fuselab.ops import get_op
 
     fused = get_op("softmax").get_impl("triton").fn
-    x = torch.randn(2, 300_000, device="cuda")
-    fused(x)
-    before = fused._replayer.size() if fused._replayer is not None else 0
-    for _ in range(2):
-        torch.testing.assert_close(fused(x), torch.softmax(x, -1), rtol=1e-5, atol=1e-7)
-    assert (fused._replayer.size() if fused._replayer is not None else 0) == before
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    want = fused(x)
+    assert fused._replayer is not None
+    forward = fused._forward
+    try:
+        fused._forward = lambda *args: pytest.fail("forward ran: not replayed")
+        for _ in range(3):
+            torch.testing.assert_close(fused(x), want, rtol=0, atol=0)
+    finally:
+        fused._forward = forward
+    stream = torch._C._cuda_getCurrentRawStream(x.device.index)
+    sync = launcher._WORKSPACES[("softmax split sync", torch.int32, x.device, stream)]
+    assert not sync.any()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            torch.testing.assert_close(fused(x), want, rtol=0, atol=0)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(torch.softmax(x.float(), -1).to(dtype), want, rtol=2e-2, atol=1e-5)
+    torch.cuda.synchronize()
 
 
 def test_a_recording_notes_this_threads_launches_within_it() -> None:

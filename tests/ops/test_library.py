@@ -297,7 +297,7 @@ def test_a_users_call_goes_to_the_c_entry_first_and_its_answers_steer_the_python
     x = torch.randn(3)
     for _ in range(3):
         assert torch.equal(toy(x, 3.0), x * 3.0)
-    assert runs == [3.0] and checked == [3.0]  # recorded by the first call (no entry yet), replayed after
+    assert runs == [3.0] and checked == [3.0]  # recorded by the first call under the entry's key, replayed after
     runs.clear(), checked.clear()
     for _ in range(3):
         assert torch.equal(toy(x, scale=3.0), x * 3.0) and torch.equal(toy(x), x * 2.0)

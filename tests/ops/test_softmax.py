@@ -252,6 +252,23 @@ def test_cpu_triton_held_rows(dtype: torch.dtype) -> None:
             assert_softmax_like_torch(y, specials, f"{plan}, width {width}")
 
 
+@interpreter_quiet
+@pytest.mark.parametrize("kind", ["split", "split_pairs"])
+def test_cpu_triton_split_kernels_leave_their_counters_zeros(kind: str) -> None:
+    """The split kernels' workspace is kept from call to call (`launcher.workspace`: no allocation, no memset): they
+    set their ticket and row counters back to zero before they end, so it is zeros after every launch, and the next
+    launch (with more rows: the buffer grows) is right."""
+    from fuselab.ops import launcher
+
+    for rows in (3, 11, 11):
+        (x,) = SOFTMAX.make_inputs((rows, 64), torch.bfloat16, "cpu", rows)
+        y = torch.full_like(x, float("nan"))
+        st.launch_forward(x, y, st.Plan(kind, 64))
+        assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[torch.bfloat16], f"{kind}, {rows} rows"
+        sync = launcher.workspace("softmax split sync", 1 + rows, torch.int32, x.device)
+        assert sync.numel() == 1 + rows and not sync.any(), sync
+
+
 def test_alignment_in_elements() -> None:
     """How many elements (up to 16 bytes) the width and the row strides are all multiples of."""
     assert st.alignment(torch.empty(5, 17000, dtype=torch.bfloat16)) == 8  # 34000-byte rows: 16-byte vectors

@@ -249,6 +249,37 @@ def fast(kernel: object) -> object:
     return wrapped
 
 
+# ---------------------------------------------------------------------------------------------- workspaces
+
+
+def tracing() -> bool:
+    """Whether torch is tracing this call: Dynamo compiling, or a dispatch mode on the stack (fake, functional)."""
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+
+
+_WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device, stream) -> the buffer kept for them
+_HELD: dict[int, tuple[torch.Tensor, int]] = {}  # a kept buffer's address -> (the buffer, its stream)
+
+
+def workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`numel` elements of a buffer kept from call to call, one per name, dtype, device and current stream, made of
+    zeros (and grown, anew, when too small): for kernels that leave it as they found it (counters set back to
+    zero, scratch written before it is read), so that a call needs no allocation or memset. Calls on one stream run in
+    order, so they never share it at once. A recipe may hold it (`recipe`): its replays then run on that stream alone.
+    While torch traces (torch.compile) or a CUDA graph is captured, fresh zeros: a graph's buffers are its own (and a
+    captured memset runs only when the graph does)."""
+    if tracing() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return torch.zeros(numel, dtype=dtype, device=device)
+    stream = _current_stream(device.index) if device.type == "cuda" and _current_stream is not None else 0
+    key = (name, dtype, device, stream)
+    buffer = _WORKSPACES.get(key)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _WORKSPACES[key] = torch.zeros(max(numel, 2 * buffer.numel() if buffer is not None else 0),
+                                                dtype=dtype, device=device)  # fmt: skip
+        _HELD[buffer.data_ptr()] = (buffer, stream)  # the old one stays valid for the recipes that hold it
+    return buffer[:numel]
+
+
 # ---------------------------------------------------------------------------------------------- replays
 #
 # A fused op whose eager forward allocates its one output with empty_like and writes it with Triton kernels only
@@ -314,8 +345,9 @@ def new_replayer() -> object | None:
 def recipe(args: Sequence[object], out: object, noted: Recording) -> object | None:
     """The C Recipe that redoes a forward called with `args` that returned `out` and launched `noted`, or None when
     it cannot: a launch not from C, more than MAX_STEPS launches, an output unlike every input (shape, dtype,
-    device) or not contiguous, a launch given a tensor that is neither an input nor the output (a workspace, a
-    copy), inputs sharing an address."""
+    device) or not contiguous, a launch given a tensor that is neither an input, nor the output, nor part of a
+    `workspace` (a copy, a buffer made per call), inputs sharing an address. A workspace's address is kept as it
+    was, the recipe holding the buffer and running on its stream alone."""
     if not noted.replayable or len(noted.launches) > MAX_STEPS or type(out) is not torch.Tensor:
         return None
     inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
@@ -327,7 +359,7 @@ def recipe(args: Sequence[object], out: object, noted: Recording) -> object | No
     if not like or not out.is_contiguous() or not out.is_cuda:
         return None
     device, out_address = out.get_device(), out.data_ptr()
-    steps = []
+    steps, keep, streams = [], {}, set()
     for launcher, grid, launch_args, launch_device in noted.launches:
         binary = launcher.binary(launch_device, *launch_args)
         values = launcher.values(launch_device, *launch_args)
@@ -341,7 +373,12 @@ def recipe(args: Sequence[object], out: object, noted: Recording) -> object | No
                     patches.append((k, -1))
                 elif address in by_address:
                     patches.append((k, by_address[address]))
+                elif (held := _HELD.get(a.untyped_storage().data_ptr())) is not None:
+                    keep[id(held[0])] = held[0]  # a workspace: its address stays in the values
+                    streams.add(held[1])
                 else:
                     return None
         steps.append((binary, (*grid, 1, 1)[:3], values, tuple(patches)))
-    return module().Recipe(device, like[0], tuple(steps))
+    if len(streams) > 1:
+        return None
+    return module().Recipe(device, like[0], tuple(steps), tuple(keep.values()), streams.pop() if streams else 0)

@@ -80,16 +80,11 @@ def wrap_triton(kernel: object) -> object:
     a higher-order op, some 300 us more a call. Under the interpreter, the kernel itself.
     The name matters: torch finds the kernels of a triton_op by looking for calls named ``wrap_triton``.
     """
-    if not _tracing():
+    if not launcher.tracing():
         return kernel if _interpreted() else launcher.fast(kernel)
     if _interpreted() or not is_wrap_triton_enabled():
         return kernel
     return torch.library.wrap_triton(kernel)
-
-
-def _tracing() -> bool:
-    """Whether torch is tracing this call: Dynamo compiling, or a dispatch mode on the stack (fake, functional)."""
-    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
 def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -208,12 +203,15 @@ class FusedOp:
         """forward's outputs for forward's parameters (options also by keyword, or left at their defaults),
         differentiable if a backward exists."""
         key = None
-        if not torch.compiler.is_compiling() and self._fast is not None and torch._C._len_torch_dispatch_stack() == 0:
-            out = self._fast(args, kwargs)  # the whole call in C, or None (or a replay's key): the path below
-            if out is not None:
-                if type(out) is not bytes:
-                    return out
-                key = out
+        if not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0:
+            if self._fast is None and self._replay and self.direct and self._replayer is None:
+                self._start_replay()  # before the first call, so that it is keyed as the later ones will be
+            if self._fast is not None:
+                out = self._fast(args, kwargs)  # the whole call in C, or None (or a replay's key): the path below
+                if out is not None:
+                    if type(out) is not bytes:
+                        return out
+                    key = out
         if kwargs or len(args) != len(self._params):
             args = self._complete(args, kwargs)
         if self._coerce:
@@ -246,14 +244,18 @@ class FusedOp:
         """forward(*args) replayed from C where a recipe of the call's key is held; else run, and recorded into a
         recipe (the first call of a key) or, when none can redo it, the key refused for good. key: the call's key as
         the C entry made it (from the arguments as given), when it found no recipe."""
-        replayer = self._replayer
+        replayer = self._replayer or self._start_replay()
         if replayer is None:
-            replayer = self._replayer = self._new_replayer()
-            if replayer is None:
-                return self._forward(*args)
-            if self.direct:
-                self._fast = replayer.call
+            return self._forward(*args)
         return _replay(replayer, self._forward, args, key)
+
+    def _start_replay(self) -> object | None:
+        """The forward's Replayer, made, and its C entry (`call`) for the eager calls of a direct op; None where
+        nothing launches from C (replay is then off)."""
+        replayer = self._replayer = self._new_replayer()
+        if replayer is not None and self.direct:
+            self._fast = replayer.call
+        return replayer
 
     def _replayed_backward(self, args: Sequence[object]) -> tuple[torch.Tensor, ...] | torch.Tensor:
         """backward(*args), as `_replayed` runs forward (a Replayer of its own)."""

@@ -84,6 +84,39 @@ static int load_driver(void) {
   return 0;
 }
 
+// What `table` (a dict: key -> entry, or None for a refused key) holds for `key` (a new reference, taken): 1 with
+// *entry (borrowed) when it holds one; 0 with *answer what the caller returns (the key itself, given back, when it
+// holds nothing; None for a refused key); -1 on an error.
+static int look_up(PyObject* table, PyObject* key, PyObject** entry, PyObject** answer) {
+  PyObject* found = PyDict_GetItemWithError(table, key);  // borrowed
+  if (found == NULL) {
+    if (PyErr_Occurred()) {
+      Py_DECREF(key);
+      return -1;
+    }
+    *answer = key;
+    return 0;
+  }
+  Py_DECREF(key);
+  if (found == Py_None) {
+    *answer = Py_NewRef(Py_None);
+    return 0;
+  }
+  *entry = found;
+  return 1;
+}
+
+// Whether `a` says it is on a CUDA device (is_cuda is True); anything without is_cuda: no.
+static int on_gpu(PyObject* a) {
+  PyObject* flag = PyObject_GetAttr(a, str_is_cuda);
+  if (flag == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  Py_DECREF(flag);
+  return flag == Py_True;
+}
+
 // ------------------------------------------------------------------------------------------------ a binary
 
 typedef struct {
@@ -146,13 +179,7 @@ static int read_args(Launcher* self, PyObject* const* args, Py_ssize_t n, int de
       float f = (float)PyFloat_AS_DOUBLE(a);
       memcpy(&values[i], &f, sizeof f);
     } else {
-      PyObject* on_gpu = PyObject_GetAttr(a, str_is_cuda);  // a CPU tensor goes to Triton, which refuses it
-      if (on_gpu == NULL) {
-        PyErr_Clear();
-        return 0;
-      }
-      Py_DECREF(on_gpu);
-      if (on_gpu != Py_True) return 0;
+      if (!on_gpu(a)) return 0;  // a CPU tensor goes to Triton, which refuses it
       PyObject* dtype = PyObject_GetAttr(a, str_dtype);
       if (dtype == NULL) {
         PyErr_Clear();
@@ -270,16 +297,9 @@ static PyObject* Launcher_launch(Launcher* self, PyObject* const* args, Py_ssize
   uint64_t values[MAX_ARGS];
   PyObject* key = make_key(self, args + 3, n, (int)device, values);
   if (key == NULL || key == Py_None) return key;
-  PyObject* found = PyDict_GetItemWithError(self->binaries, key);  // borrowed
-  if (found == NULL) {
-    if (PyErr_Occurred()) {
-      Py_DECREF(key);
-      return NULL;
-    }
-    return key;
-  }
-  Py_DECREF(key);
-  if (found == Py_None) Py_RETURN_NONE;  // refused: Triton launches it
+  PyObject *found, *answer;
+  int held = look_up(self->binaries, key, &found, &answer);  // refused: Triton launches it
+  if (held <= 0) return held < 0 ? NULL : answer;
   if (launch_binary((Binary*)found, grid, values, stream) < 0) return NULL;
   Py_RETURN_TRUE;
 }
@@ -443,6 +463,8 @@ typedef struct {
   PyObject_HEAD
   int device;
   void* context;  // the CUDA context the binaries were loaded in: replayed only while it is current
+  void* stream;   // the stream its workspaces belong to, replayed only on it; NULL: any stream
+  PyObject* keep; // what the launches' constant pointers point into (workspaces), kept alive
   int out_from;   // the output: torch.empty_like(argument out_from, memory_format=torch.contiguous_format)
   int n_steps;
   Step steps[MAX_STEPS];
@@ -450,11 +472,18 @@ typedef struct {
 
 static PyTypeObject RecipeType;
 
-// Recipe(device, out_from, steps): steps a sequence of (binary, (gx, gy, gz), values: bytes, ((arg, source), ...)).
+// Recipe(device, out_from, steps, keep=(), stream=0): steps a sequence of (binary, (gx, gy, gz), values: bytes,
+// ((arg, source), ...)); keep: objects held for the recipe's life (the workspaces its values point into); stream: the
+// only stream it may run on (0: any).
 static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
   int device, out_from;
   PyObject* steps;
-  if (!PyArg_ParseTuple(args, "iiO", &device, &out_from, &steps)) return -1;
+  PyObject* keep = NULL;
+  unsigned long long stream = 0;
+  if (!PyArg_ParseTuple(args, "iiO|OK", &device, &out_from, &steps, &keep, &stream)) return -1;
+  Py_XINCREF(keep);
+  Py_XSETREF(self->keep, keep);
+  self->stream = (void*)(uintptr_t)stream;
   PyObject* seq = PySequence_Fast(steps, "steps must be a sequence");
   if (seq == NULL) return -1;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -512,6 +541,7 @@ static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
 
 static void Recipe_dealloc(Recipe* self) {
   for (int i = 0; i < self->n_steps; i++) Py_XDECREF(self->steps[i].binary);
+  Py_XDECREF(self->keep);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
@@ -576,13 +606,7 @@ static int put_option(KeyBuf* k, PyObject* a) {
 // A CUDA tensor into k (dtype, 16-byte alignment, device, shape, strides), its address into *ptr: 1, 0 (not a CUDA
 // tensor of a numbered dtype, a full buffer), -1.
 static int put_tensor(Replayer* self, KeyBuf* k, PyObject* a, uint64_t* ptr) {
-  PyObject* on_gpu = PyObject_GetAttr(a, str_is_cuda);
-  if (on_gpu == NULL) {
-    PyErr_Clear();
-    return 0;
-  }
-  Py_DECREF(on_gpu);
-  if (on_gpu != Py_True) return 0;
+  if (!on_gpu(a)) return 0;
   PyObject* dtype = PyObject_GetAttr(a, str_dtype);
   if (dtype == NULL) return -1;
   PyObject* code = PyDict_GetItemWithError(self->dtypes, dtype);  // borrowed
@@ -668,7 +692,7 @@ static PyObject* Replayer_key(Replayer* self, PyObject* const* args, Py_ssize_t 
 }
 
 // Recipe `r` run for a call with positional `args` (ptrs: their tensors' addresses): its output; None when the
-// recipe's CUDA context is not current; NULL on an error.
+// recipe's CUDA context is not current, or its stream not the current one; NULL on an error.
 static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, const uint64_t* ptrs) {
   void* context = NULL;
   if (load_driver() < 0) return NULL;
@@ -681,6 +705,7 @@ static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, co
   void* stream = PyLong_AsVoidPtr(stream_obj);
   Py_DECREF(stream_obj);
   if (stream == NULL && PyErr_Occurred()) return NULL;
+  if (r->stream != NULL && stream != r->stream) Py_RETURN_NONE;  // its workspaces are another stream's
   PyObject* like = PyTuple_Pack(1, args[r->out_from]);
   if (like == NULL) return NULL;
   PyObject* out = PyObject_Call(self->empty_like, like, self->alloc_kwargs);
@@ -712,16 +737,9 @@ static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, co
 // The recipe held for `key` (a new reference to bytes), run: the output; `key` itself when none is held (returned);
 // None for a refused key or another context. Steals `key`.
 static PyObject* replay_by_key(Replayer* self, PyObject* key, PyObject* const* args, const uint64_t* ptrs) {
-  PyObject* found = PyDict_GetItemWithError(self->recipes, key);  // borrowed
-  if (found == NULL) {
-    if (PyErr_Occurred()) {
-      Py_DECREF(key);
-      return NULL;
-    }
-    return key;
-  }
-  Py_DECREF(key);
-  if (found == Py_None) Py_RETURN_NONE;  // refused: forward, every time
+  PyObject *found, *answer;
+  int held = look_up(self->recipes, key, &found, &answer);  // refused: forward, every time
+  if (held <= 0) return held < 0 ? NULL : answer;
   return run_recipe(self, (Recipe*)found, args, ptrs);
 }
 

@@ -13,8 +13,11 @@ from fuselab.ops.softmax.kernels_rows import _aligned_bulk, _edge_columns, _exp
 
 @triton.jit
 def _row_of_ticket(sync_ptr, SPLIT: tl.constexpr):
-    """(ticket, row, chunk) for a program of a split kernel: its work, in the order programs start running."""
+    """(ticket, row, chunk) for a program of a split kernel: its work, in the order programs start running. The last
+    ticket's taker sets the ticket counter back to 0: every other ticket is taken by then."""
     ticket = tl.atomic_add(sync_ptr, 1).to(tl.int64)
+    if ticket == tl.num_programs(0) - 1:
+        tl.atomic_xchg(sync_ptr, 0)
     return ticket, ticket // SPLIT, ticket % SPLIT
 
 
@@ -31,6 +34,10 @@ def _row_max_and_inv_sum(
     tl.atomic_add(arrived, 1, sem="release")
     while tl.atomic_add(arrived, 0, sem="acquire") < SPLIT:
         pass
+    # Leaving, count on to 2 * SPLIT; the row's last to leave sets its counter back to 0 (the others have stopped
+    # reading it), so the counters are zeros again when the kernel ends: the next launch needs no memset.
+    if tl.atomic_add(arrived, 1) == 2 * SPLIT - 1:
+        tl.atomic_xchg(arrived, 0)
     tl.debug_barrier()
     parts = tl.arange(0, SPLIT_P2)
     maxes = tl.load(max_ptr + row * SPLIT + parts, mask=parts < SPLIT, other=float("-inf"), cache_modifier=".cg")
@@ -60,8 +67,9 @@ def _forward_split_kernel(
     """One span of `span` columns (<= CHUNK, a multiple of 16) of one row per program, SPLIT programs per row (grid
     n_rows * SPLIT); GPU only.
 
-    max_ptr, sum_ptr: (n_rows * SPLIT,) fp32 scratch. sync_ptr: (1 + n_rows,) int32 zeros; [0] hands out tickets,
-    [1 + row] counts the chunks of a row that have published their (max, sum). Waiting for the rest of a row cannot
+    max_ptr, sum_ptr: (n_rows * SPLIT,) fp32 scratch. sync_ptr: (1 + n_rows,) int32 zeros, left zeros when the kernel
+    ends (a workspace kept from launch to launch on one stream); [0] hands out tickets, [1 + row] counts the chunks
+    of a row that have published their (max, sum). Waiting for the rest of a row cannot
     deadlock: a program's work is its ticket, taken when it starts running, so the tickets taken are 0..T-1; every row
     but the last one begun has all its programs running, finishes, and frees room for the next tickets. It needs
     SPLIT programs to fit on the GPU at once: the caller keeps SPLIT <= the number of SMs. PTX: fast exp (`_exp`).

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from fuselab.ops import tuning
+from fuselab.ops import launcher, tuning
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.library import on_device, wrap_triton
 from fuselab.ops.softmax import plans
@@ -189,10 +189,12 @@ def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
         meta.update(EDGES=edges(x, y, min_bytes=p["edge_min_bytes"]), VEC=vector(x))
 
     def launch(x: torch.Tensor, y: torch.Tensor) -> None:
+        # kept from call to call (no allocation, no memset: the kernel leaves its counters zeros), so a call replays
         n_rows = x.shape[0]
-        stats = torch.empty(2, n_rows * split, dtype=torch.float32, device=x.device)
-        sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
-        wrap_triton(kernel)[(n_rows * split,)](x, y, stats[0], stats[1], sync, *fixed, **meta)
+        stats = launcher.workspace("softmax split stats", 2 * n_rows * split, torch.float32, x.device)
+        sync = launcher.workspace("softmax split sync", 1 + n_rows, torch.int32, x.device)
+        wrap_triton(kernel)[(n_rows * split,)](x, y, stats[: n_rows * split], stats[n_rows * split :], sync, *fixed,
+                                               **meta)  # fmt: skip
 
     return launch
 
