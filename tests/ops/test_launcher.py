@@ -302,8 +302,9 @@ def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypat
     like an input of its shape and dtype. A workspace, a launch left to Triton, or no such input: no recipe."""
     made = []
 
-    def made_recipe(device, out_from, steps, keep, stream):
+    def made_recipe(device, out_from, steps, keep, stream, options):
         assert (keep, stream) == ((), 0)  # no workspace: nothing held, any stream
+        assert options == ("tanh",)  # the call's options, for the C++ autograd's backward
         made.append((device, out_from, steps))
         return "recipe"
 
@@ -363,8 +364,16 @@ def test_a_recipe_keeps_a_workspaces_address_and_holds_it_on_its_stream(monkeypa
     rec = launcher.Recording()
     rec.note(Launched(), (5,), (x, out, buffer[:4], buffer[4:]), 0)
     assert launcher.recipe((x,), out, rec) == "recipe"
-    steps, keep, stream = made[-1][2:]
-    assert steps[0][3] == ((0, 0), (1, -1)) and keep == (buffer,) and stream == 1234
+    steps, keep, stream, options = made[-1][2:]
+    assert steps[0][3] == ((0, 0), (1, -1)) and keep == (buffer,) and stream == 1234 and options == ()
+
+
+def test_the_c_module_gives_its_api_to_the_cpp_replays() -> None:
+    """The C module's `api` capsule (launcher_api.h) is what the replays' C++ extension runs recipes through."""
+    mod = launcher.module()
+    if mod is None:
+        pytest.fail("the launcher's C module did not build")
+    assert type(mod.api).__name__ == "PyCapsule" and "fuselab_launcher.api" in repr(mod.api)
 
 
 @pytest.mark.gpu
@@ -425,6 +434,49 @@ def test_gpu_replayed_gradients_are_the_backwards_bitwise(op: str, shape: tuple,
         fused._backward = backward
     torch.testing.assert_close(y, want_y, rtol=0, atol=0)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("op", "shape", "dtype"), [("gelu", (3, 11008), torch.bfloat16), ("softmax", (37, 325), torch.float32)]
+)
+def test_gpu_the_cpp_autograd_takes_a_grad_call_whole(op: str, shape: tuple, dtype: torch.dtype) -> None:
+    """With the replays' C++ extension, a call needing grad is taken by the C entry once its key is recorded: the
+    output's grad_fn is the C++ Function, no Python of the op runs forward or backward, and results and gradients are
+    the Python path's bitwise. A sum's gradient (expanded: stride 0), no_grad, and an in-place change of what
+    backward saved behave as autograd does."""
+    from fuselab.ops import get_op
+
+    if launcher.replays_module() is None:
+        pytest.fail("the replays' C++ extension did not build")
+    fused = get_op(op).get_impl("triton").fn
+    x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+    dy = torch.randn_like(x)
+    with launcher.enabled(False):
+        want_y = fused(x)
+        (want,) = torch.autograd.grad(want_y, x, dy)
+        (want_sum,) = torch.autograd.grad(fused(x).sum(), x)
+    torch.autograd.grad(fused(x), x, dy)  # records forward and backward
+    parts = fused._forward, fused._backward, fused._check
+    try:
+        fused._forward = fused._backward = fused._check = lambda *args: pytest.fail("the op's Python ran")
+        y = fused(x)
+        (got,) = torch.autograd.grad(y, x, dy)
+    finally:
+        fused._forward, fused._backward, fused._check = parts
+    assert "ReplayFunction" in y.grad_fn.name() and fused._replayer.backward_size() >= 1
+    torch.testing.assert_close(y, want_y, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for _ in range(2):  # the sum's gradient is refused a recipe (backward copies it): Python runs it, right
+        (got_sum,) = torch.autograd.grad(fused(x).sum(), x)
+        torch.testing.assert_close(got_sum, want_sum, rtol=0, atol=0)
+    with torch.no_grad():
+        assert fused(x).grad_fn is None
+    inner = x * 1
+    y = fused(inner)
+    (inner if op == "gelu" else y).add_(1)  # what backward saved: GELU's input, softmax's output
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(dy)
 
 
 @pytest.mark.gpu

@@ -248,6 +248,62 @@ def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoe
     assert len(made) == 2 and list(made[1].held) == [b"(3,)"]
 
 
+def test_a_grad_call_the_c_entry_keys_is_recorded_then_handed_back_and_its_backward_recorded_by_key(monkeypatch):
+    """Where the C entry keys a call needing grad (the C++ autograd's: `launcher.new_replays`), the Python path
+    records forward under that key and calls the entry again, which takes it. The C++ autograd's backward, where it
+    holds no recipe, is the op's `_c_backward`: run and recorded for the key it gives, or run alone without one,
+    with forward's options as the recipe kept them."""
+    from fuselab.ops import launcher, library
+
+    class Entry:
+        def __init__(self) -> None:
+            self.held: dict[bytes, object] = {}
+            self.backward: dict[bytes, object] = {}
+
+        def call(self, args, kwargs):
+            key = repr((tuple(args[0].shape), args[1:], sorted(kwargs.items()))).encode()
+            if key not in self.held:
+                return key
+            return (args[0].detach() * 2).requires_grad_()  # stands for the C++ autograd's output
+
+        def add(self, key, recipe):
+            self.held[key] = recipe
+
+        def refuse(self, key):
+            pytest.fail("nothing here is refused")
+
+        def add_backward(self, key, recipe):
+            self.backward[key] = recipe
+
+    entry, made, runs = Entry(), [], []
+    monkeypatch.setattr(library, "_interpreted", lambda: False)
+    monkeypatch.setattr(launcher, "new_replays", lambda *plan: made.append(plan) or entry)
+    monkeypatch.setattr(launcher, "recipe", lambda args, out, noted: [a for a in args if type(a) is float])
+
+    def scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+        runs.append("forward")
+        return x * scale
+
+    def scaled_backward(dy: torch.Tensor, x: torch.Tensor, scale: float) -> torch.Tensor:
+        runs.append("backward")
+        return dy * scale
+
+    toy = define_op("test_library_toy_c_autograd", scaled, fake=lambda x, s: torch.empty_like(x), kind="triton",
+                    backward=scaled_backward, backward_fake=lambda dy, x, s: torch.empty_like(dy),
+                    defaults={"scale": 2.0}, replay=True)  # fmt: skip
+    x = torch.randn(3, requires_grad=True)
+    y = toy(x)
+    assert runs == ["forward"] and list(entry.held.values()) == [[2.0]] and y.requires_grad
+    assert torch.equal(y, x.detach() * 2)
+    tensor, saved_from, sources, backward = made[0]
+    assert (tensor, tuple(saved_from), tuple(sources)) == (0, ((True, 0),), ((0, 0), (1, 0), (2, 0)))
+    assert backward == toy._c_backward
+    dy = torch.randn(3)
+    assert torch.equal(backward(b"backward key", (2.0,), dy, (x.detach(),)), dy * 2)
+    assert entry.backward == {b"backward key": [2.0]} and runs[-1] == "backward"
+    assert torch.equal(backward(None, (3.0,), dy, (x.detach(),)), dy * 3) and len(entry.backward) == 1
+
+
 def test_a_users_call_goes_to_the_c_entry_first_and_its_answers_steer_the_python_path(monkeypatch) -> None:
     """Once the first call made the replayer, a call is handed to its C entry (`call`) as the user made it: a held key
     returns without the check or forward; a key it holds nothing for (options by keyword make a key of their own) is

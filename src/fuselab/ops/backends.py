@@ -55,7 +55,8 @@ def cuda_arch_flags() -> list[str]:
 def load_cuda_extension(name: str, sources: tuple[str, ...]) -> ModuleType:
     """Build (once, cached on disk by torch.utils.cpp_extension) and import a CUDA extension.
 
-    sources: paths of .cpp/.cu files. The build directory is ~/.cache/fuselab/ext/<name>.
+    sources: paths of .cpp/.cu files (C++ alone still gets the CUDA headers and runtime: c10/cuda's streams). The
+    build directory is ~/.cache/fuselab/ext/<name>; ninja rebuilds what an edited source or header touches.
     """
     from torch.utils.cpp_extension import load
 
@@ -67,6 +68,7 @@ def load_cuda_extension(name: str, sources: tuple[str, ...]) -> ModuleType:
         build_directory=str(build_dir),
         extra_cflags=["-O3"],
         extra_cuda_cflags=["-O3", "--use_fast_math", *cuda_arch_flags()],
+        with_cuda=True,
         verbose=False,
     )
 

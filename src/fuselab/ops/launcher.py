@@ -30,13 +30,14 @@ import sysconfig
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
 SOURCE = Path(__file__).parent / "_cuda" / "launcher.c"
+HEADER = SOURCE.with_name("launcher_api.h")  # its C API, which the replays' C++ autograd (replay.cpp) includes
 MODULE_NAME = "fuselab_launcher"
 # dtype numbers of the key (< 32); a tensor of another dtype goes to Triton
 DTYPES = (
@@ -86,7 +87,7 @@ def module() -> ModuleType | None:
 
 def _build() -> Path:
     """Compile SOURCE into a shared library named after its content and this Python; return its path."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + HEADER.read_bytes() + sys.version.encode()).hexdigest()[:16]
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     root = Path(os.environ.get("FUSELAB_EXT_DIR", Path.home() / ".cache" / "fuselab" / "ext")) / MODULE_NAME
     target = root / f"{MODULE_NAME}-{digest}{suffix}"
@@ -332,6 +333,43 @@ def recording() -> Iterator[Recording]:
             mod.recording(-1)
 
 
+REPLAYS_SOURCE = SOURCE.with_name("replay.cpp")
+
+
+@functools.cache
+def replays_module() -> ModuleType | None:
+    """The replays' C++ extension (_cuda/replay.cpp: keys read from at::Tensor, recipes run through the C module's
+    API, the C++ autograd), built on first use (~1 min, cached like the CUDA ops' extensions); None (with a warning,
+    once) where it cannot be built: the C module's Replayer then replays, and gradients go through Python."""
+    from fuselab.ops.backends import cuda_unavailable, load_cuda_extension
+
+    if _current_stream is None or module() is None:
+        return None
+    why = cuda_unavailable("cuda")
+    if why is None:
+        try:
+            return load_cuda_extension("fuselab_replay", (str(REPLAYS_SOURCE),))
+        except Exception as exc:  # a compiler or header missing: the C Replayer still replays
+            why = str(exc)[-2000:]
+    warnings.warn(f"fuselab replays: the C++ extension is unavailable, forward and backward replay slower: {why}",
+                  stacklevel=2)  # fmt: skip
+    return None
+
+
+def new_replays(
+    tensor_index: int, saved_from: Sequence[tuple[bool, int]], backward_sources: Sequence[tuple[int, int]],
+    backward: Callable[..., torch.Tensor] | None,
+) -> object | None:  # fmt: skip
+    """A C++ Replays for one fused op (its forward keyed from at::Tensor; a C++ autograd where the one tensor input
+    needs grad), or None without the extension. The arguments say how its backward is called
+    (replay.cpp's `Replays`); backward(key | None, options, grad, saved) is the op's Python backward of a call the
+    C++ autograd took, recording a recipe for `key` (given where none is held) with `add_backward`."""
+    mod = replays_module()
+    if mod is None:
+        return None
+    return mod.Replays(module().api, tensor_index, list(saved_from), list(backward_sources), backward)
+
+
 def new_replayer() -> object | None:
     """A C Replayer for one fused op, or None where nothing is launched from C (no C module, a torch without
     CUDA)."""
@@ -347,7 +385,8 @@ def recipe(args: Sequence[object], out: object, noted: Recording) -> object | No
     it cannot: a launch not from C, more than MAX_STEPS launches, an output unlike every input (shape, dtype,
     device) or not contiguous, a launch given a tensor that is neither an input, nor the output, nor part of a
     `workspace` (a copy, a buffer made per call), inputs sharing an address. A workspace's address is kept as it
-    was, the recipe holding the buffer and running on its stream alone."""
+    was, the recipe holding the buffer and running on its stream alone. The recipe keeps the call's options (its
+    arguments that are not tensors), which the C++ autograd hands to the backward's Python path."""
     if not noted.replayable or len(noted.launches) > MAX_STEPS or type(out) is not torch.Tensor:
         return None
     inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
@@ -381,4 +420,6 @@ def recipe(args: Sequence[object], out: object, noted: Recording) -> object | No
         steps.append((binary, (*grid, 1, 1)[:3], values, tuple(patches)))
     if len(streams) > 1:
         return None
-    return module().Recipe(device, like[0], tuple(steps), tuple(keep.values()), streams.pop() if streams else 0)
+    options = tuple(a for a in args if not isinstance(a, torch.Tensor))
+    stream = streams.pop() if streams else 0
+    return module().Recipe(device, like[0], tuple(steps), tuple(keep.values()), stream, options)

@@ -202,7 +202,7 @@ class FusedOp:
     def __call__(self, *args: object, **kwargs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """forward's outputs for forward's parameters (options also by keyword, or left at their defaults),
         differentiable if a backward exists."""
-        key = None
+        key, given = None, (args, kwargs)
         if not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0:
             if self._fast is None and self._replay and self.direct and self._replayer is None:
                 self._start_replay()  # before the first call, so that it is keyed as the later ones will be
@@ -232,6 +232,11 @@ class FusedOp:
                 if self._make_fast is not None:  # once: the impl's C entry exists once its forward has run
                     self._fast, self._make_fast = self._make_fast(), None
                 if grad and self.backward_op is not None and torch.is_grad_enabled():
+                    if key is not None:  # the C entry takes this call, autograd and all, once its forward is recorded
+                        self._replayed(args, key)
+                        out = self._fast(*given)
+                        if type(out) is torch.Tensor:
+                            return out
                     return self._function.apply(*args) if self._autograd is None else self._autograd(*args)
                 if self._replay:
                     return self._replayed(args, key)
@@ -252,7 +257,7 @@ class FusedOp:
     def _start_replay(self) -> object | None:
         """The forward's Replayer, made, and its C entry (`call`) for the eager calls of a direct op; None where
         nothing launches from C (replay is then off)."""
-        replayer = self._replayer = self._new_replayer()
+        replayer = self._replayer = self._new_replayer(autograd=True)
         if replayer is not None and self.direct:
             self._fast = replayer.call
         return replayer
@@ -266,12 +271,34 @@ class FusedOp:
                 return self._backward(*args)
         return _replay(replayer, self._backward, args, None)
 
-    def _new_replayer(self) -> object | None:
-        """A C Replayer, or None where nothing launches from C (the interpreter, no C module): replay is then off."""
-        replayer = None if _interpreted() else launcher.new_replayer()
+    def _new_replayer(self, autograd: bool = False) -> object | None:
+        """A replayer: the C++ extension's Replays (with its C++ autograd for forward's, `autograd`), else the C
+        module's Replayer; None where nothing launches from C (the interpreter, no C module): replay is then off."""
+        replayer = None
+        if not _interpreted():
+            one = len(self._tensor_idx) == 1 and self.backward_op is not None and autograd
+            backward = self._c_backward if one else None
+            tensor = self._tensor_idx[0] if one else -1
+            plan = (self._saved_from, self._bw_sources) if one else ((), ())
+            replayer = launcher.new_replays(tensor, *plan, backward) or launcher.new_replayer()
         if replayer is None:
             self._replay = False
         return replayer
+
+    def _c_backward(
+        self, key: bytes | None, options: tuple, grad: torch.Tensor, saved: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
+        """The backward of a call the C++ autograd took (`launcher.new_replays`), where it holds no recipe for the
+        backward's `key`: run and recorded for it (`add_backward`); with key None (a refused key, replays off, another
+        CUDA context) run alone. options: forward's options of the call, as its recipe kept them."""
+        sources = ((grad,), saved, options)
+        args = [sources[k][i] for k, i in self._bw_sources]
+        if key is None or not launcher.enabled_now() or launcher.recording_now():
+            return self._input_grads(self._backward(*args))[self._tensor_idx[0]]
+        with launcher.recording() as noted:
+            result = self._input_grads(self._backward(*args))[self._tensor_idx[0]]
+        self._replayer.add_backward(key, launcher.recipe(args, result, noted))
+        return result
 
     def _complete(self, args: tuple, kwargs: dict) -> tuple:
         """forward's arguments in order, from `args` and options given by keyword or left at their defaults (a

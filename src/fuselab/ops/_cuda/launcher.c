@@ -18,7 +18,11 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <structmember.h>
+
+#include "launcher_api.h"
 
 #define MAX_ARGS 64
 
@@ -217,12 +221,13 @@ static PyObject* make_key(Launcher* self, PyObject* const* args, Py_ssize_t n, i
 }
 
 // Launch binary `b` on `grid` with the argument values of `values` (one per argument, as read_args reads them) on
-// `stream`. 0, or -1 with a Python error set.
-static int launch_binary(Binary* b, const unsigned long long grid[3], uint64_t* values, void* stream) {
+// `stream`, with no Python (the driver loaded): 0; -1 with a message in error (error_len bytes at most).
+static int launch_raw(Binary* b, const unsigned long long grid[3], const uint64_t* values, void* stream, char* error,
+                      size_t error_len) {
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return 0;  // nothing to run, as Triton
   if (grid[0] > 0x7fffffffULL || grid[1] > 65535 || grid[2] > 65535) {
-    PyErr_Format(PyExc_ValueError, "fuselab launcher: grid (%llu, %llu, %llu) is past the GPU's limits", grid[0],
-                 grid[1], grid[2]);
+    snprintf(error, error_len, "fuselab launcher: grid (%llu, %llu, %llu) is past the GPU's limits", grid[0], grid[1],
+             grid[2]);
     return -1;
   }
   // Parameters in the binary's order: the passed arguments, then Triton's two scratch pointers (null: a binary that
@@ -230,6 +235,7 @@ static int launch_binary(Binary* b, const unsigned long long grid[3], uint64_t* 
   int32_t i32[MAX_ARGS];
   uint8_t u8[MAX_ARGS];
   float f32[MAX_ARGS];
+  uint64_t wide[MAX_ARGS];
   uint64_t scratch[2] = {0, 0};
   void* params[MAX_ARGS + 2];
   int p = 0;
@@ -250,23 +256,37 @@ static int launch_binary(Binary* b, const unsigned long long grid[3], uint64_t* 
         params[p++] = &f32[i];
         break;
       default:  // pointers and 64-bit integers
-        params[p++] = &values[i];
+        wide[i] = values[i];
+        params[p++] = &wide[i];
         break;
     }
   }
   params[p++] = &scratch[0];
   params[p++] = &scratch[1];
-  if (load_driver() < 0) return -1;
+  if (cu_launch_kernel == NULL) {
+    snprintf(error, error_len, "fuselab launcher: the CUDA driver is not loaded");
+    return -1;
+  }
   CUresult err = cu_launch_kernel(b->function, (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2], b->block, 1,
                                   1, b->shared, stream, params, NULL);
   if (err != 0) {
     const char* msg = NULL;
     if (cu_get_error_string != NULL) cu_get_error_string(err, &msg);
-    PyErr_Format(PyExc_RuntimeError, "fuselab launcher: cuLaunchKernel failed: %s (CUresult %d)",
-                 msg ? msg : "unknown error", err);
+    snprintf(error, error_len, "fuselab launcher: cuLaunchKernel failed: %s (CUresult %d)", msg ? msg : "unknown error",
+             err);
     return -1;
   }
   return 0;
+}
+
+// launch_raw, its failure a Python RuntimeError (a grid past the limits: ValueError): 0 or -1.
+static int launch_binary(Binary* b, const unsigned long long grid[3], const uint64_t* values, void* stream) {
+  char error[256];
+  if (load_driver() < 0) return -1;
+  if (launch_raw(b, grid, values, stream, error, sizeof error) == 0) return 0;
+  int past = grid[0] > 0x7fffffffULL || grid[1] > 65535 || grid[2] > 65535;
+  PyErr_SetString(past ? PyExc_ValueError : PyExc_RuntimeError, error);
+  return -1;
 }
 
 // launch(grid, device, stream, *args) -> True (launched); the key (bytes) when nothing is registered for it (Python
@@ -465,6 +485,7 @@ typedef struct {
   void* context;  // the CUDA context the binaries were loaded in: replayed only while it is current
   void* stream;   // the stream its workspaces belong to, replayed only on it; NULL: any stream
   PyObject* keep; // what the launches' constant pointers point into (workspaces), kept alive
+  PyObject* options;  // the call's options (its arguments that are not tensors, in order): a tuple
   int out_from;   // the output: torch.empty_like(argument out_from, memory_format=torch.contiguous_format)
   int n_steps;
   Step steps[MAX_STEPS];
@@ -472,15 +493,22 @@ typedef struct {
 
 static PyTypeObject RecipeType;
 
-// Recipe(device, out_from, steps, keep=(), stream=0): steps a sequence of (binary, (gx, gy, gz), values: bytes,
-// ((arg, source), ...)); keep: objects held for the recipe's life (the workspaces its values point into); stream: the
-// only stream it may run on (0: any).
+// Recipe(device, out_from, steps, keep=(), stream=0, options=()): steps a sequence of (binary, (gx, gy, gz), values:
+// bytes, ((arg, source), ...)); keep: objects held for the recipe's life (the workspaces its values point into);
+// stream: the only stream it may run on (0: any); options: the recorded call's options (read by the C++ autograd,
+// whose backward passes them on where Python runs it).
 static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
   int device, out_from;
   PyObject* steps;
   PyObject* keep = NULL;
+  PyObject* options = NULL;
   unsigned long long stream = 0;
-  if (!PyArg_ParseTuple(args, "iiO|OK", &device, &out_from, &steps, &keep, &stream)) return -1;
+  if (!PyArg_ParseTuple(args, "iiO|OKO!", &device, &out_from, &steps, &keep, &stream, &PyTuple_Type, &options))
+    return -1;
+  if (options == NULL) options = PyTuple_New(0);
+  else Py_INCREF(options);
+  if (options == NULL) return -1;
+  Py_XSETREF(self->options, options);
   Py_XINCREF(keep);
   Py_XSETREF(self->keep, keep);
   self->stream = (void*)(uintptr_t)stream;
@@ -542,7 +570,36 @@ static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
 static void Recipe_dealloc(Recipe* self) {
   for (int i = 0; i < self->n_steps; i++) Py_XDECREF(self->steps[i].binary);
   Py_XDECREF(self->keep);
+  Py_XDECREF(self->options);
   Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyMemberDef Recipe_members[] = {
+    {"options", T_OBJECT, offsetof(Recipe, options), READONLY, "the recorded call's options (a tuple)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+// Whether `r` may run now on `stream`: its CUDA context current, and `stream` its workspaces' if it holds any.
+static int recipe_ready(Recipe* r, void* stream) {
+  void* context = NULL;
+  if (cu_ctx_get_current == NULL || cu_ctx_get_current(&context) != 0 || context != r->context) return 0;
+  return r->stream == NULL || stream == r->stream;
+}
+
+// Run `r`'s launches on `stream`, pointers patched to ptrs (by call argument) and out_ptr (the output), with no
+// Python: 0; -1 with a message in error.
+static int run_steps(Recipe* r, const uint64_t* ptrs, uint64_t out_ptr, void* stream, char* error, size_t error_len) {
+  for (int i = 0; i < r->n_steps; i++) {
+    Step* st = &r->steps[i];
+    uint64_t values[MAX_ARGS];
+    memcpy(values, st->values, st->binary->n_args * sizeof(uint64_t));
+    for (Py_ssize_t j = 0; j < st->n_patches; j++) {
+      int source = st->patch_source[j];
+      values[st->patch_arg[j]] = source < 0 ? out_ptr : ptrs[source];
+    }
+    if (launch_raw(st->binary, st->grid, values, stream, error, error_len) < 0) return -1;
+  }
+  return 0;
 }
 
 typedef struct {
@@ -694,9 +751,7 @@ static PyObject* Replayer_key(Replayer* self, PyObject* const* args, Py_ssize_t 
 // Recipe `r` run for a call with positional `args` (ptrs: their tensors' addresses): its output; None when the
 // recipe's CUDA context is not current, or its stream not the current one; NULL on an error.
 static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, const uint64_t* ptrs) {
-  void* context = NULL;
   if (load_driver() < 0) return NULL;
-  if (cu_ctx_get_current(&context) != 0 || context != r->context) Py_RETURN_NONE;
   PyObject* device = PyLong_FromLong(r->device);
   if (device == NULL) return NULL;
   PyObject* stream_obj = PyObject_CallOneArg(self->raw_stream, device);
@@ -705,7 +760,7 @@ static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, co
   void* stream = PyLong_AsVoidPtr(stream_obj);
   Py_DECREF(stream_obj);
   if (stream == NULL && PyErr_Occurred()) return NULL;
-  if (r->stream != NULL && stream != r->stream) Py_RETURN_NONE;  // its workspaces are another stream's
+  if (!recipe_ready(r, stream)) Py_RETURN_NONE;  // another context, or its workspaces are another stream's
   PyObject* like = PyTuple_Pack(1, args[r->out_from]);
   if (like == NULL) return NULL;
   PyObject* out = PyObject_Call(self->empty_like, like, self->alloc_kwargs);
@@ -718,18 +773,11 @@ static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, co
   }
   uint64_t out_ptr = PyLong_AsUnsignedLongLong(out_ptr_obj);
   Py_DECREF(out_ptr_obj);
-  for (int i = 0; i < r->n_steps; i++) {
-    Step* st = &r->steps[i];
-    uint64_t values[MAX_ARGS];
-    memcpy(values, st->values, st->binary->n_args * sizeof(uint64_t));
-    for (Py_ssize_t j = 0; j < st->n_patches; j++) {
-      int source = st->patch_source[j];
-      values[st->patch_arg[j]] = source < 0 ? out_ptr : ptrs[source];
-    }
-    if (launch_binary(st->binary, st->grid, values, stream) < 0) {
-      Py_DECREF(out);
-      return NULL;
-    }
+  char error[256];
+  if (run_steps(r, ptrs, out_ptr, stream, error, sizeof error) < 0) {
+    Py_DECREF(out);
+    PyErr_SetString(PyExc_RuntimeError, error);
+    return NULL;
   }
   return out;
 }
@@ -868,6 +916,7 @@ static PyTypeObject RecipeType = {
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Recipe_init,
     .tp_dealloc = (destructor)Recipe_dealloc,
+    .tp_members = Recipe_members,
     .tp_doc = "How to redo one key's call: the output's allocation and the launches.",
 };
 
@@ -886,6 +935,24 @@ static PyObject* recording(PyObject* Py_UNUSED(m), PyObject* step) {
   recording_depth += (int)v;
   Py_RETURN_NONE;
 }
+
+// ------------------------------------------------------------------------------------------------ the C API
+
+static int api_replays_on(void) { return replays_on; }
+static int api_recording_depth(void) { return recording_depth; }
+static int api_is_recipe(void* object) { return Py_IS_TYPE((PyObject*)object, &RecipeType); }
+static int api_recipe_out_from(void* recipe) { return ((Recipe*)recipe)->out_from; }
+static int api_recipe_device(void* recipe) { return ((Recipe*)recipe)->device; }
+static int api_recipe_ready(void* recipe, void* stream) { return recipe_ready((Recipe*)recipe, stream); }
+static int api_run_recipe(void* recipe, const uint64_t* ptrs, uint64_t out_ptr, void* stream, char* error,
+                          size_t error_len) {
+  return run_steps((Recipe*)recipe, ptrs, out_ptr, stream, error, error_len);
+}
+
+static FuselabLauncherApi api = {
+    FUSELAB_LAUNCHER_API_VERSION, api_replays_on,  api_recording_depth, api_is_recipe,
+    api_recipe_out_from,          api_recipe_device, api_recipe_ready,  api_run_recipe,
+};
 
 static PyMethodDef module_methods[] = {
     {"set_enabled", set_enabled, METH_O, "set_enabled(on): whether Replayer.call replays"},
@@ -911,6 +978,12 @@ PyMODINIT_FUNC PyInit_fuselab_launcher(void) {
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
+  PyObject* capsule = PyCapsule_New(&api, "fuselab_launcher.api", NULL);
+  if (capsule == NULL || PyModule_AddObject(m, "api", capsule) < 0) {
+    Py_XDECREF(capsule);
+    Py_DECREF(m);
+    return NULL;
+  }
   PyTypeObject* types[] = {&LauncherType, &ReplayerType, &RecipeType};
   const char* names[] = {"Launcher", "Replayer", "Recipe"};
   for (int i = 0; i < 3; i++) {

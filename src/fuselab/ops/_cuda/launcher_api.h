@@ -1,0 +1,36 @@
+// What the launcher's C module (launcher.c) gives another extension: the replays' C++ autograd (replay.cpp) runs
+// the launcher's Recipes through it, without Python. The module's attribute `api` is a capsule named
+// "fuselab_launcher.api" holding one FuselabLauncherApi. Every function reads C state only: none takes Python's
+// lock, so autograd's device threads may call them.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FUSELAB_LAUNCHER_API_VERSION 1
+
+typedef struct {
+  int version;  // FUSELAB_LAUNCHER_API_VERSION
+  // Whether replays are on (fuselab.ops.launcher.enabled), and this thread's depth in recordings.
+  int (*replays_on)(void);
+  int (*recording_depth)(void);
+  // Whether `object` (a PyObject*) is a Recipe; then the index of the call argument its output is allocated like,
+  // and the device it runs on.
+  int (*is_recipe)(void* object);
+  int (*recipe_out_from)(void* recipe);
+  int (*recipe_device)(void* recipe);
+  // Whether the recipe may run now on `stream`: its CUDA context current, and `stream` its workspaces' (if any).
+  int (*recipe_ready)(void* recipe, void* stream);
+  // Run the recipe's launches on `stream`, each pointer patched to ptrs[argument index] or, for the output, to
+  // out_ptr: 0; -1 with a message in error (error_len bytes at most) when a launch failed.
+  int (*run_recipe)(void* recipe, const uint64_t* ptrs, uint64_t out_ptr, void* stream, char* error,
+                    size_t error_len);
+} FuselabLauncherApi;
+
+#ifdef __cplusplus
+}
+#endif
