@@ -63,6 +63,49 @@ def test_keys_split_what_triton_specializes_on() -> None:
     assert L.key(0, 3, TensorLike(torch.float32, 64)) != L.key(1, 3, TensorLike(torch.float32, 64))  # per device
 
 
+def descriptor(dtype: torch.dtype = torch.bfloat16, block: tuple = (1, 1, 64, 64), address: int = 2**30,
+               shape: tuple = (2, 16, 1000, 64), padding: str = "zero") -> object:  # fmt: skip
+    """Triton's host TensorDescriptor over a stand-in CUDA tensor (contiguous strides of `shape`)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    strides = torch.empty(shape, device="meta").stride()
+    return TensorDescriptor(TensorLike(dtype, address), list(shape), list(strides), list(block), padding)
+
+
+def test_descriptor_keys_split_what_triton_specializes_on() -> None:
+    """A TensorDescriptor's key holds its base's dtype, its block shape and its padding: descriptors with one key have
+    one Triton specialization, and ones Triton compiles apart have different keys; its shape, strides and address
+    (past 16-byte alignment) are not part of it. A base TMA cannot take (not 16-byte aligned, on the CPU) is
+    Triton's."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    L = c_launcher()
+    shapes = {4: ((2, 16, 1000, 64), (1, 3, 77, 80)), 2: ((700, 96), (64, 64))}
+    descs = [
+        descriptor(dtype, block, address, shape)
+        for dtype in (torch.bfloat16, torch.float16, torch.float32)
+        for block in ((1, 1, 64, 64), (1, 1, 128, 64), (1, 1, 64, 16), (64, 32))
+        for address in (2**30, 2**30 + 4096)
+        for shape in shapes[len(block)]
+    ]
+    by_key: dict[bytes, set] = {}
+    specs: dict[str, set] = {}
+    for d in descs:
+        key = L.key(0, d, 7)
+        assert key is not None
+        spec = repr(native_specialize_impl(BaseBackend, d, False, True, True))
+        by_key.setdefault(key, set()).add(spec)
+        specs.setdefault(spec, set()).add(key)
+    assert all(len(s) == 1 for s in by_key.values()), by_key
+    assert len(by_key) == len(specs) == 12  # 3 dtypes x 4 block shapes
+    assert L.key(0, descriptor(padding="nan"), 7) != L.key(0, descriptor(), 7)
+    misaligned, cpu = descriptor(), descriptor()
+    misaligned.base.address += 8  # TMA needs a 16-byte aligned base (Triton asserts it when made): Triton's
+    cpu.base.is_cuda = False
+    assert L.key(0, misaligned, 7) is None and L.key(0, cpu, 7) is None
+
+
 def _as_triton_arg(v: object) -> object:
     """A TensorLike as the torch tensor Triton would see (its specialization reads data_ptr() and dtype)."""
     if not isinstance(v, TensorLike):
@@ -106,12 +149,25 @@ def test_add_checks_the_layout() -> None:
         L.add(key, 0, 4, 0, "p\0")
     L.add(key, 0, 4, 0, "pi")
     assert L.size() == 1
+    with_desc = L.key(0, descriptor(), 7)
+    meta = (128, 2, 10, (1, 1, 64, 64))  # swizzle, element size, the driver's bf16, block
+    with pytest.raises(ValueError, match="a meta per descriptor"):
+        L.add(with_desc, 0, 4, 0, "Di")
+    with pytest.raises(ValueError, match="a meta per descriptor"):
+        L.add(with_desc, 0, 4, 0, "Di", [meta, meta])
+    with pytest.raises(ValueError, match="a meta per descriptor"):
+        L.add(with_desc, 0, 4, 0, "Di", [(128, 2, 10, (1, 64, 64))])  # its rank is not the key's
+    with pytest.raises(ValueError, match="not valid"):
+        L.add(with_desc, 0, 4, 0, "Di", [(128, 2, 10, (1, 1, 64, 512))])  # past TMA's box
+    L.add(with_desc, 0, 4, 0, "Di", [meta])
+    assert L.size() == 2
 
 
 def _compiled(signature: dict, metadata: dict | None = None) -> SimpleNamespace:
     """A stand-in for Triton's CompiledKernel: src.fn.arg_names, src.signature, src.constants, metadata."""
     md = {"num_ctas": 1, "launch_cooperative_grid": False, "launch_pdl": False, "global_scratch_size": 0}
-    md.update(profile_scratch_size=0, tensordesc_meta=None, num_warps=4, shared=0, **(metadata or {}))
+    md.update(profile_scratch_size=0, tensordesc_meta=None, num_warps=4, shared=0)
+    md.update(metadata or {})
     src = SimpleNamespace(fn=SimpleNamespace(arg_names=list(signature)), signature=signature, constants={})
     return SimpleNamespace(src=src, metadata=SimpleNamespace(**md))
 
@@ -124,6 +180,14 @@ def test_layout_follows_the_compiled_signature() -> None:
     assert launcher.layout(_compiled(sig, {"num_ctas": 2}), 7) is None
     assert launcher.layout(_compiled({**sig, "n": "fp16"}), 7) is None  # a type it does not pass
     assert launcher.layout(_compiled(sig), 6) is None  # a runtime parameter given by keyword
+    tma = {"q": "tensordesc<bf16[1, 1, 64, 64]>", "q2": "constexpr", "lse": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, 64, 64], "fp4_padded": False}
+    compiled = _compiled(tma, {"tensordesc_meta": [meta]})
+    assert launcher.layout(compiled, 4) == "D-pi"
+    assert launcher.descriptors(compiled) == [(3, 2, 8, (1, 1, 64, 64))]  # the device's bf16 (9) is the host's 8
+    assert launcher.descriptors(_compiled(sig)) == []
+    assert launcher.layout(_compiled(tma), 4) is None  # lowered to pointers (no meta): Triton's path
+    assert launcher.layout(_compiled(tma, {"tensordesc_meta": [{**meta, "fp4_padded": True}]}), 4) is None
 
 
 def test_disabled_or_unbuilt_launchers_leave_kernels_to_triton(monkeypatch) -> None:
@@ -215,8 +279,7 @@ def c_replayer() -> object:
     mod = launcher.module()
     if mod is None:
         pytest.fail("the launcher's C module did not build")
-    dtypes = {d: i for i, d in enumerate(launcher.DTYPES)}
-    return mod.Replayer(dtypes, torch.empty_like, torch.contiguous_format, id, CallTensor)
+    return mod.Replayer(launcher.NUMBERS, torch.empty, id, CallTensor)
 
 
 def test_a_calls_key_splits_what_a_forward_may_choose_by() -> None:
@@ -281,7 +344,8 @@ def test_a_users_call_is_keyed_as_replay_keys_it_and_left_to_python_where_it_mus
 
 
 class Launched:
-    """A launch's C Launcher as `recipe` reads it: a binary, and 8 bytes of values per argument."""
+    """A launch's C Launcher as `recipe` reads it: a binary, and 8 bytes of values per argument (its descriptors'
+    past them, in the C module's; none here)."""
 
     def binary(self, device, *args):
         return "binary"
@@ -297,15 +361,16 @@ def as_if_on_gpu(monkeypatch, make_recipe) -> None:
     monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
 
 
-def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypatch) -> None:
-    """recipe(): every tensor a launch was given is an input (by address) or the output; the output is allocated
-    like an input of its shape and dtype. A workspace, a launch left to Triton, or no such input: no recipe."""
+def test_a_recipe_maps_each_launched_pointer_to_an_input_or_an_output(monkeypatch) -> None:
+    """recipe(): every tensor a launch was given (or a descriptor's base) is an input or an output, by address; the
+    outputs are allocated as the call's were (shape, dtype number). A tensor made per call, a launch left to Triton, an
+    output not contiguous or two tensors at one address: no recipe."""
     made = []
 
-    def made_recipe(device, out_from, steps, keep, stream, options):
+    def made_recipe(device, outputs, steps, keep, stream, options):
         assert (keep, stream) == ((), 0)  # no workspace: nothing held, any stream
         assert options == ("tanh",)  # the call's options, for the C++ autograd's backward
-        made.append((device, out_from, steps))
+        made.append((device, outputs, steps))
         return "recipe"
 
     as_if_on_gpu(monkeypatch, made_recipe)
@@ -319,13 +384,23 @@ def test_a_recipe_maps_each_launched_pointer_to_an_input_or_the_output(monkeypat
         return rec
 
     assert launcher.recipe((x, "tanh"), out, noted(x, out, 17, 17, 1)) == "recipe"
-    device, out_from, steps = made[-1]
-    assert (device, out_from) == (0, 0)
+    device, outputs, steps = made[-1]
+    assert (device, outputs) == (0, (((5,), launcher.NUMBERS[torch.float32]),))
     assert steps == (("binary", (5, 1, 1), b"v" * 40, ((0, 0), (1, -1))),)
-    workspace = torch.empty(1)
-    assert launcher.recipe((x, "tanh"), out, noted(x, out, workspace)) is None
+    per_call = torch.empty(1)
+    assert launcher.recipe((x, "tanh"), out, noted(x, out, per_call)) is None
     assert launcher.recipe((x, "tanh"), out, noted(x, out, replayable=False)) is None
-    assert launcher.recipe((x, "tanh"), torch.empty(2, 2), noted(x, out)) is None  # no input like the output
+    assert launcher.recipe((x, "tanh"), out.expand(5, 5).t(), noted(x, out)) is None  # not contiguous
+    assert launcher.recipe((x, "tanh"), x, noted(x)) is None  # an output at an input's address
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    o, lse = torch.empty(3, 64, dtype=torch.bfloat16), torch.empty(3)
+    q = torch.randn(3, 64, dtype=torch.bfloat16)
+    q_desc, o_desc = (TensorDescriptor.from_tensor(t, [16, 64]) for t in (q, o))
+    assert launcher.recipe((q, "tanh"), (o, lse), noted(q_desc, None, o_desc, lse, 3)) == "recipe"
+    device, outputs, steps = made[-1]
+    assert outputs == (((3, 64), launcher.NUMBERS[torch.bfloat16]), ((3,), launcher.NUMBERS[torch.float32]))
+    assert steps[0][3] == ((0, 0), (2, -1), (3, -2))  # the descriptors' bases patched as pointers are
 
 
 def test_a_workspace_is_kept_per_name_dtype_and_device_and_fresh_while_tracing() -> None:
@@ -510,6 +585,76 @@ def test_gpu_a_call_with_a_workspace_is_replayed_on_its_stream(shape: tuple, dty
     torch.cuda.current_stream().wait_stream(side)
     torch.testing.assert_close(torch.softmax(x.float(), -1).to(dtype), want, rtol=2e-2, atol=1e-5)
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 80, 96, 128])
+def test_gpu_tma_kernels_launch_from_c_with_tritons_results(d: int) -> None:
+    """Attention's 16-bit kernels take TMA descriptors: from a key's second call they launch from C (the binary
+    registered for the descriptors' key, each CUtensorMap encoded by the C module), and O, L, dQ, dK and dV are
+    Triton's own launches' bitwise, at head dims in one chunk and in two (80, 96), GQA, causal, ragged lengths."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    gen = torch.Generator(device="cpu").manual_seed(d)
+    q, do = (torch.randn(2, 4, 77, d, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, 2, 130, d, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+    assert tk.tma_ready(q, k, v)
+    with launcher.enabled(False):
+        o, lse = tk.forward(q, k, v, True, d**-0.5)
+        want = (o, lse, *tk.backward(do, q, k, v, o, lse, True, d**-0.5))
+    for _ in range(2):  # the first call of each key registers its binary, the second launches it from C
+        o, lse = tk.forward(q, k, v, True, d**-0.5)
+        got = (o, lse, *tk.backward(do, q, k, v, o, lse, True, d**-0.5))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for kernel in (tk.attention_fwd_tma_kernel, tk.attention_bwd_dkdv_tma_kernel, tk.attention_bwd_dq_tma_kernel):
+        configs = launcher._FAST[kernel]._configs.values()
+        assert any(c is not None and c.size() >= 1 for c in configs), kernel  # registered: launched from C
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("q_shape", "kv_shape", "dtype", "causal"),
+    [((2, 3, 77, 80), (2, 3, 77, 80), torch.bfloat16, True), ((1, 4, 130, 64), (1, 2, 61, 64), torch.bfloat16, False),
+     ((1, 16, 512, 64), (1, 16, 512, 64), torch.float16, True), ((3, 33, 64), (3, 47, 64), torch.float32, False),
+     ((1, 2, 1, 96), (1, 2, 1, 96), torch.bfloat16, True)],
+)  # fmt: skip
+def test_gpu_attention_calls_and_gradients_are_replayed_bitwise(
+    q_shape: tuple, kv_shape: tuple, dtype: torch.dtype, causal: bool
+) -> None:
+    """Attention's forward (two outputs: O and the logsumexp) and backward (three, with scratch kept as workspaces,
+    the split partials of few key blocks summed by a kernel) are replayed from a key's second call (neither runs its
+    Python: it would raise), TMA descriptors re-encoded for the new addresses; O and the gradients are the Python
+    path's bitwise. Covers TMA and pointer kernels, GQA, 3-D inputs, N = 1, a split dK/dV loop."""
+    from fuselab.ops import get_op
+
+    fused = get_op("attention").get_impl("triton").fn
+    gen = torch.Generator(device="cpu").manual_seed(sum(q_shape))
+    q = torch.randn(q_shape, generator=gen).to("cuda", dtype)
+    k, v = (torch.randn(kv_shape, generator=gen).to("cuda", dtype) for _ in range(2))
+    dy = torch.randn(q_shape, generator=gen).to("cuda", dtype)
+    with launcher.enabled(False):
+        want = fused(q, k, v, causal)
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        want_grads = torch.autograd.grad(fused(*xs, causal), xs, dy)
+    first = fused(q, k, v, causal)
+    torch.autograd.grad(fused(*xs, causal), xs, dy)  # records the completed call's forward, and the backward
+    parts = fused._forward, fused._backward
+    try:
+        fused._forward = fused._backward = lambda *args: pytest.fail("the op's Python ran: not replayed")
+        again = fused(q.clone(), k.clone(), v.clone(), causal)  # other addresses, one key
+        grads = torch.autograd.grad(fused(*xs, causal), xs, dy)
+    finally:
+        fused._forward, fused._backward = parts
+    assert fused._replayer.size() >= 2 and fused._backward_replayer.size() >= 1
+    for got in (first, again):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for got, expected in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    (summed,) = torch.autograd.grad(fused(xs[0], k, v, causal).sum(), xs[0])  # a broadcast gradient: copied, Python
+    with launcher.enabled(False):
+        (want_summed,) = torch.autograd.grad(fused(xs[0], k, v, causal).sum(), xs[0])
+    torch.testing.assert_close(summed, want_summed, rtol=0, atol=0)
 
 
 def test_a_recording_notes_this_threads_launches_within_it() -> None:

@@ -170,10 +170,10 @@ def test_an_autograd_of_its_own_is_called_when_gradients_are_needed() -> None:
 
 
 def test_replay_is_for_triton_impls_and_leaves_the_cpu_to_forward() -> None:
-    """replay=True (a Triton forward replayed from C) is refused for other kinds; where nothing launches from C (the
+    """replay=True (Triton kernels replayed from C) is refused for CUDA impls; where nothing launches from C (the
     CPU, the interpreter) the op runs forward, every call, with the same results."""
-    with pytest.raises(ValueError, match="replay is for kind 'triton'"):
-        define_op("test_library_toy_bad_replay", toy_forward, **TOY_PARTS, replay=True)
+    with pytest.raises(ValueError, match="replay is for Triton kernels"):
+        define_op("test_library_toy_bad_replay", toy_forward, **TOY_PARTS, kind="cuda", replay=True)
     calls = []
 
     def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -193,8 +193,9 @@ def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoe
     recorded again); a call without a key runs forward; later calls of a held key never run forward."""
     from fuselab.ops import launcher, library
 
-    with pytest.raises(ValueError, match="one output"):
-        define_op("test_library_toy_replay_two", toy_forward, **TOY_PARTS, kind="triton", replay=True)
+    with pytest.raises(ValueError, match="at most 4 outputs"):
+        define_op("test_library_toy_replay_five", toy_forward, fake=toy_fake, outputs=("a", "b", "c"),
+                  extras=("d", "e"), kind="triton", replay=True)  # fmt: skip
 
     class StandIn:
         def __init__(self) -> None:

@@ -7,9 +7,10 @@ runs. `fast(kernel)` returns a drop-in for the @triton.jit function at a launch 
 specialization Triton would compile for from the arguments themselves (pointer dtype and 16-byte alignment; integer
 width, == 1, multiple of 16), finds the binary Triton compiled for it and launches it with cuLaunchKernel on the
 current stream. The first call of each key goes through Triton (which compiles if need be, and launches); its
-binary is then registered, so every later call with the same key skips Triton. What the C module does not pass
-(tensor descriptors, launch hooks, kernels needing scratch memory or clusters, grids given as functions) stays with
-Triton, call by call.
+binary is then registered, so every later call with the same key skips Triton. Triton's host-side TensorDescriptors
+are passed too: the C module encodes each CUtensorMap (cuTensorMapEncodeTiled) as Triton's launcher does. What it
+does not pass (launch hooks, kernels needing scratch memory or clusters, grids given as functions) stays with Triton,
+call by call.
 
 The C module is built once per Python and source version with the system's C compiler (the one Triton itself needs
 for its launchers) into ~/.cache/fuselab/ext/fuselab_launcher (or $FUSELAB_EXT_DIR). FUSELAB_LAUNCHER=triton, or
@@ -46,6 +47,7 @@ DTYPES = (
 )  # fmt: skip
 # how the C module passes a value of each Triton signature type (its `layout` chars)
 PASS = {"i32": "i", "i64": "l", "u64": "K", "u1": "B", "fp32": "f"}
+NUMBERS = {d: i for i, d in enumerate(DTYPES)}
 
 
 class _State:
@@ -123,14 +125,43 @@ def _load(path: Path) -> ModuleType:
 def new_launcher() -> object | None:
     """A C Launcher (one kernel at one set of compile-time options), or None without the C module."""
     mod = module()
-    return None if mod is None else mod.Launcher({d: i for i, d in enumerate(DTYPES)})
+    return None if mod is None else mod.Launcher(NUMBERS, _descriptor_type())
+
+
+@functools.cache
+def _descriptor_type() -> type | None:
+    """Triton's host-side TensorDescriptor class (None without it): the C module passes its instances."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # pragma: no cover (a Triton without host descriptors)
+        return None
+    return TensorDescriptor
+
+
+def descriptors(compiled: object) -> list[tuple[int, int, int, tuple[int, ...]]] | None:
+    """How `compiled` takes its tensor descriptor arguments, in order, as the C module encodes them: (swizzle,
+    element size, the driver's element type, block shape) each, from Triton's tensordesc_meta; [] for a binary that
+    takes none; None where the C module cannot pass them (the descriptors lowered to pointers, FP4 padding)."""
+    types = [t for t in dict(compiled.src.signature).values() if isinstance(t, str) and t.startswith("tensordesc")]
+    if not types:
+        return []
+    meta = getattr(compiled.metadata, "tensordesc_meta", None)
+    try:
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+    except ImportError:  # pragma: no cover (another Triton)
+        return None
+    if not meta or len(meta) != len(types) or any(m.get("fp4_padded") for m in meta):
+        return None
+    return [
+        (m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], tuple(m["block_size"])) for m in meta
+    ]
 
 
 def layout(compiled: object, n_args: int) -> str | None:
     """How the C module passes the `n_args` positional arguments of a launch to `compiled` (a Triton CompiledKernel):
-    one char per argument ('-' a constant of the binary, 'p' a pointer, or PASS's), or None when the binary needs
-    what the C module does not do (scratch memory, clusters, cooperative or PDL launches, tensor descriptors, a
-    parameter given as a keyword that is not a constant)."""
+    one char per argument ('-' a constant of the binary, 'p' a pointer, 'D' a tensor descriptor, or PASS's), or None
+    when the binary needs what the C module does not do (scratch memory, clusters, cooperative or PDL launches,
+    descriptors it cannot encode, a parameter given as a keyword that is not a constant)."""
     md = compiled.metadata
     needs = (
         getattr(md, "num_ctas", 1) != 1
@@ -138,9 +169,8 @@ def layout(compiled: object, n_args: int) -> str | None:
         or getattr(md, "launch_pdl", False)
         or getattr(md, "global_scratch_size", 0)
         or getattr(md, "profile_scratch_size", 0)
-        or getattr(md, "tensordesc_meta", None)
     )
-    if needs:
+    if needs or descriptors(compiled) is None:
         return None
     src = compiled.src
     names = list(src.fn.arg_names)
@@ -158,6 +188,8 @@ def layout(compiled: object, n_args: int) -> str | None:
             chars.append("-")
         elif ty.startswith("*"):
             chars.append("p")
+        elif ty.startswith("tensordesc"):
+            chars.append("D")
         elif ty in PASS:
             chars.append(PASS[ty])
         else:
@@ -212,7 +244,8 @@ class FastKernel:
             config.refuse(key)
             return False
         compiled._init_handles()
-        config.add(key, compiled.function, compiled.metadata.num_warps, compiled.metadata.shared, chars)
+        md = compiled.metadata
+        config.add(key, compiled.function, md.num_warps, md.shared, chars, descriptors(compiled))
         return True
 
 
@@ -283,15 +316,16 @@ def workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device) -
 
 # ---------------------------------------------------------------------------------------------- replays
 #
-# A fused op whose eager forward allocates its one output with empty_like and writes it with Triton kernels only
-# (define_op(..., replay=True)) is replayed from C: the first call of a key (its tensors' dtypes, devices, shapes,
-# strides, alignment, and its options) runs the Python forward under `recording()`; `recipe` turns what it launched
-# into a C Recipe (the output's allocation, each launch's binary, grid and values, its pointers mapped to the call's
-# inputs and output); later calls of that key are one C call (`Replayer.replay`; `Replayer.call` takes a user's call
+# A fused op whose eager forward allocates its outputs and writes them with Triton kernels only (define_op(...,
+# replay=True)) is replayed from C: the first call of a key (its tensors' dtypes, devices, shapes, strides, alignment,
+# and its options) runs the Python forward under `recording()`; `recipe` turns what it launched into a C Recipe (the
+# outputs' allocation, each launch's binary, grid and values, its pointers and descriptors' bases mapped to the call's
+# inputs and outputs); later calls of that key are one C call (`Replayer.replay`; `Replayer.call` takes a user's call
 # as made, options by keyword included, before any Python of the op's: fuselab.ops.library.FusedOp.__call__).
 
 _LOCAL = threading.local()
 MAX_STEPS = 8  # launches a recipe holds (the C module's limit)
+MAX_OUTPUTS = 4  # outputs a recipe allocates (the C module's limit)
 
 
 class Recording:
@@ -367,7 +401,7 @@ def new_replays(
     mod = replays_module()
     if mod is None:
         return None
-    return mod.Replays(module().api, tensor_index, list(saved_from), list(backward_sources), backward)
+    return mod.Replays(module().api, list(DTYPES), tensor_index, list(saved_from), list(backward_sources), backward)
 
 
 def new_replayer() -> object | None:
@@ -376,28 +410,30 @@ def new_replayer() -> object | None:
     mod = module() if _current_stream is not None else None
     if mod is None:
         return None
-    dtypes = {d: i for i, d in enumerate(DTYPES)}
-    return mod.Replayer(dtypes, torch.empty_like, torch.contiguous_format, _current_stream, torch.Tensor)
+    return mod.Replayer(NUMBERS, torch.empty, _current_stream, torch.Tensor)
 
 
 def recipe(args: Sequence[object], out: object, noted: Recording) -> object | None:
-    """The C Recipe that redoes a forward called with `args` that returned `out` and launched `noted`, or None when
-    it cannot: a launch not from C, more than MAX_STEPS launches, an output unlike every input (shape, dtype,
-    device) or not contiguous, a launch given a tensor that is neither an input, nor the output, nor part of a
-    `workspace` (a copy, a buffer made per call), inputs sharing an address. A workspace's address is kept as it
-    was, the recipe holding the buffer and running on its stream alone. The recipe keeps the call's options (its
+    """The C Recipe that redoes a call with `args` that returned `out` (a tensor, or a tuple of up to MAX_OUTPUTS)
+    and launched `noted`, or None when it cannot: a launch not from C, more than MAX_STEPS launches, an output not
+    contiguous or on another device, a launch given a tensor (or a descriptor's base) that is neither an input, nor
+    an output, nor part of a `workspace` (a copy, a buffer made per call), tensors sharing an address. A workspace's
+    address is kept as it was, the recipe holding the buffer and running on its stream alone. The outputs are
+    allocated as this call's were (contiguous; the key fixes their shapes). The recipe keeps the call's options (its
     arguments that are not tensors), which the C++ autograd hands to the backward's Python path."""
-    if not noted.replayable or len(noted.launches) > MAX_STEPS or type(out) is not torch.Tensor:
+    outs = out if isinstance(out, tuple) else (out,)
+    if not noted.replayable or len(noted.launches) > MAX_STEPS or not 0 < len(outs) <= MAX_OUTPUTS:
         return None
-    inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
-    by_address: dict[int, int] = {}
-    for i, t in inputs.items():
-        if by_address.setdefault(t.data_ptr(), i) != i:
+    if not all(type(o) is torch.Tensor and o.is_cuda and o.is_contiguous() and o.dtype in NUMBERS for o in outs):
+        return None
+    device = outs[0].get_device()
+    by_address: dict[int, int] = {}  # a tensor's address -> its call argument i, or output j as -1 - j
+    sources = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    sources += [(-1 - j, o) for j, o in enumerate(outs) if o.numel() > 0]
+    for i, t in sources:
+        if by_address.setdefault(t.data_ptr(), i) != i or (i < 0 and t.get_device() != device):
             return None
-    like = [i for i, t in inputs.items() if (t.shape, t.dtype, t.device) == (out.shape, out.dtype, out.device)]
-    if not like or not out.is_contiguous() or not out.is_cuda:
-        return None
-    device, out_address = out.get_device(), out.data_ptr()
+    descriptor = _descriptor_type()
     steps, keep, streams = [], {}, set()
     for launcher, grid, launch_args, launch_device in noted.launches:
         binary = launcher.binary(launch_device, *launch_args)
@@ -406,13 +442,12 @@ def recipe(args: Sequence[object], out: object, noted: Recording) -> object | No
             return None
         patches = []
         for k, a in enumerate(launch_args):
-            if isinstance(a, torch.Tensor):
-                address = a.data_ptr()
-                if address == out_address:
-                    patches.append((k, -1))
-                elif address in by_address:
+            t = a.base if descriptor is not None and type(a) is descriptor else a
+            if isinstance(t, torch.Tensor):
+                address = t.data_ptr()
+                if address in by_address:
                     patches.append((k, by_address[address]))
-                elif (held := _HELD.get(a.untyped_storage().data_ptr())) is not None:
+                elif (held := _HELD.get(t.untyped_storage().data_ptr())) is not None:
                     keep[id(held[0])] = held[0]  # a workspace: its address stays in the values
                     streams.add(held[1])
                 else:
@@ -422,4 +457,5 @@ def recipe(args: Sequence[object], out: object, noted: Recording) -> object | No
         return None
     options = tuple(a for a in args if not isinstance(a, torch.Tensor))
     stream = streams.pop() if streams else 0
-    return module().Recipe(device, like[0], tuple(steps), tuple(keep.values()), stream, options)
+    shapes = tuple((tuple(o.shape), NUMBERS[o.dtype]) for o in outs)
+    return module().Recipe(device, shapes, tuple(steps), tuple(keep.values()), stream, options)

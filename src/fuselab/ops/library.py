@@ -151,8 +151,8 @@ class FusedOp:
         if autograd is not None and backward is None:
             raise ValueError(f"define_op {name}: autograd needs the backward too (compiled code differentiates it)")
         self._autograd = autograd
-        if replay and kind != "triton":
-            raise ValueError(f"define_op {name}: replay is for kind 'triton' (forward's launches from C)")
+        if replay and kind == "cuda":
+            raise ValueError(f"define_op {name}: replay is for Triton kernels launched through wrap_triton")
         self._replay = replay
         self._replayer = self._backward_replayer = None  # C Replayers of forward and backward, made on first use
         if fast is not None and (kind != "cuda" or replay):
@@ -180,8 +180,8 @@ class FusedOp:
         )
         self._coerce = tuple((i, c) for i in self._option_idx if (c := _coercer(annotations[i])) is not None)
         self._single = len(self.outputs) == 1 and not self.extras
-        if replay and not self._single:
-            raise ValueError(f"define_op {name}: replay needs one output and no extras (a recipe allocates one)")
+        if replay and len(self.outputs) + len(self.extras) > launcher.MAX_OUTPUTS:
+            raise ValueError(f"define_op {name}: replay allocates at most {launcher.MAX_OUTPUTS} outputs and extras")
         n_out = len(self.outputs)
         triton = kind == "triton"
         self._forward, self._backward = forward, backward  # outside tracing, wrap_triton launches directly
@@ -210,7 +210,7 @@ class FusedOp:
                 out = self._fast(args, kwargs)  # the whole call in C, or None (or a replay's key): the path below
                 if out is not None:
                     if type(out) is not bytes:
-                        return out
+                        return out if self._single else self._visible(out)
                     key = out
         if kwargs or len(args) != len(self._params):
             args = self._complete(args, kwargs)
@@ -238,9 +238,7 @@ class FusedOp:
                         if type(out) is torch.Tensor:
                             return out
                     return self._function.apply(*args) if self._autograd is None else self._autograd(*args)
-                if self._replay:
-                    return self._replayed(args, key)
-                out = self._forward(*args)
+                out = self._replayed(args, key) if self._replay else self._forward(*args)
                 return out if self._single else self._visible(out)
         out = self.op(*args)
         return out if self._single else self._visible(out)
@@ -440,9 +438,10 @@ def define_op(
     autograd: forward's outputs for forward's arguments with their backward already attached, in C++ (a
     torch::autograd::Function of the extension's): the eager path calls it when gradients are needed, instead of a
     Python autograd.Function, so backward runs without Python. Needs `backward` (what compiled code differentiates).
-    replay: kind "triton" only, one output, a promise that forward and backward each allocate their one output with
-    ``torch.empty_like(input, memory_format=torch.contiguous_format)`` and write it with Triton kernels only: eager
-    calls (forward, and backward under autograd) are then replayed from C after the first of each key
+    replay: kinds "triton" and "python" whose kernels launch through `wrap_triton`, at most 4 outputs and extras; a
+    promise that forward and backward each return fresh contiguous tensors (torch.empty, torch.empty_like) written by
+    Triton kernels only, with any scratch from `fuselab.ops.launcher.workspace`: eager calls (forward, and backward
+    under autograd) are then replayed from C after the first of each key
     (`fuselab.ops.launcher.recipe`; a call it cannot replay runs as before). A user's call is first handed to the
     Replayer's C entry (`call`), which replays a known key without any Python of this module: neither the argument
     completion nor `check`, which must therefore depend on nothing but what the key holds (each tensor's dtype,

@@ -11,7 +11,10 @@
 // the key was refused (Python stays with Triton for that call).
 //
 // Arguments: CUDA tensors (anything with is_cuda, data_ptr() and dtype; dtypes numbered by `dtypes` given at
-// creation), Python ints, bools, floats and None. No torch headers: it builds with any C compiler against Python.h,
+// creation), Python ints, bools, floats and None, and Triton's host-side TensorDescriptors (the type given at
+// creation): for those the key holds the base's dtype, the rank, the padding and the block shape, and the launch
+// encodes the CUtensorMap (cuTensorMapEncodeTiled, as Triton's launcher does, with the binary's swizzle and block) and
+// passes it, then the shape (i32) and the strides (i64), as Triton 3.6's kernels take a descriptor argument. No torch headers: it builds with any C compiler against Python.h,
 // and libcuda is opened at the first launch (dlopen), so the module loads and computes keys on machines without a
 // GPU.
 #define PY_SSIZE_T_CLEAN
@@ -25,16 +28,22 @@
 #include "launcher_api.h"
 
 #define MAX_ARGS 64
+#define MAX_DESCS 16  // tensor descriptors in one launch
+#define MAX_RANK 5    // a tensor descriptor's rank (TMA's limit)
 
 typedef int CUresult;
 typedef CUresult (*LaunchKernelFn)(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                    unsigned bz, unsigned shared, void* stream, void** params, void** extra);
 typedef CUresult (*GetErrorStringFn)(CUresult, const char**);
 typedef CUresult (*CtxGetCurrentFn)(void** context);
+typedef CUresult (*TensorMapEncodeTiledFn)(void* map, int dtype, unsigned rank, void* address, const uint64_t* dims,
+                                           const uint64_t* strides, const unsigned* box, const unsigned* element_strides,
+                                           int interleave, int swizzle, int l2_promotion, int oob_fill);
 
 static LaunchKernelFn cu_launch_kernel = NULL;
 static GetErrorStringFn cu_get_error_string = NULL;
 static CtxGetCurrentFn cu_ctx_get_current = NULL;
+static TensorMapEncodeTiledFn cu_tensor_map_encode_tiled = NULL;  // NULL with a driver before CUDA 12
 static PyObject* str_data_ptr = NULL;
 static PyObject* str_dtype = NULL;
 static PyObject* str_is_cuda = NULL;
@@ -42,6 +51,10 @@ static PyObject* str_get_device = NULL;
 static PyObject* str_shape = NULL;
 static PyObject* str_stride = NULL;
 static PyObject* str_requires_grad = NULL;
+static PyObject* str_base = NULL;
+static PyObject* str_block_shape = NULL;
+static PyObject* str_padding = NULL;
+static PyObject* str_strides = NULL;
 
 // Whether Replayer.call may replay (`set_enabled`: fuselab.ops.launcher.enabled), and how deep this thread is in
 // recordings (`recording`: a fused op called inside another's recorded forward runs its own Python, so that the outer
@@ -58,6 +71,7 @@ enum {
   PASS_U64 = 'K',
   PASS_U8 = 'B',     // a bool (u1)
   PASS_F32 = 'f',
+  PASS_DESC = 'D',   // a TensorDescriptor: the CUtensorMap (128 bytes), its shape (i32 each), its strides (i64 each)
 };
 
 // Key bytes: one per argument.
@@ -66,6 +80,8 @@ enum {
   KEY_FLOAT = 2,
   KEY_FALSE = 3,
   KEY_TRUE = 4,
+  KEY_DESC = 5,     // a TensorDescriptor; its tail (after the arguments' bytes): dtype number, rank, padding ("nan":
+                    // 1), the block shape (2 bytes a dim)
   KEY_INT = 16,     // | width (0 i32, 1 i64, 2 u64) << 2 | (value == 1) << 1 | (value % 16 == 0)
   KEY_TENSOR = 64,  // | dtype number << 1 | (address % 16 == 0); dtype numbers < 32
 };
@@ -81,6 +97,7 @@ static int load_driver(void) {
   cu_get_error_string = (GetErrorStringFn)dlsym(lib, "cuGetErrorString");
   cu_ctx_get_current = (CtxGetCurrentFn)dlsym(lib, "cuCtxGetCurrent");
   cu_launch_kernel = (LaunchKernelFn)dlsym(lib, "cuLaunchKernel");
+  cu_tensor_map_encode_tiled = (TensorMapEncodeTiledFn)dlsym(lib, "cuTensorMapEncodeTiled");
   if (cu_launch_kernel == NULL || cu_ctx_get_current == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "fuselab launcher: libcuda has no cuLaunchKernel or cuCtxGetCurrent");
     return -1;
@@ -123,6 +140,26 @@ static int on_gpu(PyObject* a) {
 
 // ------------------------------------------------------------------------------------------------ a binary
 
+// How a binary takes one tensor descriptor (Triton's tensordesc_meta): the CUtensorMap's swizzle, element size and
+// type (the driver's enum), the box (block) shape, outermost dim first.
+typedef struct {
+  int swizzle;
+  int elem_size;
+  int elem_type;
+  int rank;
+  unsigned block[MAX_RANK];
+} DescMeta;
+
+// A tensor descriptor as a call gives it: the base address, shape and strides (elements), outermost first; padding
+// 1 for "nan" (out-of-bounds reads give NaN), 0 for "zero".
+typedef struct {
+  uint64_t base;
+  int32_t rank;
+  int32_t padding;
+  int64_t shape[MAX_RANK];
+  int64_t strides[MAX_RANK];
+} DescArg;
+
 typedef struct {
   PyObject_HEAD
   void* function;        // CUfunction, loaded by Triton in the device's primary context
@@ -130,7 +167,14 @@ typedef struct {
   unsigned shared;       // dynamic shared memory, bytes
   Py_ssize_t n_args;     // arguments of the call
   char layout[MAX_ARGS]; // PASS_* per argument
+  int n_descs;           // PASS_DESC arguments, in order: metas
+  DescMeta metas[MAX_DESCS];
 } Binary;
+
+// A CUtensorMap: 128 opaque bytes, 64-byte aligned.
+typedef struct {
+  _Alignas(64) uint64_t opaque[16];
+} TensorMap;
 
 static PyTypeObject BinaryType;
 
@@ -138,15 +182,105 @@ static PyTypeObject BinaryType;
 
 typedef struct {
   PyObject_HEAD
-  PyObject* dtypes;    // dict: dtype object -> int < 32
-  PyObject* binaries;  // dict: key (bytes: device index, then one byte per argument) -> Binary
+  PyObject* dtypes;           // dict: dtype object -> int < 32
+  PyObject* descriptor_type;  // Triton's TensorDescriptor class, or None (no descriptor is passed)
+  PyObject* binaries;         // dict: key (bytes: device index, one byte per argument, descriptors' tails) -> Binary
 } Launcher;
 
-// The key of `args` on device `device` into buf (1 + n bytes); the argument values a binary passes into values.
+// The most bytes a key holds: the device, one a argument, a tail a descriptor.
+#define KEY_BYTES (1 + MAX_ARGS + MAX_DESCS * (3 + 2 * MAX_RANK))
+
+// A sequence of 1 to MAX_RANK Python ints into out: its length, 0 when it is not one, -1 on a Python error.
+static int read_dims(PyObject* seq_obj, int64_t* out) {
+  PyObject* seq = PySequence_Fast(seq_obj, "");
+  if (seq == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  int ok = n >= 1 && n <= MAX_RANK;
+  for (Py_ssize_t i = 0; ok && i < n; i++) {
+    PyObject* v = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyLong_Check(v)) {
+      ok = 0;
+      break;
+    }
+    out[i] = PyLong_AsLongLong(v);
+    if (out[i] == -1 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return -1;
+    }
+  }
+  Py_DECREF(seq);
+  return ok ? (int)n : 0;
+}
+
+// A TensorDescriptor into *d and its key tail into tail (*tail_len bytes): 1, 0 when the launcher does not pass it
+// (a base not on a CUDA device, of another dtype, not 16-byte aligned; a block past 65535), -1 on a Python error.
+static int read_descriptor(Launcher* self, PyObject* a, DescArg* d, unsigned char* tail, int* tail_len) {
+  int64_t block[MAX_RANK];
+  PyObject* base = PyObject_GetAttr(a, str_base);
+  if (base == NULL) return -1;
+  int ok = on_gpu(base);
+  long code = -1;
+  if (ok) {
+    PyObject* dtype = PyObject_GetAttr(base, str_dtype);
+    PyObject* found = dtype == NULL ? NULL : PyDict_GetItemWithError(self->dtypes, dtype);  // borrowed
+    Py_XDECREF(dtype);
+    if (found == NULL && PyErr_Occurred()) PyErr_Clear();
+    code = found == NULL ? -1 : PyLong_AsLong(found);
+    ok = code >= 0;
+  }
+  if (ok) {
+    PyObject* ptr = PyObject_CallMethodNoArgs(base, str_data_ptr);
+    if (ptr == NULL) {
+      Py_DECREF(base);
+      return -1;
+    }
+    d->base = PyLong_AsUnsignedLongLong(ptr);
+    Py_DECREF(ptr);
+    if (d->base == (uint64_t)-1 && PyErr_Occurred()) ok = -1;
+    else ok = d->base % 16 == 0;
+  }
+  Py_DECREF(base);
+  if (ok <= 0) return ok;
+  PyObject* names[3] = {str_shape, str_strides, str_block_shape};
+  int64_t* into[3] = {d->shape, d->strides, block};
+  int rank = -1;
+  for (int f = 0; f < 3; f++) {
+    PyObject* dims = PyObject_GetAttr(a, names[f]);
+    if (dims == NULL) return -1;
+    int got = read_dims(dims, into[f]);
+    Py_DECREF(dims);
+    if (got <= 0) return got;
+    if (rank >= 0 && got != rank) return 0;
+    rank = got;
+  }
+  PyObject* padding = PyObject_GetAttr(a, str_padding);
+  if (padding == NULL) return -1;
+  d->padding = PyUnicode_Check(padding) && PyUnicode_CompareWithASCIIString(padding, "nan") == 0;
+  Py_DECREF(padding);
+  d->rank = rank;
+  tail[0] = (unsigned char)code;
+  tail[1] = (unsigned char)rank;
+  tail[2] = (unsigned char)d->padding;
+  for (int r = 0; r < rank; r++) {
+    if (block[r] < 1 || block[r] > 65535) return 0;
+    tail[3 + 2 * r] = (unsigned char)(block[r] & 0xff);
+    tail[4 + 2 * r] = (unsigned char)(block[r] >> 8);
+  }
+  *tail_len = 3 + 2 * rank;
+  return 1;
+}
+
+// The key of `args` on device `device` into buf (*key_len bytes: the device, one byte per argument, then each
+// descriptor's tail); the argument values a binary passes into values (a descriptor's: its index in descs).
 // Returns 1, 0 when an argument is of a kind the launcher does not pass, -1 on a Python error.
 static int read_args(Launcher* self, PyObject* const* args, Py_ssize_t n, int device, unsigned char* buf,
-                     uint64_t* values) {
+                     Py_ssize_t* key_len, uint64_t* values, DescArg* descs) {
   buf[0] = (unsigned char)device;
+  Py_ssize_t len = 1 + n;
+  int n_descs = 0;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject* a = args[i];
     unsigned char k;
@@ -182,6 +316,14 @@ static int read_args(Launcher* self, PyObject* const* args, Py_ssize_t n, int de
       k = KEY_FLOAT;
       float f = (float)PyFloat_AS_DOUBLE(a);
       memcpy(&values[i], &f, sizeof f);
+    } else if ((PyObject*)Py_TYPE(a) == self->descriptor_type) {
+      if (n_descs == MAX_DESCS) return 0;
+      int tail_len = 0;
+      int ok = read_descriptor(self, a, &descs[n_descs], buf + len, &tail_len);
+      if (ok <= 0) return ok;
+      k = KEY_DESC;
+      values[i] = (uint64_t)n_descs++;
+      len += tail_len;
     } else {
       if (!on_gpu(a)) return 0;  // a CPU tensor goes to Triton, which refuses it
       PyObject* dtype = PyObject_GetAttr(a, str_dtype);
@@ -208,22 +350,58 @@ static int read_args(Launcher* self, PyObject* const* args, Py_ssize_t n, int de
     }
     buf[1 + i] = k;
   }
+  *key_len = len;
   return 1;
 }
 
-static PyObject* make_key(Launcher* self, PyObject* const* args, Py_ssize_t n, int device, uint64_t* values) {
-  unsigned char buf[MAX_ARGS + 1];
+static PyObject* make_key(Launcher* self, PyObject* const* args, Py_ssize_t n, int device, uint64_t* values,
+                          DescArg* descs) {
+  unsigned char buf[KEY_BYTES];
+  Py_ssize_t len = 0;
   if (n > MAX_ARGS) Py_RETURN_NONE;
-  int ok = read_args(self, args, n, device, buf, values);
+  int ok = read_args(self, args, n, device, buf, &len, values, descs);
   if (ok < 0) return NULL;
   if (ok == 0) Py_RETURN_NONE;
-  return PyBytes_FromStringAndSize((const char*)buf, n + 1);
+  return PyBytes_FromStringAndSize((const char*)buf, len);
 }
 
-// Launch binary `b` on `grid` with the argument values of `values` (one per argument, as read_args reads them) on
-// `stream`, with no Python (the driver loaded): 0; -1 with a message in error (error_len bytes at most).
-static int launch_raw(Binary* b, const unsigned long long grid[3], const uint64_t* values, void* stream, char* error,
-                      size_t error_len) {
+// The CUtensorMap of descriptor `d` as binary meta `m` takes it, into *map (as Triton's fill_tma_descriptor: dims
+// innermost first, byte strides of the outer dims, L2 promotion 128 B, no interleave): 0; -1 with a message in error.
+static int encode_descriptor(const DescMeta* m, const DescArg* d, TensorMap* map, char* error, size_t error_len) {
+  uint64_t dims[MAX_RANK], strides[MAX_RANK];
+  unsigned box[MAX_RANK], element_strides[MAX_RANK] = {1, 1, 1, 1, 1};
+  int rank = d->rank;
+  if (rank != m->rank) {
+    snprintf(error, error_len, "fuselab launcher: a tensor descriptor of rank %d for a binary of rank %d", rank,
+             m->rank);
+    return -1;
+  }
+  for (int i = 0; i < rank; i++) {
+    dims[rank - 1 - i] = (uint64_t)d->shape[i];
+    box[rank - 1 - i] = m->block[i];
+  }
+  for (int i = 0; i + 1 < rank; i++) strides[rank - 2 - i] = (uint64_t)(d->strides[i] * m->elem_size);
+  if (cu_tensor_map_encode_tiled == NULL) {
+    snprintf(error, error_len, "fuselab launcher: the driver has no cuTensorMapEncodeTiled");
+    return -1;
+  }
+  CUresult err = cu_tensor_map_encode_tiled(map, m->elem_type, (unsigned)rank, (void*)(uintptr_t)d->base, dims,
+                                            strides, box, element_strides, 0, m->swizzle, 2, d->padding ? 1 : 0);
+  if (err != 0) {
+    const char* msg = NULL;
+    if (cu_get_error_string != NULL) cu_get_error_string(err, &msg);
+    snprintf(error, error_len, "fuselab launcher: cuTensorMapEncodeTiled failed: %s (CUresult %d)",
+             msg ? msg : "unknown error", err);
+    return -1;
+  }
+  return 0;
+}
+
+// Launch binary `b` on `grid` with the argument values of `values` (one per argument, as read_args reads them; a
+// descriptor's, its index in descs) on `stream`, with no Python (the driver loaded): 0; -1 with a message in error
+// (error_len bytes at most).
+static int launch_raw(Binary* b, const unsigned long long grid[3], const uint64_t* values, const DescArg* descs,
+                      void* stream, char* error, size_t error_len) {
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return 0;  // nothing to run, as Triton
   if (grid[0] > 0x7fffffffULL || grid[1] > 65535 || grid[2] > 65535) {
     snprintf(error, error_len, "fuselab launcher: grid (%llu, %llu, %llu) is past the GPU's limits", grid[0], grid[1],
@@ -237,12 +415,33 @@ static int launch_raw(Binary* b, const unsigned long long grid[3], const uint64_
   float f32[MAX_ARGS];
   uint64_t wide[MAX_ARGS];
   uint64_t scratch[2] = {0, 0};
-  void* params[MAX_ARGS + 2];
-  int p = 0;
+  TensorMap maps[MAX_DESCS];
+  int32_t desc_shapes[MAX_DESCS * MAX_RANK];
+  int64_t desc_strides[MAX_DESCS * MAX_RANK];
+  void* params[MAX_ARGS + 2 + 2 * MAX_DESCS * MAX_RANK];
+  int p = 0, j = 0;
   for (Py_ssize_t i = 0; i < b->n_args; i++) {
     switch (b->layout[i]) {
       case PASS_SKIP:
         break;
+      case PASS_DESC: {
+        const DescArg* d = &descs[values[i]];
+        if (j >= b->n_descs || encode_descriptor(&b->metas[j], d, &maps[j], error, error_len) < 0) {
+          if (j >= b->n_descs) snprintf(error, error_len, "fuselab launcher: more descriptors than the binary takes");
+          return -1;
+        }
+        params[p++] = &maps[j];
+        for (int r = 0; r < d->rank; r++) {
+          desc_shapes[j * MAX_RANK + r] = (int32_t)d->shape[r];
+          params[p++] = &desc_shapes[j * MAX_RANK + r];
+        }
+        for (int r = 0; r < d->rank; r++) {
+          desc_strides[j * MAX_RANK + r] = d->strides[r];
+          params[p++] = &desc_strides[j * MAX_RANK + r];
+        }
+        j++;
+        break;
+      }
       case PASS_I32:
         i32[i] = (int32_t)values[i];
         params[p++] = &i32[i];
@@ -280,10 +479,11 @@ static int launch_raw(Binary* b, const unsigned long long grid[3], const uint64_
 }
 
 // launch_raw, its failure a Python RuntimeError (a grid past the limits: ValueError): 0 or -1.
-static int launch_binary(Binary* b, const unsigned long long grid[3], const uint64_t* values, void* stream) {
+static int launch_binary(Binary* b, const unsigned long long grid[3], const uint64_t* values, const DescArg* descs,
+                         void* stream) {
   char error[256];
   if (load_driver() < 0) return -1;
-  if (launch_raw(b, grid, values, stream, error, sizeof error) == 0) return 0;
+  if (launch_raw(b, grid, values, descs, stream, error, sizeof error) == 0) return 0;
   int past = grid[0] > 0x7fffffffULL || grid[1] > 65535 || grid[2] > 65535;
   PyErr_SetString(past ? PyExc_ValueError : PyExc_RuntimeError, error);
   return -1;
@@ -315,12 +515,13 @@ static PyObject* Launcher_launch(Launcher* self, PyObject* const* args, Py_ssize
   if (stream == NULL && PyErr_Occurred()) return NULL;
   Py_ssize_t n = nargs - 3;
   uint64_t values[MAX_ARGS];
-  PyObject* key = make_key(self, args + 3, n, (int)device, values);
+  DescArg descs[MAX_DESCS];
+  PyObject* key = make_key(self, args + 3, n, (int)device, values, descs);
   if (key == NULL || key == Py_None) return key;
   PyObject *found, *answer;
   int held = look_up(self->binaries, key, &found, &answer);  // refused: Triton launches it
   if (held <= 0) return held < 0 ? NULL : answer;
-  if (launch_binary((Binary*)found, grid, values, stream) < 0) return NULL;
+  if (launch_binary((Binary*)found, grid, values, descs, stream) < 0) return NULL;
   Py_RETURN_TRUE;
 }
 
@@ -333,7 +534,8 @@ static PyObject* Launcher_key(Launcher* self, PyObject* const* args, Py_ssize_t 
   long device = PyLong_AsLong(args[0]);
   if (device == -1 && PyErr_Occurred()) return NULL;
   uint64_t values[MAX_ARGS];
-  return make_key(self, args + 1, nargs - 1, (int)device, values);
+  DescArg descs[MAX_DESCS];
+  return make_key(self, args + 1, nargs - 1, (int)device, values, descs);
 }
 
 // binary(device, *args) -> the Binary registered for the key of `args`, or None.
@@ -350,40 +552,93 @@ static PyObject* Launcher_binary(Launcher* self, PyObject* const* args, Py_ssize
   return found;  // None for a refused key
 }
 
-// values(device, *args) -> bytes: the 8-byte values launch passes for `args` (as read_args reads them), or None.
+// values(device, *args) -> bytes: the 8-byte values launch passes for `args` (as read_args reads them), then its
+// descriptors (a DescArg each), or None.
 static PyObject* Launcher_values(Launcher* self, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 1 || nargs - 1 > MAX_ARGS) {
     PyErr_SetString(PyExc_TypeError, "values(device, *args), at most 64 args");
     return NULL;
   }
-  uint64_t values[MAX_ARGS];
-  unsigned char buf[MAX_ARGS + 1];
-  int ok = read_args(self, args + 1, nargs - 1, 0, buf, values);
+  uint64_t values[MAX_ARGS + MAX_DESCS * (sizeof(DescArg) / sizeof(uint64_t))];
+  DescArg descs[MAX_DESCS];
+  unsigned char buf[KEY_BYTES];
+  Py_ssize_t len = 0, n = nargs - 1;
+  int ok = read_args(self, args + 1, n, 0, buf, &len, values, descs);
   if (ok < 0) return NULL;
   if (ok == 0) Py_RETURN_NONE;
-  return PyBytes_FromStringAndSize((const char*)values, (nargs - 1) * (Py_ssize_t)sizeof(uint64_t));
+  Py_ssize_t n_descs = 0;
+  for (Py_ssize_t i = 0; i < n; i++) n_descs += buf[1 + i] == KEY_DESC;
+  memcpy(values + n, descs, n_descs * sizeof(DescArg));
+  return PyBytes_FromStringAndSize((const char*)values, n * (Py_ssize_t)sizeof(uint64_t) + n_descs * sizeof(DescArg));
 }
 
-// add(key, function, num_warps, shared, layout): register a binary for `key` (from `key`).
+// The descriptors' metas of `add`, (swizzle, elem_size, elem_type, block shape) each, into b: 0, -1 (a ValueError).
+static int read_metas(PyObject* descs, Binary* b) {
+  PyObject* seq = PySequence_Fast(descs, "descs must be a sequence");
+  if (seq == NULL) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  int ok = n <= MAX_DESCS;
+  for (Py_ssize_t j = 0; ok && j < n; j++) {
+    DescMeta* m = &b->metas[j];
+    PyObject* block;
+    int64_t dims[MAX_RANK];
+    ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "iiiO", &m->swizzle, &m->elem_size, &m->elem_type,
+                          &block);
+    if (!ok) break;
+    m->rank = read_dims(block, dims);
+    ok = m->rank > 0;
+    for (int r = 0; ok && r < m->rank; r++) {
+      ok = dims[r] >= 1 && dims[r] <= 256;  // TMA's box limit
+      m->block[r] = (unsigned)dims[r];
+    }
+  }
+  Py_DECREF(seq);
+  if (!ok) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fuselab launcher: a descriptor's meta is not valid");
+    return -1;
+  }
+  b->n_descs = (int)n;
+  return 0;
+}
+
+// add(key, function, num_warps, shared, layout, descs=()): register a binary for `key` (from `key`); descs: per 'D'
+// of the layout, how the binary takes that descriptor (swizzle, elem_size, elem_type: the driver's enum, block).
 static PyObject* Launcher_add(Launcher* self, PyObject* args) {
   PyObject* key;
+  PyObject* descs = NULL;
   unsigned long long function;
   unsigned num_warps, shared;
   const char* layout;
   Py_ssize_t layout_len;
-  if (!PyArg_ParseTuple(args, "SKIIs#", &key, &function, &num_warps, &shared, &layout, &layout_len)) return NULL;
-  if (PyBytes_GET_SIZE(key) != layout_len + 1 || layout_len > MAX_ARGS) {
-    PyErr_SetString(PyExc_ValueError, "fuselab launcher: the layout needs one char per argument of the key");
+  if (!PyArg_ParseTuple(args, "SKIIs#|O", &key, &function, &num_warps, &shared, &layout, &layout_len, &descs))
+    return NULL;
+  if (layout_len > MAX_ARGS) {
+    PyErr_SetString(PyExc_ValueError, "fuselab launcher: more arguments than it passes");
     return NULL;
   }
+  Py_ssize_t n_d = 0;
   for (Py_ssize_t i = 0; i < layout_len; i++) {
-    if (layout[i] == '\0' || !strchr("-pilKBf", layout[i])) {  // strchr finds the string's own NUL too
+    if (layout[i] == '\0' || !strchr("-pilKBfD", layout[i])) {  // strchr finds the string's own NUL too
       PyErr_Format(PyExc_ValueError, "fuselab launcher: unknown layout char %c", layout[i]);
       return NULL;
     }
+    n_d += layout[i] == PASS_DESC;
   }
   Binary* b = PyObject_New(Binary, &BinaryType);
   if (b == NULL) return NULL;
+  b->n_descs = 0;
+  if (descs != NULL && read_metas(descs, b) < 0) {
+    Py_DECREF(b);
+    return NULL;
+  }
+  Py_ssize_t key_len = 1 + layout_len;
+  for (int j = 0; j < b->n_descs; j++) key_len += 3 + 2 * b->metas[j].rank;
+  if (b->n_descs != n_d || PyBytes_GET_SIZE(key) != key_len) {
+    Py_DECREF(b);
+    PyErr_SetString(PyExc_ValueError,
+                    "fuselab launcher: the layout needs one char per argument of the key, and a meta per descriptor");
+    return NULL;
+  }
   b->function = (void*)(uintptr_t)function;
   b->block = 32 * num_warps;
   b->shared = shared;
@@ -413,18 +668,23 @@ static PyObject* Launcher_size(Launcher* self, PyObject* Py_UNUSED(ignored)) {
   return PyLong_FromSsize_t(n);
 }
 
+// Launcher(dtypes, descriptor_type=None)
 static int Launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
   PyObject* dtypes;
-  static char* names[] = {"dtypes", NULL};
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!", names, &PyDict_Type, &dtypes)) return -1;
+  PyObject* descriptor_type = Py_None;
+  static char* names[] = {"dtypes", "descriptor_type", NULL};
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|O", names, &PyDict_Type, &dtypes, &descriptor_type)) return -1;
   Py_INCREF(dtypes);
   Py_XSETREF(self->dtypes, dtypes);
+  Py_INCREF(descriptor_type);
+  Py_XSETREF(self->descriptor_type, descriptor_type);
   Py_XSETREF(self->binaries, PyDict_New());
   return self->binaries == NULL ? -1 : 0;
 }
 
 static void Launcher_dealloc(Launcher* self) {
   Py_XDECREF(self->dtypes);
+  Py_XDECREF(self->descriptor_type);
   Py_XDECREF(self->binaries);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
@@ -433,7 +693,7 @@ static PyMethodDef Launcher_methods[] = {
     {"launch", (PyCFunction)(void (*)(void))Launcher_launch, METH_FASTCALL,
      "launch(grid, device, stream, *args) -> True, the key (bytes: nothing registered for it), None"},
     {"key", (PyCFunction)(void (*)(void))Launcher_key, METH_FASTCALL, "key(device, *args) -> bytes or None"},
-    {"add", (PyCFunction)Launcher_add, METH_VARARGS, "add(key, function, num_warps, shared, layout)"},
+    {"add", (PyCFunction)Launcher_add, METH_VARARGS, "add(key, function, num_warps, shared, layout, descs=())"},
     {"binary", (PyCFunction)(void (*)(void))Launcher_binary, METH_FASTCALL, "binary(device, *args) -> Binary or None"},
     {"values", (PyCFunction)(void (*)(void))Launcher_values, METH_FASTCALL, "values(device, *args) -> bytes or None"},
     {"refuse", (PyCFunction)Launcher_refuse, METH_O, "refuse(key): Triton launches `key` from now on"},
@@ -463,21 +723,31 @@ static PyTypeObject BinaryType = {
 //
 // A Replayer stands for one fused op's eager forward. Its key of a call reads each tensor's dtype, device, 16-byte
 // alignment, shape and strides, and each option's value. A Recipe, recorded from the first call of a key (in
-// Python: fuselab.ops.launcher.recipe), redoes such a call with no Python between: the output allocated like one of
-// the inputs (torch.empty_like, contiguous), then each step's binary launched with the values it was launched with,
-// its pointers patched to this call's inputs and output, on the current stream.
+// Python: fuselab.ops.launcher.recipe), redoes such a call with no Python between: the outputs allocated (contiguous,
+// of the shapes and dtypes the key's first call returned: the key fixes every shape), then each step's binary
+// launched with the values it was launched with, its pointers (and its descriptors' bases) patched to this call's
+// inputs and outputs, on the current stream.
 
 #define MAX_STEPS 8
+#define MAX_OUTPUTS 4
+#define MAX_DIMS 8  // an output's rank
 #define KEY_MAX 2048
 
 typedef struct {
   Binary* binary;  // a reference held
   unsigned long long grid[3];
   uint64_t values[MAX_ARGS];
+  DescArg descs[MAX_DESCS];
   Py_ssize_t n_patches;
   int patch_arg[MAX_ARGS];
-  int patch_source[MAX_ARGS];  // -1: the output; else the index of the call's argument whose address goes there
+  int patch_source[MAX_ARGS];  // -1 - j: output j; else the index of the call's argument whose address goes there
 } Step;
+
+typedef struct {
+  int rank;
+  int dtype;  // the dtype's number (Launcher's dtypes)
+  int64_t sizes[MAX_DIMS];
+} OutputSpec;
 
 typedef struct {
   PyObject_HEAD
@@ -486,25 +756,62 @@ typedef struct {
   void* stream;   // the stream its workspaces belong to, replayed only on it; NULL: any stream
   PyObject* keep; // what the launches' constant pointers point into (workspaces), kept alive
   PyObject* options;  // the call's options (its arguments that are not tensors, in order): a tuple
-  int out_from;   // the output: torch.empty_like(argument out_from, memory_format=torch.contiguous_format)
+  PyObject* shapes;   // the outputs' shapes, a tuple of tuples (the C Replayer allocates with them)
+  int n_outputs;
+  OutputSpec outputs[MAX_OUTPUTS];
   int n_steps;
   Step steps[MAX_STEPS];
 } Recipe;
 
 static PyTypeObject RecipeType;
 
-// Recipe(device, out_from, steps, keep=(), stream=0, options=()): steps a sequence of (binary, (gx, gy, gz), values:
-// bytes, ((arg, source), ...)); keep: objects held for the recipe's life (the workspaces its values point into);
-// stream: the only stream it may run on (0: any); options: the recorded call's options (read by the C++ autograd,
-// whose backward passes them on where Python runs it).
+// The outputs of Recipe(...), ((sizes, dtype number), ...), into r: 0, -1.
+static int read_outputs(Recipe* r, PyObject* outputs) {
+  PyObject* seq = PySequence_Fast(outputs, "outputs must be a sequence");
+  if (seq == NULL) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject* shapes = PyTuple_New(n);
+  int ok = shapes != NULL && n >= 1 && n <= MAX_OUTPUTS;
+  for (Py_ssize_t j = 0; ok && j < n; j++) {
+    PyObject* sizes;
+    OutputSpec* o = &r->outputs[j];
+    ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "O!i", &PyTuple_Type, &sizes, &o->dtype);
+    if (!ok) break;
+    Py_ssize_t rank = PyTuple_GET_SIZE(sizes);
+    ok = rank <= MAX_DIMS;
+    o->rank = (int)rank;
+    for (Py_ssize_t d = 0; ok && d < rank; d++) {
+      o->sizes[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, d));
+      ok = !(o->sizes[d] == -1 && PyErr_Occurred()) && o->sizes[d] >= 0;
+    }
+    if (ok) PyTuple_SET_ITEM(shapes, j, Py_NewRef(sizes));
+  }
+  Py_DECREF(seq);
+  if (!ok) {
+    Py_XDECREF(shapes);
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fuselab launcher: a recipe's outputs are not valid");
+    return -1;
+  }
+  Py_XSETREF(r->shapes, shapes);
+  r->n_outputs = (int)n;
+  return 0;
+}
+
+// Recipe(device, outputs, steps, keep=(), stream=0, options=()): outputs ((sizes, dtype number), ...), each allocated
+// contiguous; steps a sequence of (binary, (gx, gy, gz), values: bytes (Launcher.values), ((arg, source), ...));
+// keep: objects held for the recipe's life (the workspaces its values point into); stream: the only stream it may
+// run on (0: any); options: the recorded call's options (read by the C++ autograd, whose backward passes them on
+// where Python runs it).
 static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
-  int device, out_from;
+  int device;
+  PyObject* outputs;
   PyObject* steps;
   PyObject* keep = NULL;
   PyObject* options = NULL;
   unsigned long long stream = 0;
-  if (!PyArg_ParseTuple(args, "iiO|OKO!", &device, &out_from, &steps, &keep, &stream, &PyTuple_Type, &options))
+  if (!PyArg_ParseTuple(args, "iOO|OKO!", &device, &outputs, &steps, &keep, &stream, &PyTuple_Type, &options))
     return -1;
+  if (read_outputs(self, outputs) < 0) return -1;
   if (options == NULL) options = PyTuple_New(0);
   else Py_INCREF(options);
   if (options == NULL) return -1;
@@ -531,12 +838,15 @@ static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
       return -1;
     }
     Binary* b = (Binary*)binary;
-    if (PyBytes_GET_SIZE(values) != b->n_args * (Py_ssize_t)sizeof(uint64_t)) {
+    Py_ssize_t n_values = b->n_args * (Py_ssize_t)sizeof(uint64_t);
+    if (PyBytes_GET_SIZE(values) != n_values + b->n_descs * (Py_ssize_t)sizeof(DescArg)) {
       Py_DECREF(seq);
-      PyErr_SetString(PyExc_ValueError, "fuselab launcher: a step's values need 8 bytes per argument of its binary");
+      PyErr_SetString(PyExc_ValueError,
+                      "fuselab launcher: a step's values need 8 bytes per argument of its binary and its descriptors");
       return -1;
     }
-    memcpy(st->values, PyBytes_AS_STRING(values), PyBytes_GET_SIZE(values));
+    memcpy(st->values, PyBytes_AS_STRING(values), n_values);
+    memcpy(st->descs, PyBytes_AS_STRING(values) + n_values, b->n_descs * sizeof(DescArg));
     PyObject* pseq = PySequence_Fast(patches, "patches must be a sequence");
     if (pseq == NULL) {
       Py_DECREF(seq);
@@ -545,7 +855,8 @@ static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
     st->n_patches = PySequence_Fast_GET_SIZE(pseq);
     for (Py_ssize_t j = 0; j < st->n_patches && j < MAX_ARGS; j++) {
       if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(pseq, j), "ii", &st->patch_arg[j], &st->patch_source[j]) ||
-          st->patch_arg[j] < 0 || st->patch_arg[j] >= b->n_args) {
+          st->patch_arg[j] < 0 || st->patch_arg[j] >= b->n_args || st->patch_source[j] < -self->n_outputs ||
+          st->patch_source[j] >= MAX_ARGS) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fuselab launcher: a patch past the arguments");
         Py_DECREF(pseq);
         Py_DECREF(seq);
@@ -559,7 +870,6 @@ static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
   }
   Py_DECREF(seq);
   self->device = device;
-  self->out_from = out_from;
   if (load_driver() < 0 || cu_ctx_get_current(&self->context) != 0) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "fuselab launcher: no current CUDA context");
     return -1;
@@ -571,11 +881,13 @@ static void Recipe_dealloc(Recipe* self) {
   for (int i = 0; i < self->n_steps; i++) Py_XDECREF(self->steps[i].binary);
   Py_XDECREF(self->keep);
   Py_XDECREF(self->options);
+  Py_XDECREF(self->shapes);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
 static PyMemberDef Recipe_members[] = {
     {"options", T_OBJECT, offsetof(Recipe, options), READONLY, "the recorded call's options (a tuple)"},
+    {"shapes", T_OBJECT, offsetof(Recipe, shapes), READONLY, "the outputs' shapes (a tuple of tuples)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -586,18 +898,23 @@ static int recipe_ready(Recipe* r, void* stream) {
   return r->stream == NULL || stream == r->stream;
 }
 
-// Run `r`'s launches on `stream`, pointers patched to ptrs (by call argument) and out_ptr (the output), with no
-// Python: 0; -1 with a message in error.
-static int run_steps(Recipe* r, const uint64_t* ptrs, uint64_t out_ptr, void* stream, char* error, size_t error_len) {
+// Run `r`'s launches on `stream`, pointers (a descriptor's base) patched to ptrs (by call argument) and out_ptrs (by
+// output), with no Python: 0; -1 with a message in error.
+static int run_steps(Recipe* r, const uint64_t* ptrs, const uint64_t* out_ptrs, void* stream, char* error,
+                     size_t error_len) {
   for (int i = 0; i < r->n_steps; i++) {
     Step* st = &r->steps[i];
     uint64_t values[MAX_ARGS];
+    DescArg descs[MAX_DESCS];
     memcpy(values, st->values, st->binary->n_args * sizeof(uint64_t));
+    memcpy(descs, st->descs, st->binary->n_descs * sizeof(DescArg));
     for (Py_ssize_t j = 0; j < st->n_patches; j++) {
-      int source = st->patch_source[j];
-      values[st->patch_arg[j]] = source < 0 ? out_ptr : ptrs[source];
+      int source = st->patch_source[j], arg = st->patch_arg[j];
+      uint64_t address = source < 0 ? out_ptrs[-1 - source] : ptrs[source];
+      if (st->binary->layout[arg] == PASS_DESC) descs[values[arg]].base = address;
+      else values[arg] = address;
     }
-    if (launch_raw(st->binary, st->grid, values, stream, error, error_len) < 0) return -1;
+    if (launch_raw(st->binary, st->grid, values, descs, stream, error, error_len) < 0) return -1;
   }
   return 0;
 }
@@ -605,9 +922,9 @@ static int run_steps(Recipe* r, const uint64_t* ptrs, uint64_t out_ptr, void* st
 typedef struct {
   PyObject_HEAD
   PyObject* dtypes;        // dict: dtype -> int
+  PyObject* by_number;     // dict: int -> dtype
   PyObject* recipes;       // dict: key -> Recipe
-  PyObject* empty_like;    // torch.empty_like
-  PyObject* alloc_kwargs;  // {"memory_format": torch.contiguous_format}
+  PyObject* empty;         // torch.empty
   PyObject* raw_stream;    // torch._C._cuda_getCurrentRawStream
   PyObject* tensor_type;   // torch.Tensor: Replayer.call takes tensors of exactly this type
 } Replayer;
@@ -761,24 +1078,38 @@ static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, co
   Py_DECREF(stream_obj);
   if (stream == NULL && PyErr_Occurred()) return NULL;
   if (!recipe_ready(r, stream)) Py_RETURN_NONE;  // another context, or its workspaces are another stream's
-  PyObject* like = PyTuple_Pack(1, args[r->out_from]);
-  if (like == NULL) return NULL;
-  PyObject* out = PyObject_Call(self->empty_like, like, self->alloc_kwargs);
-  Py_DECREF(like);
-  if (out == NULL) return NULL;
-  PyObject* out_ptr_obj = PyObject_CallMethodNoArgs(out, str_data_ptr);
-  if (out_ptr_obj == NULL) {
-    Py_DECREF(out);
-    return NULL;
+  PyObject* outs = PyTuple_New(r->n_outputs);
+  if (outs == NULL) return NULL;
+  uint64_t out_ptrs[MAX_OUTPUTS];
+  for (int j = 0; j < r->n_outputs; j++) {
+    PyObject* number = PyLong_FromLong(r->outputs[j].dtype);
+    PyObject* dtype = number == NULL ? NULL : PyDict_GetItemWithError(self->by_number, number);  // borrowed
+    Py_XDECREF(number);
+    PyObject* kwargs = dtype == NULL ? NULL : Py_BuildValue("{s:O,s:i}", "dtype", dtype, "device", r->device);
+    PyObject* shape = PyTuple_Pack(1, PyTuple_GET_ITEM(r->shapes, j));
+    PyObject* out = kwargs == NULL || shape == NULL ? NULL : PyObject_Call(self->empty, shape, kwargs);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(shape);
+    PyObject* address = out == NULL ? NULL : PyObject_CallMethodNoArgs(out, str_data_ptr);
+    if (address == NULL) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "fuselab launcher: a recipe's output dtype");
+      Py_XDECREF(out);
+      Py_DECREF(outs);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(outs, j, out);
+    out_ptrs[j] = PyLong_AsUnsignedLongLong(address);
+    Py_DECREF(address);
   }
-  uint64_t out_ptr = PyLong_AsUnsignedLongLong(out_ptr_obj);
-  Py_DECREF(out_ptr_obj);
   char error[256];
-  if (run_steps(r, ptrs, out_ptr, stream, error, sizeof error) < 0) {
-    Py_DECREF(out);
+  if (run_steps(r, ptrs, out_ptrs, stream, error, sizeof error) < 0) {
+    Py_DECREF(outs);
     PyErr_SetString(PyExc_RuntimeError, error);
     return NULL;
   }
+  if (r->n_outputs > 1) return outs;
+  PyObject* out = Py_NewRef(PyTuple_GET_ITEM(outs, 0));
+  Py_DECREF(outs);
   return out;
 }
 
@@ -855,32 +1186,39 @@ static PyObject* Replayer_size(Replayer* self, PyObject* Py_UNUSED(ignored)) {
   return PyLong_FromSsize_t(n);
 }
 
-// Replayer(dtypes, empty_like, contiguous_format, raw_stream, tensor_type)
+// Replayer(dtypes, empty, raw_stream, tensor_type)
 static int Replayer_init(Replayer* self, PyObject* args, PyObject* kwds) {
-  PyObject *dtypes, *empty_like, *contiguous, *raw_stream, *tensor_type;
-  if (!PyArg_ParseTuple(args, "O!OOOO!", &PyDict_Type, &dtypes, &empty_like, &contiguous, &raw_stream, &PyType_Type,
-                        &tensor_type))
+  PyObject *dtypes, *empty, *raw_stream, *tensor_type;
+  if (!PyArg_ParseTuple(args, "O!OOO!", &PyDict_Type, &dtypes, &empty, &raw_stream, &PyType_Type, &tensor_type))
     return -1;
-  PyObject* kwargs = Py_BuildValue("{s:O}", "memory_format", contiguous);
-  if (kwargs == NULL) return -1;
+  PyObject* by_number = PyDict_New();
+  if (by_number == NULL) return -1;
+  Py_ssize_t pos = 0;
+  PyObject *dtype, *number;
+  while (PyDict_Next(dtypes, &pos, &dtype, &number)) {
+    if (PyDict_SetItem(by_number, number, dtype) < 0) {
+      Py_DECREF(by_number);
+      return -1;
+    }
+  }
   Py_INCREF(dtypes);
-  Py_INCREF(empty_like);
+  Py_INCREF(empty);
   Py_INCREF(raw_stream);
   Py_INCREF(tensor_type);
   Py_XSETREF(self->tensor_type, tensor_type);
   Py_XSETREF(self->dtypes, dtypes);
-  Py_XSETREF(self->empty_like, empty_like);
+  Py_XSETREF(self->by_number, by_number);
+  Py_XSETREF(self->empty, empty);
   Py_XSETREF(self->raw_stream, raw_stream);
-  Py_XSETREF(self->alloc_kwargs, kwargs);
   Py_XSETREF(self->recipes, PyDict_New());
   return self->recipes == NULL ? -1 : 0;
 }
 
 static void Replayer_dealloc(Replayer* self) {
   Py_XDECREF(self->dtypes);
+  Py_XDECREF(self->by_number);
   Py_XDECREF(self->recipes);
-  Py_XDECREF(self->empty_like);
-  Py_XDECREF(self->alloc_kwargs);
+  Py_XDECREF(self->empty);
   Py_XDECREF(self->raw_stream);
   Py_XDECREF(self->tensor_type);
   Py_TYPE(self)->tp_free((PyObject*)self);
@@ -941,17 +1279,23 @@ static PyObject* recording(PyObject* Py_UNUSED(m), PyObject* step) {
 static int api_replays_on(void) { return replays_on; }
 static int api_recording_depth(void) { return recording_depth; }
 static int api_is_recipe(void* object) { return Py_IS_TYPE((PyObject*)object, &RecipeType); }
-static int api_recipe_out_from(void* recipe) { return ((Recipe*)recipe)->out_from; }
+static int api_recipe_outputs(void* recipe) { return ((Recipe*)recipe)->n_outputs; }
+static const int64_t* api_recipe_output(void* recipe, int j, int* rank, int* dtype) {
+  const OutputSpec* o = &((Recipe*)recipe)->outputs[j];
+  *rank = o->rank;
+  *dtype = o->dtype;
+  return o->sizes;
+}
 static int api_recipe_device(void* recipe) { return ((Recipe*)recipe)->device; }
 static int api_recipe_ready(void* recipe, void* stream) { return recipe_ready((Recipe*)recipe, stream); }
-static int api_run_recipe(void* recipe, const uint64_t* ptrs, uint64_t out_ptr, void* stream, char* error,
+static int api_run_recipe(void* recipe, const uint64_t* ptrs, const uint64_t* out_ptrs, void* stream, char* error,
                           size_t error_len) {
-  return run_steps((Recipe*)recipe, ptrs, out_ptr, stream, error, error_len);
+  return run_steps((Recipe*)recipe, ptrs, out_ptrs, stream, error, error_len);
 }
 
 static FuselabLauncherApi api = {
-    FUSELAB_LAUNCHER_API_VERSION, api_replays_on,  api_recording_depth, api_is_recipe,
-    api_recipe_out_from,          api_recipe_device, api_recipe_ready,  api_run_recipe,
+    FUSELAB_LAUNCHER_API_VERSION, api_replays_on,     api_recording_depth, api_is_recipe,  api_recipe_outputs,
+    api_recipe_output,            api_recipe_device,  api_recipe_ready,    api_run_recipe,
 };
 
 static PyMethodDef module_methods[] = {
@@ -973,8 +1317,13 @@ PyMODINIT_FUNC PyInit_fuselab_launcher(void) {
   str_shape = PyUnicode_InternFromString("shape");
   str_stride = PyUnicode_InternFromString("stride");
   str_requires_grad = PyUnicode_InternFromString("requires_grad");
+  str_base = PyUnicode_InternFromString("base");
+  str_block_shape = PyUnicode_InternFromString("block_shape");
+  str_padding = PyUnicode_InternFromString("padding");
+  str_strides = PyUnicode_InternFromString("strides");
   if (str_data_ptr == NULL || str_dtype == NULL || str_is_cuda == NULL || str_get_device == NULL ||
-      str_shape == NULL || str_stride == NULL || str_requires_grad == NULL)
+      str_shape == NULL || str_stride == NULL || str_requires_grad == NULL || str_base == NULL ||
+      str_block_shape == NULL || str_padding == NULL || str_strides == NULL)
     return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;

@@ -11,23 +11,24 @@
 extern "C" {
 #endif
 
-#define FUSELAB_LAUNCHER_API_VERSION 1
+#define FUSELAB_LAUNCHER_API_VERSION 2
 
 typedef struct {
   int version;  // FUSELAB_LAUNCHER_API_VERSION
   // Whether replays are on (fuselab.ops.launcher.enabled), and this thread's depth in recordings.
   int (*replays_on)(void);
   int (*recording_depth)(void);
-  // Whether `object` (a PyObject*) is a Recipe; then the index of the call argument its output is allocated like,
-  // and the device it runs on.
+  // Whether `object` (a PyObject*) is a Recipe; then how many outputs it allocates (1 to 4), output j's sizes (its
+  // rank and dtype number, the launcher's, into *rank and *dtype), and the device it runs on.
   int (*is_recipe)(void* object);
-  int (*recipe_out_from)(void* recipe);
+  int (*recipe_outputs)(void* recipe);
+  const int64_t* (*recipe_output)(void* recipe, int j, int* rank, int* dtype);
   int (*recipe_device)(void* recipe);
   // Whether the recipe may run now on `stream`: its CUDA context current, and `stream` its workspaces' (if any).
   int (*recipe_ready)(void* recipe, void* stream);
-  // Run the recipe's launches on `stream`, each pointer patched to ptrs[argument index] or, for the output, to
-  // out_ptr: 0; -1 with a message in error (error_len bytes at most) when a launch failed.
-  int (*run_recipe)(void* recipe, const uint64_t* ptrs, uint64_t out_ptr, void* stream, char* error,
+  // Run the recipe's launches on `stream`, each pointer (a descriptor's base) patched to ptrs[argument index] or, for
+  // output j, to out_ptrs[j]: 0; -1 with a message in error (error_len bytes at most) when a launch failed.
+  int (*run_recipe)(void* recipe, const uint64_t* ptrs, const uint64_t* out_ptrs, void* stream, char* error,
                     size_t error_len);
 } FuselabLauncherApi;
 

@@ -4,8 +4,8 @@
 // call as made: it keys the call from its at::Tensors (dtype, 16-byte alignment, device, shape, strides) and its
 // options (None, bool, int, float, str; by keyword: name and value), finds the launcher's Recipe recorded for that
 // key (by Python, on the key's first call: fuselab.ops.launcher.recipe) and runs it through the launcher's C API
-// (launcher_api.h): the output allocated like an input (at::empty_like, contiguous), the launches patched to this
-// call's addresses, on the current stream. Where the one tensor input needs grad, the recipe runs inside a
+// (launcher_api.h): the outputs allocated (contiguous, as the key's first call returned them), the launches patched to
+// this call's addresses, on the current stream. Where the one tensor input needs grad, the recipe runs inside a
 // torch::autograd::Function whose backward finds the backward's Recipe (keyed by the forward's key and the
 // gradient's layout) and runs it the same way, on autograd's device thread without Python's lock. So after a key's
 // first call neither forward nor backward runs Python. What it holds nothing for is handed back: `call` returns the
@@ -31,6 +31,7 @@ namespace py = pybind11;
 namespace {
 
 constexpr Py_ssize_t kMaxArgs = 64;
+constexpr int kMaxOutputs = 4;  // a recipe's (the launcher's MAX_OUTPUTS)
 constexpr size_t kMaxKeys = 4096;  // a bound on each table (cleared when full), not an LRU
 constexpr const char* kCapsule = "fuselab_replay.Replays";
 
@@ -174,9 +175,24 @@ struct Forward {
   Replays* replays;
   const Held* held;
   const Call* call;
-  const at::Tensor* like;
   void* stream;
 };
+
+// One output, or several as a tuple.
+PyObject* wrap(std::vector<at::Tensor> outs) {
+  if (outs.size() == 1) return THPVariable_Wrap(std::move(outs[0]));
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(outs.size()));
+  if (tuple == nullptr) return nullptr;
+  for (size_t j = 0; j < outs.size(); ++j) {
+    PyObject* t = THPVariable_Wrap(std::move(outs[j]));
+    if (t == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(j), t);
+  }
+  return tuple;
+}
 
 struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const Forward& f);
@@ -186,14 +202,17 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
 
 class Replays {
  public:
-  // api: the launcher's capsule; tensor_index: forward's one tensor parameter (-1: several, no C++ autograd);
+  // api: the launcher's capsule; dtypes: the launcher's dtype numbers, in order (fuselab.ops.launcher.DTYPES);
+  // tensor_index: forward's one tensor parameter (-1: several, no C++ autograd);
   // saved_from: what backward saves, in order, (true, i) forward's argument i or (false, i) its output i;
   // backward_sources: backward's parameters, (0, i) the gradient of output i, (1, i) saved value i, (2, i) forward's
   // option i; backward: the op's Python backward of a call the C++ autograd took, backward(key | None, options,
   // grad, saved), which records (key given) or just runs it; None: no C++ autograd.
-  Replays(const py::capsule& api, int tensor_index, std::vector<std::pair<bool, int>> saved_from,
-          std::vector<std::pair<int, int>> backward_sources, py::object backward)
-      : tensor_index_(tensor_index),
+  Replays(const py::capsule& api, std::vector<at::ScalarType> dtypes, int tensor_index,
+          std::vector<std::pair<bool, int>> saved_from, std::vector<std::pair<int, int>> backward_sources,
+          py::object backward)
+      : dtypes_(std::move(dtypes)),
+        tensor_index_(tensor_index),
         saved_from_(std::move(saved_from)),
         backward_sources_(std::move(backward_sources)),
         backward_(std::move(backward)) {
@@ -227,11 +246,12 @@ class Replays {
     if (!held) return PyBytes_FromStringAndSize(c.key.data(), static_cast<Py_ssize_t>(c.key.size()));
     if (held->recipe == nullptr) Py_RETURN_NONE;  // refused: forward runs, every time
     void* stream = nullptr;
-    const at::Tensor* like = nullptr;
-    if (!ready(*held, c.tensors, c.n, &stream, &like)) Py_RETURN_NONE;
-    at::Tensor out = grad ? ReplayFunction::apply(*c.tensors[tensor_index_], Forward{this, held.get(), &c, like, stream})
-                          : run(*held, *like, c.ptrs, stream);
-    return THPVariable_Wrap(std::move(out));
+    if (!ready(*held, &stream) || (grad && api_->recipe_outputs(held->recipe) != 1)) Py_RETURN_NONE;
+    if (grad) {
+      const at::Tensor& x = *c.tensors[tensor_index_];
+      return THPVariable_Wrap(ReplayFunction::apply(x, Forward{this, held.get(), &c, stream}));
+    }
+    return wrap(run(*held, c.ptrs, stream));
   }
 
   // replay(*args) (forward's arguments, completed) -> as `call`, never with autograd (the Python path's own).
@@ -244,9 +264,10 @@ class Replays {
     if (!held) return py::bytes(c.key);
     if (held->recipe == nullptr) return py::none();
     void* stream = nullptr;
-    const at::Tensor* like = nullptr;
-    if (!ready(*held, c.tensors, c.n, &stream, &like)) return py::none();
-    return py::cast(run(*held, *like, c.ptrs, stream));
+    if (!ready(*held, &stream)) return py::none();
+    PyObject* out = wrap(run(*held, c.ptrs, stream));
+    if (out == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(out);
   }
 
   // key(*args) -> the key replay makes of forward's arguments, or None.
@@ -268,13 +289,26 @@ class Replays {
   size_t size() { return count(forward_); }
   size_t backward_size() { return count(backward_table_); }
 
-  // Run `held`'s recipe: the output allocated like `like`, the launches patched to ptrs (by argument) and to it.
-  at::Tensor run(const Held& held, const at::Tensor& like, const uint64_t* ptrs, void* stream) {
-    at::Tensor out = at::empty_like(like, like.options(), at::MemoryFormat::Contiguous);
+  // Run `held`'s recipe: its outputs allocated, the launches patched to ptrs (by argument) and to them.
+  std::vector<at::Tensor> run(const Held& held, const uint64_t* ptrs, void* stream) {
+    const int n = api_->recipe_outputs(held.recipe);
+    const auto device = static_cast<c10::DeviceIndex>(api_->recipe_device(held.recipe));
+    std::vector<at::Tensor> outs;
+    outs.reserve(static_cast<size_t>(n));
+    uint64_t out_ptrs[kMaxOutputs];
+    for (int j = 0; j < n && j < kMaxOutputs; ++j) {
+      int rank = 0;
+      int dtype = 0;
+      const int64_t* sizes = api_->recipe_output(held.recipe, j, &rank, &dtype);
+      TORCH_CHECK(dtype >= 0 && static_cast<size_t>(dtype) < dtypes_.size(), "fuselab replays: an output's dtype");
+      outs.push_back(at::empty(at::IntArrayRef(sizes, static_cast<size_t>(rank)),
+                               at::TensorOptions().dtype(dtypes_[static_cast<size_t>(dtype)]).device(at::kCUDA, device)));
+      out_ptrs[j] = address(outs.back());
+    }
     char error[256] = {0};
-    const int rc = api_->run_recipe(held.recipe, ptrs, address(out), stream, error, sizeof error);
+    const int rc = api_->run_recipe(held.recipe, ptrs, out_ptrs, stream, error, sizeof error);
     TORCH_CHECK(rc == 0, error);
-    return out;
+    return outs;
   }
 
   // What backward needs, into ctx: this, the forward's key, its options' index, the saved tensors.
@@ -309,8 +343,7 @@ class Replays {
     HeldPtr held = replays ? find(backward_table_, key) : nullptr;
     if (held && held->recipe != nullptr) {
       void* stream = nullptr;
-      const at::Tensor* like = nullptr;
-      if (ready(*held, tensors, static_cast<Py_ssize_t>(n), &stream, &like)) return run(*held, *like, ptrs, stream);
+      if (ready(*held, &stream) && api_->recipe_outputs(held->recipe) == 1) return run(*held, ptrs, stream)[0];
     }
     py::gil_scoped_acquire gil;
     py::object key_object = replays && !held ? py::object(py::bytes(key)) : py::object(py::none());
@@ -390,19 +423,17 @@ class Replays {
 
   py::object option_set(int index) { return option_sets_.at(static_cast<size_t>(index)); }
 
-  // Whether `held`'s recipe can run now: its output's model among the tensors, its context current, the current
-  // stream of its device its workspaces' (if any); the stream and the model into *stream and *like.
-  bool ready(const Held& held, const at::Tensor* const* tensors, Py_ssize_t n, void** stream, const at::Tensor** like) {
+  // Whether `held`'s recipe can run now: its context current, the current stream of its device its workspaces' (if
+  // any); that stream into *stream.
+  bool ready(const Held& held, void** stream) {
     if (held.recipe == nullptr) return false;
-    const int from = api_->recipe_out_from(held.recipe);
-    if (from < 0 || from >= n || tensors[from] == nullptr || !tensors[from]->defined()) return false;
     const auto device = static_cast<c10::DeviceIndex>(api_->recipe_device(held.recipe));
     *stream = c10::cuda::getCurrentCUDAStream(device).stream();
-    *like = tensors[from];
     return api_->recipe_ready(held.recipe, *stream) != 0;
   }
 
   const FuselabLauncherApi* api_ = nullptr;
+  std::vector<at::ScalarType> dtypes_;
   int tensor_index_;
   std::vector<std::pair<bool, int>> saved_from_;
   std::vector<std::pair<int, int>> backward_sources_;
@@ -415,7 +446,7 @@ class Replays {
 };
 
 at::Tensor ReplayFunction::forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const Forward& f) {
-  at::Tensor out = f.replays->run(*f.held, *f.like, f.call->ptrs, f.stream);
+  at::Tensor out = std::move(f.replays->run(*f.held, f.call->ptrs, f.stream)[0]);
   f.replays->save(ctx, x, out, f);
   return out;
 }
@@ -431,9 +462,9 @@ torch::autograd::variable_list ReplayFunction::backward(torch::autograd::Autogra
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Never deleted: a backward still pending may hold its address (an op's Replays lives as long as the process).
   py::class_<Replays, std::unique_ptr<Replays, py::nodelete>>(m, "Replays")
-      .def(py::init<const py::capsule&, int, std::vector<std::pair<bool, int>>, std::vector<std::pair<int, int>>,
-                    py::object>(),
-           py::arg("api"), py::arg("tensor_index"), py::arg("saved_from"), py::arg("backward_sources"),
+      .def(py::init<const py::capsule&, std::vector<at::ScalarType>, int, std::vector<std::pair<bool, int>>,
+                    std::vector<std::pair<int, int>>, py::object>(),
+           py::arg("api"), py::arg("dtypes"), py::arg("tensor_index"), py::arg("saved_from"), py::arg("backward_sources"),
            py::arg("backward"))
       .def_property_readonly("call", &Replays::entry, "the C entry: call(args, kwargs)")
       .def("replay", &Replays::replay)

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from fuselab.ops import tuning
+from fuselab.ops import launcher, tuning
 from fuselab.ops.library import wrap_triton
 
 LOG2E = 1.4426950408889634
@@ -826,6 +826,32 @@ def attention_bwd_dkdv_tma_kernel(
             dv_db.store([z, hk, n0, DA], dv_b.to(dv_db.dtype).reshape(1, 1, BLOCK_N, DB))
 
 
+@triton.jit(do_not_specialize=["ROWS", "NK", "SEEN", "PART"])  # lengths: no recompiles per N
+def attention_bwd_sum_kernel(
+    DKP, DVP, DK, DV, ROWS, NK, SEEN, SPLITS, PART, scale,
+    HEAD_DIM: tl.constexpr, WIDTH: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """DK = scale * (the sum of the SPLITS partial dK), DV = the sum of the partial dV, summed in split order
+    (deterministic), for the ROWS = Z * HKV * NK rows whose key (row % NK) is below SEEN. DK, DV: contiguous
+    (ROWS, HEAD_DIM); DKP, DVP: fp32 (SPLITS, ROWS, WIDTH), PART = ROWS * WIDTH elements a split. Grid:
+    (cdiv(ROWS, BLOCK_R),)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, D_PAD)
+    mask = ((rows < ROWS) & ((rows % NK) < SEEN))[:, None] & (cols < HEAD_DIM)[None, :]
+    pk = DKP + rows[:, None] * WIDTH + cols[None, :]
+    pv = DVP + rows[:, None] * WIDTH + cols[None, :]
+    dk = tl.zeros((BLOCK_R, D_PAD), tl.float32)
+    dv = tl.zeros((BLOCK_R, D_PAD), tl.float32)
+    for _ in range(SPLITS):
+        dk += tl.load(pk, mask=mask, other=0.0)
+        dv += tl.load(pv, mask=mask, other=0.0)
+        pk += PART
+        pv += PART
+    out = rows[:, None] * HEAD_DIM + cols[None, :]
+    tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=mask)
+
+
 @triton.jit
 def _dq_step(
     dq_a,
@@ -1139,6 +1165,7 @@ TRITON_KERNELS = (
     attention_bwd_delta_kernel,
     attention_bwd_dkdv_kernel,
     attention_bwd_dkdv_tma_kernel,
+    attention_bwd_sum_kernel,
     attention_bwd_dq_kernel,
     attention_bwd_dq_tma_kernel,
 )
@@ -1417,7 +1444,7 @@ def backward(
         tma = tma_ready(q4, k4, v4, dq, dk, dv)
         if tma and not tma_ready(do4):  # a strided gradient: one copy, and every tile by TMA
             do4 = do4.contiguous()
-        delta = torch.empty((z, hq, nq), dtype=torch.float32, device=q.device)
+        delta = launcher.workspace("attention delta", z * hq * nq, torch.float32, q.device)
         lse4 = lse.reshape(z, hq, nq)
         block = 16 if INTERPRET else 64
         num = triton.cdiv(nq, block)
@@ -1437,8 +1464,9 @@ def backward(
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
         dkp = dvp = None
         if splits > 1:  # unscaled fp32 partials of each share of the queries, summed below
-            dkp = torch.empty((splits, z, hkv, nk, da + db), dtype=torch.float32, device=q.device)
-            dvp = torch.empty_like(dkp)
+            part = z * hkv * nk * (da + db)
+            dkp = launcher.workspace("attention dk partials", splits * part, torch.float32, q.device)
+            dvp = launcher.workspace("attention dv partials", splits * part, torch.float32, q.device)
         grid = (num * z * hkv, splits)
         if tma:
             out = [None] * 4  # the partials are written by pointers
@@ -1461,8 +1489,12 @@ def backward(
                 QSPLIT=splits > 1, PREC=prec,
             )  # fmt: skip
         if splits > 1:  # a sum in a fixed order: deterministic
-            dk[:, :, :seen] = (dkp[:, :, :, :seen, :d].sum(0) * scale).to(dk.dtype)
-            dv[:, :, :seen] = dvp[:, :, :, :seen, :d].sum(0).to(dv.dtype)
+            rows, block = z * hkv * nk, 16 if INTERPRET else 64
+            _launch(
+                attention_bwd_sum_kernel, (triton.cdiv(rows, block),), dkp, dvp, dk, dv, rows, nk, seen, splits, part,
+                scale, plan=Plan(block, block, 1 if INTERPRET else 4, 1), HEAD_DIM=d, WIDTH=da + db, D_PAD=d_pad(d),
+                BLOCK_R=block,
+            )  # fmt: skip
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num = triton.cdiv(nq, plan.block_m)
         if tma:
