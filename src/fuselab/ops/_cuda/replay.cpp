@@ -240,7 +240,8 @@ class Replays {
     if (ok > 0 && PyDict_GET_SIZE(kwargs) > 0) ok = read_keywords(kwargs, c.key);
     if (ok < 0) return nullptr;
     if (ok == 0) Py_RETURN_NONE;
-    const bool grad = c.requires_grad && !backward_.is_none() && at::GradMode::is_enabled();
+    // a call needing grad is taken only by the C++ autograd (one tensor input); others go to Python's
+    const bool grad = c.requires_grad && at::GradMode::is_enabled();
     if (grad && !(differentiable_ && c.n_tensors == 1 && c.last_tensor == tensor_index_)) Py_RETURN_NONE;
     HeldPtr held = find(forward_, c.key);
     if (!held) return PyBytes_FromStringAndSize(c.key.data(), static_cast<Py_ssize_t>(c.key.size()));
