@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The cost of a call on a GPU: host and end-to-end us per back-to-back call of the GELU and softmax impls beside
 # PyTorch's (the impl "torch"), forward and forward + backward, launched by fuselab's launcher and, in a second run,
-# by Triton itself (FUSELAB_LAUNCHER=triton), and attention's beside SDPA's (bf16: TMA descriptors, which the launcher
-# leaves to Triton; fp32: pointers); then end to end against size (odd sizes up to 2^22 elements, forward).
+# by Triton itself (FUSELAB_LAUNCHER=triton), and attention's beside SDPA's (bf16: TMA descriptors, encoded by the
+# launcher; fp32: pointers); then end to end against size (odd sizes up to 2^22 elements, forward).
 #   OUT=/tmp/out bash scripts/call_cost.sh
 # Writes to $OUT: call_cost_{gelu,softmax,attention}.json, call_cost_{gelu,softmax,attention}_triton.json (Triton's
 # launch), call_cost_{gelu,softmax}_sizes.json and .png. docs/call-cost.md reads them. (The attention runs were

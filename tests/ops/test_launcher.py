@@ -626,9 +626,8 @@ def test_gpu_attention_calls_and_gradients_are_replayed_bitwise(
     the split partials of few key blocks summed by a kernel) are replayed from a key's second call (neither runs its
     Python: it would raise), TMA descriptors re-encoded for the new addresses; O and the gradients are the Python
     path's bitwise. Covers TMA and pointer kernels, GQA, 3-D inputs, N = 1, a split dK/dV loop."""
-    from fuselab.ops import get_op
+    from fuselab.ops.attention.triton import attention_triton as fused  # the op itself (the registry wraps it)
 
-    fused = get_op("attention").get_impl("triton").fn
     gen = torch.Generator(device="cpu").manual_seed(sum(q_shape))
     q = torch.randn(q_shape, generator=gen).to("cuda", dtype)
     k, v = (torch.randn(kv_shape, generator=gen).to("cuda", dtype) for _ in range(2))
@@ -655,6 +654,21 @@ def test_gpu_attention_calls_and_gradients_are_replayed_bitwise(
     with launcher.enabled(False):
         (want_summed,) = torch.autograd.grad(fused(xs[0], k, v, causal).sum(), xs[0])
     torch.testing.assert_close(summed, want_summed, rtol=0, atol=0)
+
+
+def test_a_kernel_the_launcher_does_not_wrap_makes_a_recording_not_replayable() -> None:
+    """A launch site given something other than a plain @triton.jit kernel (a wrapper, an autotuner) launches it
+    itself, unseen by the recording: the recording is marked not replayable, so no recipe skips that launch."""
+
+    class Wrapper:
+        def __getitem__(self, grid: object) -> object:
+            return lambda *args: None
+
+    wrapper = Wrapper()
+    with launcher.recording() as noted:
+        assert launcher.fast(wrapper) is wrapper
+    assert not noted.replayable
+    assert launcher.fast(wrapper) is wrapper  # outside a recording: just the kernel
 
 
 def test_a_recording_notes_this_threads_launches_within_it() -> None:

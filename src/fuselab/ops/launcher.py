@@ -268,19 +268,21 @@ _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 def fast(kernel: object) -> object:
     """`kernel` (a @triton.jit function) as launch sites launch it outside tracing: a FastKernel when the launcher
-    is enabled and built, else the kernel itself."""
-    if not _State.enabled:
-        return kernel
-    try:
-        return _FAST[kernel]
-    except KeyError:
-        pass
-    from triton.runtime.jit import JITFunction
+    is enabled and built, else the kernel itself, whose launches a recording cannot see (it is then marked not
+    replayable: a recipe without them would skip them)."""
+    if _State.enabled:
+        wrapped = _FAST.get(kernel)
+        if wrapped is not None:
+            return wrapped
+        from triton.runtime.jit import JITFunction
 
-    if not isinstance(kernel, JITFunction) or _current_device is None or module() is None:
-        return kernel  # not a plain kernel, a torch without CUDA, or no C module
-    wrapped = _FAST[kernel] = FastKernel(kernel)
-    return wrapped
+        if isinstance(kernel, JITFunction) and _current_device is not None and module() is not None:
+            wrapped = _FAST[kernel] = FastKernel(kernel)
+            return wrapped
+    noted = getattr(_LOCAL, "recording", None)
+    if noted is not None:  # not a plain kernel (a wrapper, an autotuner), a torch without CUDA, or no C module
+        noted.mark_not_replayable()
+    return kernel
 
 
 # ---------------------------------------------------------------------------------------------- workspaces
