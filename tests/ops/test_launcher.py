@@ -282,6 +282,15 @@ def c_replayer() -> object:
     return mod.Replayer(launcher.NUMBERS, torch.empty, id, CallTensor)
 
 
+def test_recipe_limits_are_the_c_modules() -> None:
+    """Python's limits on a recipe (what define_op and `recipe` refuse past) are the ones the C module was built with
+    (launcher_api.h, which the replays' C++ reads too)."""
+    mod = launcher.module()
+    if mod is None:
+        pytest.fail("the launcher's C module did not build")
+    assert (launcher.MAX_STEPS, launcher.MAX_OUTPUTS) == (mod.MAX_STEPS, mod.MAX_OUTPUTS)
+
+
 def test_a_calls_key_splits_what_a_forward_may_choose_by() -> None:
     """Dtype, device, alignment, shape, strides and each option's value make the key; only the address past its
     16-byte alignment does not. Arguments it cannot key (a CPU tensor, an object) give None."""

@@ -326,8 +326,8 @@ def workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device) -
 # as made, options by keyword included, before any Python of the op's: fuselab.ops.library.FusedOp.__call__).
 
 _LOCAL = threading.local()
-MAX_STEPS = 8  # launches a recipe holds (the C module's limit)
-MAX_OUTPUTS = 4  # outputs a recipe allocates (the C module's limit)
+MAX_STEPS = 8  # launches a recipe holds (launcher_api.h's FUSELAB_RECIPE_MAX_STEPS, the C module's MAX_STEPS)
+MAX_OUTPUTS = 4  # outputs a recipe allocates (FUSELAB_RECIPE_MAX_OUTPUTS, the C module's MAX_OUTPUTS)
 
 
 class Recording:

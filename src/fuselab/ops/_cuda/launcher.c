@@ -728,8 +728,8 @@ static PyTypeObject BinaryType = {
 // launched with the values it was launched with, its pointers (and its descriptors' bases) patched to this call's
 // inputs and outputs, on the current stream.
 
-#define MAX_STEPS 8
-#define MAX_OUTPUTS 4
+#define MAX_STEPS FUSELAB_RECIPE_MAX_STEPS
+#define MAX_OUTPUTS FUSELAB_RECIPE_MAX_OUTPUTS
 #define MAX_DIMS 8  // an output's rank
 #define KEY_MAX 2048
 
@@ -1330,6 +1330,10 @@ PyMODINIT_FUNC PyInit_fuselab_launcher(void) {
   PyObject* capsule = PyCapsule_New(&api, "fuselab_launcher.api", NULL);
   if (capsule == NULL || PyModule_AddObject(m, "api", capsule) < 0) {
     Py_XDECREF(capsule);
+    Py_DECREF(m);
+    return NULL;
+  }
+  if (PyModule_AddIntConstant(m, "MAX_STEPS", MAX_STEPS) < 0 || PyModule_AddIntConstant(m, "MAX_OUTPUTS", MAX_OUTPUTS) < 0) {
     Py_DECREF(m);
     return NULL;
   }

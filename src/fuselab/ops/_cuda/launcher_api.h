@@ -12,13 +12,16 @@ extern "C" {
 #endif
 
 #define FUSELAB_LAUNCHER_API_VERSION 2
+// A Recipe's limits: the launches it holds and the outputs it allocates (the module's MAX_STEPS, MAX_OUTPUTS).
+#define FUSELAB_RECIPE_MAX_STEPS 8
+#define FUSELAB_RECIPE_MAX_OUTPUTS 4
 
 typedef struct {
   int version;  // FUSELAB_LAUNCHER_API_VERSION
   // Whether replays are on (fuselab.ops.launcher.enabled), and this thread's depth in recordings.
   int (*replays_on)(void);
   int (*recording_depth)(void);
-  // Whether `object` (a PyObject*) is a Recipe; then how many outputs it allocates (1 to 4), output j's sizes (its
+  // Whether `object` (a PyObject*) is a Recipe; then how many outputs it allocates (1 to FUSELAB_RECIPE_MAX_OUTPUTS), output j's sizes (its
   // rank and dtype number, the launcher's, into *rank and *dtype), and the device it runs on.
   int (*is_recipe)(void* object);
   int (*recipe_outputs)(void* recipe);

@@ -31,7 +31,7 @@ namespace py = pybind11;
 namespace {
 
 constexpr Py_ssize_t kMaxArgs = 64;
-constexpr int kMaxOutputs = 4;  // a recipe's (the launcher's MAX_OUTPUTS)
+constexpr int kMaxOutputs = FUSELAB_RECIPE_MAX_OUTPUTS;  // a recipe's
 constexpr size_t kMaxKeys = 4096;  // a bound on each table (cleared when full), not an LRU
 constexpr const char* kCapsule = "fuselab_replay.Replays";
 
