@@ -1,7 +1,9 @@
 """A transformer's feed-forward block built of torch.nn and of fuselab's GELU, timed per call as a model calls it.
 
 Linear(d, 4d), GELU (tanh), Linear(4d, d): with `nn.GELU(approximate="tanh")` ("torch") and with
-`fuselab.nn.GELU(approximate="tanh", impl=...)` for each fused impl (triton, cuda), same weights. Each is called
+`fuselab.nn.GELU(approximate="tanh", impl=...)` for "auto" (the default a user gets: the Triton kernel eager; under
+torch.compile the formula, which Inductor fuses, below 2^20 elements) and each fused impl named (triton, cuda), same
+weights. Each is called
 eager and under torch.compile in each mode given (one compile per token count), forward alone (no grad) and forward +
 backward (the gradients of every weight and of x), and timed back to back by `fuselab.bench.timer.call_cost`: host
 µs per call and end-to-end µs per call (host and GPU overlapped, as in a model), the median of `--rounds` rounds that
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--dim", type=int, default=1024, help="d_model (default 1024; the hidden layer is 4x)")
     p.add_argument("--tokens", default="1,997,4099", help="token counts (rows of x), comma separated")
-    p.add_argument("--impl", default="torch,triton,cuda", help="GELUs: torch (nn.GELU) first, then fuselab impls")
+    p.add_argument("--impl", default="torch,auto,triton,cuda", help="GELUs: torch (nn.GELU) first, then fuselab's")
     p.add_argument("--modes", default="eager,default,max-autotune-no-cudagraphs", help="eager and compile modes")
     p.add_argument("--budget-ms", type=float, default=100.0, help="call_cost's time per case and impl")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (medians are reported)")

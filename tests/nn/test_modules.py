@@ -26,7 +26,7 @@ def test_the_default_runs_the_native_impl_of_the_tensors_device_and_says_which(n
     assert op.native_impl("cpu") == op.defaults.baseline
     if torch.cuda.is_available():
         assert op.get_impl(on_cuda).triton_kernels is not None or op.get_impl(on_cuda).cuda_source is not None
-    assert f"impl='auto' ({op.defaults.baseline} on cpu, {on_cuda} on cuda)" in repr(module)
+    assert f"impl='auto' ({op.defaults.baseline} on cpu, {on_cuda} on cuda" in repr(module)
     x = torch.randn(8, 37, generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -50,3 +50,89 @@ def test_an_impl_named_that_runs_interpreted_warns_once_a_process_at_the_users_l
     assert len(interpreted) == 1, [str(w.message) for w in interpreted]
     assert f"{op.name} impl 'triton'" in str(interpreted[0].message) and "impl='auto'" in str(interpreted[0].message)
     assert interpreted[0].filename == __file__
+
+
+def _traced_graph(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.fx.GraphModule, torch.Tensor]:
+    """The graph torch.compile(fullgraph=True) captures of `model` (Dynamo's, no Inductor), and its output on x."""
+    graphs = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=capture, fullgraph=True)(x)
+    torch._dynamo.reset()
+    assert len(graphs) == 1
+    return graphs[0], out
+
+
+def _targets(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(getattr(n.target, "__name__", n.target)) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_under_torch_compile_the_default_gelu_hands_its_formula_to_the_compiler_below_its_limit():
+    """fuselab.nn.GELU() (impl="auto") while torch.compile traces an input of fewer than 2^20 elements: the formula
+    in PyTorch ops (tanh among them), no fuselab op and no gelu call, so Inductor can fuse it with the ops around it;
+    its values are the float64 formula's. From 2^20 elements on, and for a named impl, what runs eager is traced
+    (the built-in F.gelu on the CPU). The repr says so."""
+    gelu = get_op("gelu")
+    model = torch.nn.Sequential(torch.nn.Linear(24, 37), fuselab.nn.GELU(approximate="tanh"))
+    x = torch.randn(5, 24, generator=torch.Generator().manual_seed(4))
+    gm, out = _traced_graph(model, x)
+    targets = _targets(gm)
+    assert "tanh" in targets and not any("fuselab" in t or "gelu" in t for t in targets), targets
+    h = model[0](x).double()
+    torch.testing.assert_close(out, gelu.reference(h, approximate="tanh").float(), rtol=1e-5, atol=1e-6)
+    assert "compile under torch.compile below 1,048,576 elements" in repr(model[1])
+    assert get_op("gelu").traced_below == 2**20
+
+    big = torch.randn(2**20, generator=torch.Generator().manual_seed(5))
+    big_gm, big_out = _traced_graph(fuselab.nn.GELU(approximate="tanh"), big)
+    assert "gelu" in _targets(big_gm) and "tanh" not in _targets(big_gm), _targets(big_gm)
+    torch.testing.assert_close(big_out, torch.nn.functional.gelu(big, approximate="tanh"), rtol=0, atol=0)
+
+    named = torch.nn.Sequential(model[0], fuselab.nn.GELU(approximate="tanh", impl="torch"))
+    named_gm, named_out = _traced_graph(named, x)
+    assert "gelu" in _targets(named_gm) and "tanh" not in _targets(named_gm)
+    torch.testing.assert_close(named_out, out, rtol=1e-5, atol=1e-6)
+    assert "torch.compile" not in repr(named[1])
+
+
+def test_a_drop_in_without_a_traced_impl_runs_its_native_impl_under_torch_compile():
+    """Softmax declares no traced_impl: compiled, the default runs what it runs eager (torch.softmax on the CPU)."""
+    assert get_op("softmax").traced_impl is None
+    assert "traced" not in get_op("softmax").drop_in_fns("auto")
+    gm, out = _traced_graph(fuselab.nn.Softmax(dim=-1), torch.randn(3, 11, generator=torch.Generator().manual_seed(5)))
+    assert any("softmax" in t for t in _targets(gm)), _targets(gm)
+    assert out.shape == (3, 11)
+
+
+@pytest.mark.gpu
+def test_gpu_the_default_gelu_is_fused_by_inductor_and_a_named_one_runs_its_kernel():
+    """On the GPU under Inductor: fuselab.nn.GELU()'s formula becomes part of Inductor's own kernels (no fuselab op
+    or kernel in the generated code) and matches the float64 formula; from 2^20 elements on, and for impl="triton"
+    at any size, the generated code launches fuselab's kernel."""
+    from torch._inductor.utils import run_and_get_code
+
+    gelu = get_op("gelu")
+    torch.manual_seed(6)
+    lin = torch.nn.Linear(96, 1001).cuda()
+    small, large = torch.randn(7, 96, device="cuda"), torch.randn(1100, 96, device="cuda")  # 7 007 / 1 101 100
+    for impl, x, expect in (
+        ("auto", small, None),
+        ("triton", small, "gelu_forward_kernel"),
+        ("auto", large, "gelu_forward_kernel"),
+    ):
+        torch._dynamo.reset()
+        model = torch.compile(torch.nn.Sequential(lin, fuselab.nn.GELU(approximate="tanh", impl=impl)))
+        with torch.no_grad():
+            out, codes = run_and_get_code(model, x)
+            ref = gelu.reference(lin(x).double(), approximate="tanh")
+        code = "\n".join(codes)
+        if expect is None:
+            assert "fuselab" not in code and "gelu_forward_kernel" not in code
+        else:
+            assert expect in code
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()

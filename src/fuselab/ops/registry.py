@@ -199,6 +199,10 @@ class Op:
     defaults: what the tools measure of it when told nothing else (`Defaults`).
     options: typed keyword options the impls accept (given as a sequence of Option, kept by name).
     bound: "memory" (quoted in GB/s against the copy ceiling) or "compute" (TFLOP/s against the matmul ceiling).
+    traced_impl: the impl a drop-in with impl="auto" runs while torch.compile traces it on an input of fewer than
+        `traced_below` elements (None: any), `drop_in_fns`: one of plain PyTorch ops, which Inductor fuses with the
+        ops around it (a pointwise op into the matmul before it), where a kernel of its own would cost more host
+        time than GPU time. None: the native impl, as in eager mode.
     package: the op's folder (`fuselab.ops.gelu`; None for an op without one), where the tools find by name what
         the op has beside its math: `module.py` (its `__all__`: the drop-in nn.Module, `fuselab.nn.<Class>`, built
         with keyword `impl`, whose classmethod drop_in_pair(impl, **options) gives it and its PyTorch counterpart
@@ -222,6 +226,8 @@ class Op:
     doc: str = ""
     title: str = ""
     package: str | None = None
+    traced_impl: str | None = None
+    traced_below: int | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -330,16 +336,33 @@ class Op:
 
     def drop_in_fns(self, impl: str) -> dict[str, tuple[str, Callable]]:
         """For a drop-in module running `impl` ("auto": `native_impl`): per device type ("cpu", "cuda"), the impl's
-        name and function (a compiled impl wrapped in torch.compile once). An unknown name raises ValueError."""
+        name and function (a compiled impl wrapped in torch.compile once); for "auto" on an op with a
+        `traced_impl`, also "traced": a function running that impl's own (never wrapped: it runs inside a trace)
+        below `traced_below` elements, the native impl above. Pick with `drop_in_choice`. An unknown name raises
+        ValueError."""
         fns = {}
         for device_type in ("cpu", "cuda"):
             name = self.native_impl(device_type) if impl == "auto" else impl
-            try:
-                found = self.get_impl(name)
-            except UnknownName as e:
-                raise ValueError(str(e)) from None
+            found = self._drop_in_impl(name)
             fns[device_type] = (name, torch.compile(found.fn) if found.compiled else found.fn)
+        if impl == "auto" and self.traced_impl is not None:
+            formula, limit = self._drop_in_impl(self.traced_impl).fn, self.traced_below
+            cpu, cuda = fns["cpu"][1], fns["cuda"][1]
+
+            def traced(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+                if limit is None or x.numel() < limit:
+                    return formula(x, *args, **kwargs)
+                return (cuda if x.is_cuda else cpu)(x, *args, **kwargs)
+
+            traced.below = limit  # type: ignore[attr-defined]  (for the repr: describe_drop_in)
+            fns["traced"] = (self.traced_impl, traced)
         return fns
+
+    def _drop_in_impl(self, name: str) -> Impl:
+        try:
+            return self.get_impl(name)
+        except UnknownName as e:
+            raise ValueError(str(e)) from None
 
     def get_impl(self, name: str) -> Impl:
         if name not in self.impls:
@@ -383,6 +406,27 @@ def _exported(package: str | None, name: str) -> dict[str, object]:
 
 
 _NATIVE: dict[tuple[str, str], str] = {}  # (op, device type) -> its native impl (Op.native_impl)
+
+
+def drop_in_choice(fns: dict[str, tuple[str, Callable]], x: torch.Tensor) -> tuple[str, Callable]:
+    """The (impl name, function) of `fns` (`Op.drop_in_fns`) that a drop-in runs on `x`: while torch.compile traces,
+    the "traced" one where there is one; else the one of x's device type."""
+    if "traced" in fns and torch.compiler.is_compiling():
+        return fns["traced"]
+    return fns["cuda" if x.is_cuda else "cpu"]
+
+
+def describe_drop_in(fns: dict[str, tuple[str, Callable]]) -> str:
+    """What runs where, for a drop-in's repr: "torch on cpu, triton on cuda, compile under torch.compile below
+    1,048,576 elements" (the last for an op with a `traced_impl`)."""
+    return ", ".join(f"{name} {_where(where, fn)}" for where, (name, fn) in fns.items())
+
+
+def _where(where: str, fn: Callable) -> str:
+    if where != "traced":
+        return f"on {where}"
+    below = getattr(fn, "below", None)
+    return "under torch.compile" + (f" below {below:,} elements" if below is not None else "")
 
 
 _WARNED: set[tuple[str, str]] = set()  # (op, impl) already warned of running interpreted, in this process

@@ -6,7 +6,7 @@ import torch
 
 from fuselab.ops.gelu.spec import GELU as GELU_OP
 from fuselab.ops.gelu.spec import check_form
-from fuselab.ops.registry import warn_if_interpreted
+from fuselab.ops.registry import describe_drop_in, drop_in_choice, warn_if_interpreted
 
 
 class GELU(torch.nn.Module):
@@ -14,9 +14,11 @@ class GELU(torch.nn.Module):
     computed by implementation `impl` (keyword only).
 
     impl: "auto" (default: the fused Triton kernel on a GPU, PyTorch's F.gelu on the CPU, where Triton only
-    interprets; `Op.native_impl`) or a registered GELU impl (naive, torch, compile, triton, cuda); "compile" is
-    wrapped in torch.compile here. triton and cuda have fused backward kernels; naive, torch and compile
-    differentiate through PyTorch. Dtypes: float32, float16, bfloat16; impl="torch" also float64.
+    interprets, `Op.native_impl`; while torch.compile traces the model, the formula in PyTorch ops, which Inductor
+    fuses into the kernels around it, as it does torch.nn.GELU) or a registered GELU impl (naive, torch, compile,
+    triton, cuda), which runs eager and compiled alike; "compile" is wrapped in torch.compile here. triton and cuda
+    have fused backward kernels; naive, torch and compile differentiate through PyTorch. Dtypes: float32, float16,
+    bfloat16; impl="torch" and "compile" also float64.
     """
 
     def __init__(self, approximate: str = "none", *, impl: str = "auto") -> None:
@@ -28,15 +30,14 @@ class GELU(torch.nn.Module):
         self._warned = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        name, fn = self._fns["cuda" if x.is_cuda else "cpu"]
+        name, fn = drop_in_choice(self._fns, x)
         if not x.is_cuda and not self._warned and not torch.compiler.is_compiling():
             warn_if_interpreted(GELU_OP, name)
             self._warned = True
         return fn(x, self.approximate)
 
     def extra_repr(self) -> str:
-        runs = ", ".join(f"{name} on {device}" for device, (name, _) in self._fns.items())
-        chosen = f" ({runs})" if self.impl == "auto" else ""
+        chosen = f" ({describe_drop_in(self._fns)})" if self.impl == "auto" else ""
         return f"approximate={self.approximate!r}, impl={self.impl!r}{chosen}"
 
     @classmethod

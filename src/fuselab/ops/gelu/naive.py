@@ -29,7 +29,10 @@ def gelu_torch(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     return F.gelu(x, approximate=approximate)
 
 
-@GELU.impl("compile", devices=ANY_DEVICE, compiled=True, backward=True, upstream=True)
+@GELU.impl(
+    "compile", devices=ANY_DEVICE, dtypes=(*FLOAT_DTYPES, torch.float64), compiled=True, backward=True, upstream=True
+)
 def gelu_compile(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """The naive formula, which the harness wraps in torch.compile per case: Inductor fuses it into one kernel."""
+    """The naive formula, which the harness wraps in torch.compile per case: Inductor fuses it into one kernel. Also
+    what fuselab.nn.GELU() (impl "auto") runs while torch.compile traces a model (the op's `traced_impl`)."""
     return gelu_naive(x, approximate)

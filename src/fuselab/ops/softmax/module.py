@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from fuselab.ops.registry import warn_if_interpreted
+from fuselab.ops.registry import describe_drop_in, drop_in_choice, warn_if_interpreted
 from fuselab.ops.softmax.spec import SOFTMAX
 
 
@@ -37,7 +37,7 @@ class Softmax(torch.nn.Module):
         self._warned = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        name, fn = self._fns["cuda" if x.is_cuda else "cpu"]
+        name, fn = drop_in_choice(self._fns, x)
         if not x.is_cuda and not self._warned and not torch.compiler.is_compiling():
             warn_if_interpreted(SOFTMAX, name)
             self._warned = True
@@ -52,8 +52,7 @@ class Softmax(torch.nn.Module):
         return fn(x.movedim(dim, -1)).movedim(-1, dim)
 
     def extra_repr(self) -> str:
-        runs = ", ".join(f"{name} on {device}" for device, (name, _) in self._fns.items())
-        chosen = f" ({runs})" if self.impl == "auto" else ""
+        chosen = f" ({describe_drop_in(self._fns)})" if self.impl == "auto" else ""
         return f"dim={self.dim}, impl={self.impl!r}{chosen}"
 
     @classmethod
