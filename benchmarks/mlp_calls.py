@@ -8,7 +8,8 @@ eager and under torch.compile in each mode given (one compile per token count), 
 backward (the gradients of every weight and of x), and timed back to back by `fuselab.bench.timer.call_cost`: host
 µs per call and end-to-end µs per call (host and GPU overlapped, as in a model), the median of `--rounds` rounds that
 take the impls in turn. Ratios are each impl's end-to-end time over torch's at the same mode, pass and token count,
-measured side by side in one process.
+measured side by side in one process: the median over rounds of each round's ratio (the impls of a round run within
+milliseconds of each other, so the host's drift between rounds cancels), with its quartiles.
 
     PYTHONPATH=src python3 benchmarks/mlp_calls.py --out benchmarks/results/h200/mlp_calls.json
     PYTHONPATH=src python3 benchmarks/mlp_calls.py --device cpu --dim 64 --tokens 3 --modes eager --impl torch
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--impl", default="torch,auto,triton,cuda", help="GELUs: torch (nn.GELU) first, then fuselab's")
     p.add_argument("--modes", default="eager,default,max-autotune-no-cudagraphs", help="eager and compile modes")
     p.add_argument("--budget-ms", type=float, default=100.0, help="call_cost's time per case and impl")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (medians are reported)")
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds per case (medians are reported)")
     args = p.parse_args(argv)
     impls, modes = args.impl.split(","), args.modes.split(",")
     if impls[0] != "torch":
@@ -96,20 +97,28 @@ def main(argv: list[str] | None = None) -> int:
                 for fn in fns.values():
                     fn()  # compiles
                 costs = {impl: [] for impl in impls}
-                for _ in range(args.rounds):  # interleaved: drift of the host's speed hits every impl alike
-                    for impl, fn in fns.items():
-                        costs[impl].append(call_cost(fn, device=args.device, budget_ms=args.budget_ms / args.rounds))
+                for r in range(args.rounds):  # interleaved, each round in another order: drift hits every impl alike
+                    for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
+                        costs[impl].append(
+                            call_cost(fns[impl], device=args.device, budget_ms=args.budget_ms / args.rounds)
+                        )
                 pass_name = "forward + backward" if backward else "forward"
                 host = {impl: statistics.median(c.host_us for c in cs) for impl, cs in costs.items()}
                 e2e = {impl: statistics.median(c.end_to_end_us for c in cs) for impl, cs in costs.items()}
                 for impl in impls:
-                    ratio = e2e[impl] / e2e["torch"]
+                    # each round's ratio to torch's in the same round: the host's drift between rounds cancels
+                    paired = [
+                        c.end_to_end_us / t.end_to_end_us for c, t in zip(costs[impl], costs["torch"], strict=True)
+                    ]
+                    quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else [paired[0]] * 3
                     row = {"tokens": tokens, "mode": mode, "pass": pass_name, "impl": impl, "rounds": args.rounds,
-                           "host_us": host[impl], "e2e_us": e2e[impl], "e2e_vs_torch": ratio}  # fmt: skip
+                           "host_us": host[impl], "e2e_us": e2e[impl], "e2e_vs_torch": statistics.median(paired),
+                           "e2e_vs_torch_iqr": [quartiles[0], quartiles[2]]}  # fmt: skip
                     rows.append(row)
                     print(f"{tokens:6d} {mode:27} {pass_name:18} {impl:7} host {host[impl]:8.1f} us  "
-                          f"e2e {e2e[impl]:8.1f} us  {row['e2e_vs_torch']:.3f}x  "
-                          f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+                          f"e2e {e2e[impl]:8.1f} us  {row['e2e_vs_torch']:.3f}x "
+                          f"[{quartiles[0]:.3f}, {quartiles[2]:.3f}]  ({time.perf_counter() - start:.0f} s)",
+                          flush=True)  # fmt: skip
     torch._dynamo.reset()
     if args.out:
         revision = (
