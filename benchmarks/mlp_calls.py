@@ -3,13 +3,13 @@
 Linear(d, 4d), GELU (tanh), Linear(4d, d): with `nn.GELU(approximate="tanh")` ("torch") and with
 `fuselab.nn.GELU(approximate="tanh", impl=...)` for "auto" (the default a user gets: the Triton kernel eager; under
 torch.compile the formula, which Inductor fuses, below 2^20 elements) and each fused impl named (triton, cuda), same
-weights. Each is called
-eager and under torch.compile in each mode given (one compile per token count), forward alone (no grad) and forward +
-backward (the gradients of every weight and of x), and timed back to back by `fuselab.bench.timer.call_cost`: host
-µs per call and end-to-end µs per call (host and GPU overlapped, as in a model), the median of `--rounds` rounds that
-take the impls in turn. Ratios are each impl's end-to-end time over torch's at the same mode, pass and token count,
-measured side by side in one process: the median over rounds of each round's ratio (the impls of a round run within
-milliseconds of each other, so the host's drift between rounds cancels), with its quartiles.
+weights. Each is called eager and under torch.compile in each mode given (one compile per token count), forward
+alone (no grad) and forward + backward (the gradients of every weight and of x), and timed back to back by
+`fuselab.bench.timer.call_cost`: host µs per call and end-to-end µs per call (host and GPU overlapped, as in a model),
+the median of `--rounds` rounds that take the impls in turn. Ratios are each impl's end-to-end time over torch's at
+the same mode, pass and token count, measured side by side in one process: the median over rounds of each round's
+ratio (the impls of a round run within milliseconds of each other, so the host's drift between rounds cancels), with
+its quartiles.
 
     PYTHONPATH=src python3 benchmarks/mlp_calls.py --out benchmarks/results/h200/mlp_calls.json
     PYTHONPATH=src python3 benchmarks/mlp_calls.py --device cpu --dim 64 --tokens 3 --modes eager --impl torch
