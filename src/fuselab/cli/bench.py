@@ -40,7 +40,7 @@ from fuselab.bench.results import (
 from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratios
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, non_negative, percent, positive, resolve
-from fuselab.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, shape_ratios
+from fuselab.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, rival_ratios, shape_ratios
 from fuselab.evaluate.choices import bench_cases, speed_axis
 from fuselab.ops.registry import Op
 
@@ -148,19 +148,26 @@ def run(args: argparse.Namespace) -> int:
     ceilings = get_ceilings(device, measure=False)
     if measured and busy_note(ceilings):
         console.print(f"[yellow]{busy_note(ceilings)}[/yellow]", soft_wrap=True)
-    summary = None
+    summary, rivals = None, []
     if drawn:
         by = (*op.options, *(["pass"] if args.backward else []))
         rows, summary = shape_ratios(op, rows, by)
+        rivals = rival_ratios(op, rows, by)
         shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in by], *SUMMARY_COLUMNS[2:]]
         title = f"{op.name}: time / best of {', '.join(op.defaults.peers)}"
         print_table(make_table(summary, shown, title=title), console)
+        if rivals:
+            title = f"{op.name}: time / best of {', '.join(op.defaults.rivals)}"
+            print_table(make_table(rivals, shown, title=title), console)
     if args.out and args.out.suffix == ".json":
         meta = {"env": provenance(device), "ceilings": ceilings}
         if drawn:
             peers = list(op.defaults.peers)
             meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": peers}
             meta["ratios"] = summary
+            if rivals:
+                meta["random"]["rivals"] = list(op.defaults.rivals)
+                meta["rival_ratios"] = rivals
         write_json(rows, args.out, meta=meta)
         console.print(f"wrote {args.out} (log: {log})")
     if args.csv:

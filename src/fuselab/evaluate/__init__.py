@@ -61,7 +61,7 @@ from fuselab.evaluate.choices import (
     cap_numel,
     speed_axis,
 )
-from fuselab.evaluate.draws import draw_op_shapes, load_of, shape_ratios
+from fuselab.evaluate.draws import draw_op_shapes, load_of, rival_ratios, shape_ratios
 from fuselab.evaluate.selection import BENCH_DTYPES, Selection
 
 __all__ = [
@@ -113,6 +113,7 @@ __all__ = [
     "reference_rows",
     "refuse_if_nothing_fits",
     "refuse_if_too_big",
+    "rival_ratios",
     "shape_ratios",
     "speed_axis",
     "summarize_checks",

@@ -57,3 +57,12 @@ def shape_ratios(op: Op, rows: Sequence[Row], by: Sequence[str] = ()) -> tuple[l
     and the five worst shapes (`summarize`)."""
     rows = add_ratios(rows, op.defaults.peers)
     return rows, summarize(rows, ("impl", "dtype", *by))
+
+
+def rival_ratios(op: Op, rows: Sequence[Row], by: Sequence[str] = ()) -> list[dict]:
+    """Per impl (the rivals' own left out), dtype and the fields `by`: its time over the fastest of the op's rivals
+    (`Defaults.rivals`) on the same case, summarized as `shape_ratios` does; empty without rivals or their rows."""
+    if not op.defaults.rivals:
+        return []
+    ours = [r for r in add_ratios(rows, op.defaults.rivals) if r.case.impl not in op.defaults.rivals]
+    return summarize(ours, ("impl", "dtype", *by))

@@ -109,8 +109,9 @@ class Impl:
     dtypes: the dtypes it accepts, when not its op's (None: every dtype of the op); e.g. fewer (FlashAttention:
         fp16/bf16), or float64 too (PyTorch's own functions).
     min_dim: the fewest dimensions each input must have (attention: 3, (batch, N, d)).
-    upstream: it runs PyTorch's own kernels (a baseline: torch's function, SDPA, torch.compile's code), so what fails
-        in it is PyTorch's to fix: the GPU gate reports such failures apart from fuselab's own.
+    upstream: it runs another project's kernels (a baseline: torch's function, SDPA, torch.compile's code; a rival:
+        Liger-Kernel's), so what fails in it is that project's to fix: the GPU gate reports such failures apart from
+        fuselab's own.
     tolerance_scale: it is held to its op's tolerance times this: an unfused chain of k ops rounds k times in a
         16-bit dtype where a fused kernel rounds once (say why where it is set).
     """
@@ -158,7 +159,9 @@ class Defaults:
     random_shape(rng): one shape drawn for `bench --shapes random:N` (numpy Generator), or None.
     axis: (label, shape -> value) the plots of its speed run along (default: the element count, or the last
         dimension where the count is fixed); panel(shape): what else splits the plots into panels (e.g. "d=64").
-    baseline: the impl speed-ups are quoted against; peers: the impls the every-shape ratio is taken against.
+    baseline: the impl speed-ups are quoted against; peers: the impls the every-shape ratio is taken against;
+    rivals: other projects' impls (Liger-Kernel's) that ours should never be slower than: the every-shape draw
+        reports each impl's ratio to the fastest of them too.
     report: per report mode ("quick", "cpu", "gpu") what the report's section on the op measures:
         {"check_shapes", "check_dtypes", "compile_check_shapes", "compile_check_dtypes", "bench_dtypes",
          "bench_sweeps": [{"shapes": [...], "options": {...}}, ...] (the first is plotted),
@@ -178,6 +181,7 @@ class Defaults:
     panel: Callable[[Shape], str] | None = None
     baseline: str = "torch"
     peers: tuple[str, ...] = ("torch", "compile")
+    rivals: tuple[str, ...] = ()
     report: dict[str, dict] = field(default_factory=dict)
     rows_from: int | None = None
 

@@ -1,5 +1,6 @@
-"""Softmax over the last dimension: the spec and its impls naive, torch, compile, triton, cuda, and
-triton-elementwise (one element per thread, reduced through global memory: the lecture's counter-example).
+"""Softmax over the last dimension: the spec and its impls naive, torch, compile, triton, cuda,
+triton-elementwise (one element per thread, reduced through global memory: the lecture's counter-example), and
+liger (Liger-Kernel's, where installed: the rival the draws time ours against).
 
 Importing registers them all; it needs no GPU or nvcc (the CUDA extension is built on first use), and Triton only
 for the triton impl, which is otherwise registered as unavailable, saying why.
@@ -33,6 +34,7 @@ else:
         raise RuntimeError(f"softmax triton-elementwise: {triton_unavailable('cuda')}")
 
 
+from fuselab.ops.softmax import liger  # noqa: F401
 from fuselab.ops.softmax.module import Softmax
 
 __all__ = ["SOFTMAX", "Softmax"]

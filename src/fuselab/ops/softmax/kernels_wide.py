@@ -280,3 +280,55 @@ def _backward_looped_kernel(
         dy = tl.load(dy_row + start + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_row + start + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
         start -= BLOCK
+
+
+@triton.jit
+def _backward_partial_dot_kernel(
+    y_ptr, dy_ptr, dot_ptr, n_cols, y_row_stride, dy_row_stride, split, BLOCK: tl.constexpr, ALIGN: tl.constexpr
+):
+    """The backward of few wide rows, first kernel: program p (grid n_rows * split) sums y * dy over columns
+    [c * BLOCK, (c + 1) * BLOCK) of row r (p = r * split + c) into dot_ptr[p] (fp32). n_cols and the row strides come
+    divided by ALIGN (see `launch.alignment`)."""
+    n_cols = n_cols * ALIGN
+    program = tl.program_id(0).to(tl.int64)
+    row = program // split
+    cols = (program % split) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    y = tl.load(y_ptr + row * y_row_stride * ALIGN + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * dy_row_stride * ALIGN + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dot_ptr + program, tl.sum(y * dy, axis=0))
+
+
+@triton.jit
+def _backward_split_kernel(
+    y_ptr,
+    dy_ptr,
+    dx_ptr,
+    dot_ptr,
+    n_cols,
+    y_row_stride,
+    dy_row_stride,
+    dx_row_stride,
+    split,
+    BLOCK: tl.constexpr,
+    PARTS: tl.constexpr,
+    ALIGN: tl.constexpr,
+):
+    """The backward of few wide rows, second kernel (the grid of `_backward_partial_dot_kernel`): the row's `split`
+    partial sums added in one fixed order (PARTS at a time: the same gradients on every call), then dx = y * (dy -
+    sum) over the program's columns."""
+    n_cols = n_cols * ALIGN
+    program = tl.program_id(0).to(tl.int64)
+    row = program // split
+    parts = tl.arange(0, PARTS)
+    acc = tl.zeros([PARTS], tl.float32)
+    start = 0  # `while`: see _forward_looped_kernel
+    while start < split:
+        acc += tl.load(dot_ptr + row * split + start + parts, mask=start + parts < split, other=0.0)
+        start += PARTS
+    dot = tl.sum(acc, axis=0)
+    cols = (program % split) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    y = tl.load(y_ptr + row * y_row_stride * ALIGN + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * dy_row_stride * ALIGN + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dx_ptr + row * dx_row_stride * ALIGN + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)

@@ -29,13 +29,16 @@ from fuselab.ops.softmax import plans
 from fuselab.ops.softmax.kernels_rows import _backward_rows_kernel, _forward_rows_ahead_kernel, _forward_rows_kernel
 from fuselab.ops.softmax.kernels_wide import (
     _backward_looped_kernel,
+    _backward_partial_dot_kernel,
+    _backward_split_kernel,
     _forward_looped_kernel,
     _forward_split_kernel,
     _forward_split_pairs_kernel,
 )
 from fuselab.ops.softmax.plans import Plan
 
-INTERPRETER_PROGRAMS = 3  # persistent grids under the interpreter: a few programs, each taking several tiles
+INTERPRETER_PROGRAMS = 3  # persistent grids under the interpreter (and its "SM count"): a few programs
+SPLIT_PARTS = 128  # partial sums of a split backward row added at a time
 
 
 @functools.cache
@@ -60,17 +63,17 @@ def params(device: torch.device) -> dict:
     return plans.rule_params(tuning.device_key(device.index) if on_gpu else None)
 
 
-@functools.lru_cache(maxsize=4096)  # plans are looked up on every call: cached by (width, dtype, device)
-def forward_plan(width: int, dtype: torch.dtype, device: torch.device) -> Plan:
-    """The forward plan for rows of `width` on `device` (plans.choose_forward)."""
+@functools.lru_cache(maxsize=4096)  # cached by (width, dtype, device, reads)
+def forward_plan(width: int, dtype: torch.dtype, device: torch.device, reads: str = "vectors") -> Plan:
+    """The forward plan for rows of `width` read as `reads` (plans.READS) on `device` (plans.choose_forward)."""
     sms = sm_count(device.index) if can_wait(device) else None
-    return plans.choose_forward(width, dtype.itemsize, dtype == torch.bfloat16, sms, params(device))
+    return plans.choose_forward(width, dtype.itemsize, dtype == torch.bfloat16, sms, params(device), reads)
 
 
 @functools.lru_cache(maxsize=4096)
-def backward_plan(width: int, dtype: torch.dtype, device: torch.device | None = None) -> Plan:
-    """The backward plan for rows of `width` (plans.choose_backward)."""
-    return plans.choose_backward(width, dtype.itemsize, params(device or torch.device("cpu")))
+def backward_plan(width: int, dtype: torch.dtype, device: torch.device | None = None, reads: str = "vectors") -> Plan:
+    """The backward plan for rows of `width` read as `reads` (plans.choose_backward)."""
+    return plans.choose_backward(width, dtype.itemsize, params(device or torch.device("cpu")), reads)
 
 
 def vector(t: torch.Tensor) -> int:
@@ -110,6 +113,14 @@ def edges(*tensors: torch.Tensor, min_bytes: int = 0) -> bool:
         return False
     s = int(tensors[0].stride(0)) % v
     return all(aligned16(t) and int(t.stride(0)) % v == s for t in tensors)
+
+
+def reads(*tensors: torch.Tensor, min_bytes: int) -> str:
+    """How the rows kernels read rows of (rows, width) `tensors` (plans.READS): "vectors" (width and row strides
+    whole 16-byte vectors), "edges" (an aligned bulk and edges, `edges`), else "scalars" (element by element)."""
+    if alignment(*tensors) == vector(tensors[0]):
+        return "vectors"
+    return "edges" if edges(*tensors, min_bytes=min_bytes) else "scalars"
 
 
 def in_pairs(*tensors: torch.Tensor) -> bool:
@@ -244,7 +255,9 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -
 
 
 def _prepare_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None) -> Launch:
-    plan = plan or forward_plan(int(x.shape[1]), x.dtype, x.device)  # a symbolic width (torch.compile) is fixed
+    if plan is None:  # a symbolic width (torch.compile) is fixed here
+        read = reads(x, y, min_bytes=params(x.device)["edge_min_bytes"])
+        plan = forward_plan(int(x.shape[1]), x.dtype, x.device, read)
     if plan.kernel not in FORWARD:
         raise ValueError(f"unknown softmax kernel {plan.kernel!r}; known: {', '.join(FORWARD)}")
     return FORWARD[plan.kernel](x, y, plan, params(x.device))
@@ -271,13 +284,27 @@ def _backward_rows(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Pl
 
 
 def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan, p: dict) -> Launch:
+    """One looped program per row; where there are few rows (`plans.backward_split_block`, rows known as an int),
+    each row split over programs: partial sums of y * dy, then dx, two kernels."""
     n_cols = int(y.shape[1])
     a = alignment(y, dy, dx)
     fixed = (n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)))
     meta = {"BLOCK": plan.block, "ALIGN": a, "num_warps": plan.num_warps}
+    sms = sm_count(y.device.index) if y.is_cuda else INTERPRETER_PROGRAMS
 
     def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
-        wrap_triton(_backward_looped_kernel)[(y.shape[0],)](y, dy, dx, *fixed, **meta)
+        n_rows = y.shape[0]
+        block = plans.backward_split_block(n_rows, n_cols, sms, p) if isinstance(n_rows, int) else None
+        if block is None:
+            wrap_triton(_backward_looped_kernel)[(n_rows,)](y, dy, dx, *fixed, **meta)
+            return
+        split = plans.ceil_div(n_cols, block)
+        dots = launcher.workspace("softmax backward dots", n_rows * split, torch.float32, y.device)
+        grid, warps = (n_rows * split,), 8 if block >= 4096 else 4
+        wrap_triton(_backward_partial_dot_kernel)[grid](y, dy, dots, *fixed[:3], split, BLOCK=block, ALIGN=a,
+                                                        num_warps=warps)  # fmt: skip
+        wrap_triton(_backward_split_kernel)[grid](y, dy, dx, dots, *fixed, split, BLOCK=block, PARTS=SPLIT_PARTS,
+                                                  ALIGN=a, num_warps=warps)  # fmt: skip
 
     return launch
 
@@ -298,7 +325,9 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: P
 
 
 def _prepare_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None) -> Launch:
-    plan = plan or backward_plan(int(y.shape[1]), y.dtype, y.device)
+    if plan is None:
+        read = reads(y, dy, dx, min_bytes=params(y.device)["edge_min_bytes"])
+        plan = backward_plan(int(y.shape[1]), y.dtype, y.device, read)
     if plan.kernel not in BACKWARD:
         raise ValueError(f"unknown softmax backward kernel {plan.kernel!r}; known: {', '.join(BACKWARD)}")
     return BACKWARD[plan.kernel](y, dy, dx, plan, params(y.device))
@@ -312,4 +341,6 @@ TRITON_KERNELS = (
     _forward_looped_kernel,
     _backward_rows_kernel,
     _backward_looped_kernel,
+    _backward_partial_dot_kernel,
+    _backward_split_kernel,
 )

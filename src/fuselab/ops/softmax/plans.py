@@ -40,7 +40,14 @@ DEFAULTS: dict[str, object] = {
     "maxnreg": {},  # {"itemsize:padded width": registers}: a cap on the forward rows kernel's registers per thread
     "held_bf16": {},  # {"padded width": [warps, cap or None]}: bf16 rows held in bf16 between the passes
     "edge_min_bytes": 128,  # misaligned rows at least this long: an aligned bulk of 16-byte vectors + edges
+    "edge_warp_bytes": 4096,  # rows read with edges, shorter than a tile: at most one warp per this many tile bytes
+    "scalar_tile_bytes": 2048,  # rows read element by element (misaligned, shorter than edge_min_bytes): tile bytes
+    # Backward of wide rows, fewer than below_rows_per_sm per SM: a row split over programs of `blocks` columns (the
+    # smallest giving programs_per_sm programs per SM, within [min, max]), partial sums of y * dy met in a second kernel
+    "backward_split": {"below_rows_per_sm": 2, "programs_per_sm": 4, "blocks": [1024, 4096]},
 }
+
+READS = ("vectors", "edges", "scalars")  # how a launch reads its rows (launch.reads): the rows plans depend on it
 
 
 @dataclass(frozen=True)
@@ -82,15 +89,23 @@ def warps(elements: int, itemsize: int, p: dict) -> int:
     return widest_warps if itemsize == 4 and elements >= widest else p["wide_warps"]
 
 
-def rows_plan(block: int, itemsize: int, p: dict) -> Plan:
-    """Whole rows of padded width `block`, several to a program up to tile_bytes."""
-    rows = max(1, p["tile_bytes"] // (block * itemsize))
-    return Plan("rows", block, rows, warps(block * rows, itemsize, p))
+def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Plan:
+    """Whole rows of padded width `block`, several to a program up to a tile of tile_bytes (scalar_tile_bytes where
+    `reads` is "scalars": fewer loads in flight per thread). Rows read with "edges" that are shorter than a tile run
+    on at most one warp per edge_warp_bytes of tile (on the H200 a tile of several such rows took up to 4x as long
+    on four warps as on one: docs/ops/softmax.md)."""
+    tile = p["scalar_tile_bytes"] if reads == "scalars" else p["tile_bytes"]
+    rows = max(1, tile // (block * itemsize))
+    num_warps = warps(block * rows, itemsize, p)
+    if reads == "edges" and block * itemsize < tile:
+        num_warps = min(num_warps, max(1, block * rows * itemsize // p["edge_warp_bytes"]))
+    return Plan("rows", block, rows, num_warps)
 
 
-def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: dict) -> Plan:
+def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: dict, reads: str = "vectors") -> Plan:
     """The forward plan for rows of `width` elements of `itemsize` bytes (bf16: bfloat16 storage). sms: the GPU's
-    SM count where programs can wait for each other (split rows), None where they cannot (the interpreter)."""
+    SM count where programs can wait for each other (split rows), None where they cannot (the interpreter). reads:
+    how the rows are read (READS); the register caps (`maxnreg`) hold for rows read in vectors only."""
     block = next_power_of_2(width)
     if block <= p["row_max"]:
         if bf16 and str(block) in p["held_bf16"]:
@@ -99,7 +114,8 @@ def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: di
         ahead = p["ahead"].get(str(itemsize)) if not bf16 else None
         if ahead and block >= ahead[0]:
             return Plan("rows_ahead", block, 1, ahead[1])
-        return replace(rows_plan(block, itemsize, p), maxnreg=p["maxnreg"].get(f"{itemsize}:{block}"))
+        cap = p["maxnreg"].get(f"{itemsize}:{block}") if reads == "vectors" else None
+        return replace(rows_plan(block, itemsize, p, reads), maxnreg=cap)
     if bf16 and width % 2 == 0:
         kernel, (chunk, num_warps) = "split_pairs", p["split_pairs"]
     else:
@@ -109,12 +125,27 @@ def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: di
     return Plan("looped", *p["loop"][:1], 1, p["loop"][1])
 
 
-def choose_backward(width: int, itemsize: int, p: dict) -> Plan:
-    """The backward plan: whole rows up to backward_row_max, else looped."""
+def choose_backward(width: int, itemsize: int, p: dict, reads: str = "vectors") -> Plan:
+    """The backward plan: whole rows up to backward_row_max, else looped (which splits a row over programs where
+    there are few rows: `backward_split_block`)."""
     block = next_power_of_2(width)
     if block <= p["backward_row_max"]:
-        return rows_plan(block, itemsize, p)
+        return rows_plan(block, itemsize, p, reads)
     return Plan("looped", p["loop"][0], 1, p["loop"][1])
+
+
+def backward_split_block(rows: int, width: int, sms: int, p: dict) -> int | None:
+    """Columns per program where a backward of `rows` rows of `width` splits its rows over programs (fewer rows
+    than below_rows_per_sm per SM), else None (one looped program per row). The block is the largest power of 2 in
+    backward_split["blocks"] that still gives programs_per_sm programs per SM."""
+    q = p["backward_split"]
+    if rows >= q["below_rows_per_sm"] * sms:
+        return None
+    smallest, largest = q["blocks"]
+    block = largest
+    while block > smallest and rows * ceil_div(width, block) < q["programs_per_sm"] * sms:
+        block //= 2
+    return block
 
 
 def split_spans(width: int, chunk: int, vec: int) -> tuple[int, int, int]:

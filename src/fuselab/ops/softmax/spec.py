@@ -110,11 +110,13 @@ SOFTMAX = register_op(
                 (4, 5, 300),
                 (2, 5000),
                 (3, 40000),  # wider than a row held whole by one program: the looped/split kernels
+                (7, 9001),  # odd, few rows: the backward splits each row over programs
             ],
             bench_shapes=[(2**26 // w, w) for w in WIDTHS],
             profile_shape=(4096, 4096),
             large_shape=(2**21 + 3, 1024),  # 2^31 + 3072 elements: the last rows start past 2^31
             random_shape=random_shape,
+            rivals=("liger",),
             report=REPORT,
         ),
         package=__package__,

@@ -16,6 +16,7 @@ from fuselab.ops.softmax.launch import (  # noqa: F401  (the module's public fac
     BACKWARD,
     FORWARD,
     INTERPRETER_PROGRAMS,
+    SPLIT_PARTS,
     TRITON_KERNELS,
     aligned16,
     alignment,
