@@ -239,7 +239,7 @@ def test_cpu_triton_backward_split_rows() -> None:
     """Few wide rows (fewer than 2 per "SM": the interpreter counts 3): each row split over programs, partial sums of
     y * dy added in a fixed order (bitwise the same dx twice), every element of a NaN-poisoned dx written; with tiny
     blocks, more partial sums than one program adds at a time (SPLIT_PARTS)."""
-    for rows, width in ((1, 8193), (5, 9001), (2, 20000)):
+    for rows, width in ((1, 16385), (5, 20001), (2, 40000)):
         (x,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cpu", width)
         (dy,) = SOFTMAX.make_inputs((rows, width + 3), torch.float32, "cpu", width + 1)
         dy, y = dy[:, 3:], torch.softmax(x, -1)
@@ -367,8 +367,8 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_triton_plans_by_how_rows_are_read() -> None:
     """Rows read with edges (misaligned, at least edge_min_bytes) and shorter than a tile run on one warp per
     edge_warp_bytes of tile, with no register cap (on the H200 bf16 rows of 325 columns took 4x as long on four
-    warps with the cap); rows read element by element go in tiles of scalar_tile_bytes; rows read in vectors keep
-    the plans above."""
+    warps with the cap); rows read element by element go in tiles of scalar_tile (4 elements a thread); rows read
+    in vectors keep the plans above."""
     h200 = plans.rule_params(tuning.key_of("NVIDIA H200", 9, 0))
 
     def on_h200(width: int, itemsize: int, reads: str) -> st.Plan:
@@ -379,9 +379,16 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     assert on_h200(524, 2, "edges") == st.Plan("rows", 1024, rows=2, num_warps=1)
     assert on_h200(1697, 2, "edges") == st.Plan("rows", 2048, rows=1, num_warps=4)  # a row as long as a tile
     assert on_h200(13995, 2, "edges").hold  # held rows were fitted with edges among them
-    assert on_h200(25, 4, "scalars") == st.Plan("rows", 32, rows=16, num_warps=1)
+    assert on_h200(25, 4, "scalars") == st.Plan("rows", 32, rows=16, num_warps=4)
+    assert on_h200(1, 2, "scalars") == st.Plan("rows", 1, rows=512, num_warps=4)
+    assert on_h200(16385, 2, "vectors") == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
+    assert on_h200(16386, 2, "edges").hold  # held bf16 rows have an edges path
+    fp16 = plans.choose_forward(16386, 2, False, 132, h200, "vectors")
+    assert fp16.kernel == "rows_ahead"  # one row ahead: vectors only (it has no edges path)
+    assert plans.choose_forward(16385, 2, False, 132, h200, "edges") == st.Plan("rows", 32768, rows=1, num_warps=16)
     assert on_h200(25, 4, "vectors") == st.Plan("rows", 32, rows=32, num_warps=1)
     assert plans.choose_backward(325, 2, h200, "edges") == st.Plan("rows", 512, rows=4, num_warps=1)
+    assert plans.choose_backward(10725, 4, h200, "edges").kernel == "rows"  # up to 16384 held whole
     assert set(plans.READS) == {"vectors", "edges", "scalars"}
     # The rows of real tensors: how the launchers see them.
     x = torch.empty(37, 325, dtype=torch.bfloat16)
@@ -494,7 +501,7 @@ def test_triton_kernels_compile_for_sm_90() -> None:
 
 
 @interpreter_quiet
-@pytest.mark.parametrize("shape", [(37, 129), (3, 9000), (4, 5, 33)], ids=str)  # (3, 9000): the split backward
+@pytest.mark.parametrize("shape", [(37, 129), (3, 20000), (4, 5, 33)], ids=str)  # (3, 20000): the split backward
 @pytest.mark.parametrize("name", ["naive", "torch", "triton"])
 def test_cpu_gradient_matches_reference(name: str, shape: tuple[int, ...]) -> None:
     (x,) = SOFTMAX.make_inputs(shape, torch.float32, "cpu", 4)
@@ -799,4 +806,4 @@ def test_plan_rules_are_pure_and_take_parameters() -> None:
             plans.choose_forward(width, 4, False, 132, wide).rows
             == 2 * plans.choose_forward(width, 4, False, 132, p).rows
         )
-    assert plans.choose_backward(8193, 4, p).kernel == "looped" and plans.choose_backward(8192, 4, p).kernel == "rows"
+    assert plans.choose_backward(16385, 4, p).kernel == "looped" and plans.choose_backward(16384, 4, p).kernel == "rows"

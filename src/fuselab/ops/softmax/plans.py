@@ -25,7 +25,7 @@ FOLDER = Path(__file__).parent
 
 DEFAULTS: dict[str, object] = {
     "row_max": 32768,  # widest padded row held whole by one program (forward)
-    "backward_row_max": 8192,  # the backward holds y and dy
+    "backward_row_max": 16384,  # the backward holds y and dy
     "tile_bytes": 4096,  # short rows: rows per program so that a tile moves about this many bytes
     "short_warps": {"4": 1, "2": 4},  # warps for a tile of tile_bytes, by element size
     "mid_bytes": 8192,  # tiles up to this: mid_warps
@@ -41,7 +41,7 @@ DEFAULTS: dict[str, object] = {
     "held_bf16": {},  # {"padded width": [warps, cap or None]}: bf16 rows held in bf16 between the passes
     "edge_min_bytes": 128,  # misaligned rows at least this long: an aligned bulk of 16-byte vectors + edges
     "edge_warp_bytes": 4096,  # rows read with edges, shorter than a tile: at most one warp per this many tile bytes
-    "scalar_tile_bytes": 2048,  # rows read element by element (misaligned, shorter than edge_min_bytes): tile bytes
+    "scalar_tile": [512, 4],  # rows read element by element (misaligned, under edge_min_bytes): (elements, warps)
     # Backward of wide rows, fewer than below_rows_per_sm per SM: a row split over programs of `blocks` columns (the
     # smallest giving programs_per_sm programs per SM, within [min, max]), partial sums of y * dy met in a second kernel
     "backward_split": {"below_rows_per_sm": 2, "programs_per_sm": 4, "blocks": [1024, 4096]},
@@ -90,11 +90,15 @@ def warps(elements: int, itemsize: int, p: dict) -> int:
 
 
 def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Plan:
-    """Whole rows of padded width `block`, several to a program up to a tile of tile_bytes (scalar_tile_bytes where
-    `reads` is "scalars": fewer loads in flight per thread). Rows read with "edges" that are shorter than a tile run
-    on at most one warp per edge_warp_bytes of tile (on the H200 a tile of several such rows took up to 4x as long
-    on four warps as on one: docs/ops/softmax.md)."""
-    tile = p["scalar_tile_bytes"] if reads == "scalars" else p["tile_bytes"]
+    """Whole rows of padded width `block`, several to a program up to a tile of tile_bytes; where `reads` is
+    "scalars", a tile of scalar_tile's elements and warps (four elements a thread: on the H200 as fast as torch's
+    or faster at widths 1-52, where tiles of 4 KiB on one warp took up to 1.6x its time). Rows read with "edges"
+    that are shorter than a tile run on at most one warp per edge_warp_bytes of tile (a tile of several such rows
+    took up to 4x as long on four warps as on one). docs/ops/softmax.md has the figures."""
+    if reads == "scalars":
+        elements, num_warps = p["scalar_tile"]
+        return Plan("rows", block, max(1, elements // block), num_warps)
+    tile = p["tile_bytes"]
     rows = max(1, tile // (block * itemsize))
     num_warps = warps(block * rows, itemsize, p)
     if reads == "edges" and block * itemsize < tile:
@@ -105,13 +109,14 @@ def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Pla
 def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: dict, reads: str = "vectors") -> Plan:
     """The forward plan for rows of `width` elements of `itemsize` bytes (bf16: bfloat16 storage). sms: the GPU's
     SM count where programs can wait for each other (split rows), None where they cannot (the interpreter). reads:
-    how the rows are read (READS); the register caps (`maxnreg`) hold for rows read in vectors only."""
+    how the rows are read (READS); the register caps (`maxnreg`) and rows one ahead (`ahead`, which has no edges
+    path: it would read a misaligned row element by element) hold for rows read in vectors only."""
     block = next_power_of_2(width)
     if block <= p["row_max"]:
         if bf16 and str(block) in p["held_bf16"]:
             num_warps, cap = p["held_bf16"][str(block)]
             return Plan("rows", block, 1, num_warps, cap, hold=True)
-        ahead = p["ahead"].get(str(itemsize)) if not bf16 else None
+        ahead = p["ahead"].get(str(itemsize)) if not bf16 and reads == "vectors" else None
         if ahead and block >= ahead[0]:
             return Plan("rows_ahead", block, 1, ahead[1])
         cap = p["maxnreg"].get(f"{itemsize}:{block}") if reads == "vectors" else None
