@@ -11,6 +11,7 @@ rows of 2^20, and (marked slow) offsets past 2^31 elements.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -562,7 +563,7 @@ def test_module_dim_and_repr() -> None:
 # 32768 (bf16 rows of 16384-32768 held in bf16, fp16 from 16385 persistent and a row ahead; 1000, 17000: 16-byte
 # rows whose width is no multiple of 16), split from 32769 (up to 132 chunks of 8192 on an H200),
 # looped past that. CUDA: sub-warp groups up to 32
-# packs, a warp up to 1024 columns, a block up to 16384, looped past that; 16-byte packs when rows are aligned.
+# packs, a warp up to 1024 columns (the backward: 512), then a block per span of a row (test_gpu_cuda_spans_*).
 GPU_WIDTHS = (1, 2, 7, 31, 32, 33, 128, 129, 256, 1000, 1024, 1025, 2048, 4096, 8191, 16384, 16385, 17000, 24000,
               32768, 32769, 50000)  # fmt: skip
 
@@ -619,6 +620,64 @@ def test_gpu_many_rows_and_wide_rows(name: str) -> None:
     for shape in ((70000, 3), (100003, 128), (65537, 1000), (3, 2**20), (2, 2**20 + 3)):
         for dtype in (torch.float32, torch.bfloat16):
             check_against_reference(name, shape, dtype, "cuda")
+
+
+# The CUDA span plans (softmax.cu `span_plan`): one row cut into many spans where rows are fewer than SMs (1 x 1025
+# up to 2 x 694 237), rows of whole spans (131 x 5000, 300 x 16 385), odd widths read as a 16-byte bulk and edges,
+# rows past 132 spans (looped: 2 x 5 000 001 forward and backward, 3 x 1 100 001 backward only).
+CUDA_SPAN_SHAPES = ((1, 1025), (3, 513), (1, 256000), (2, 694237), (7, 20001), (13, 3001), (131, 5000), (300, 16385),
+                    (3, 1100001), (2, 5000001))  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_cuda_spans_forward_and_backward(dtype: torch.dtype) -> None:
+    """Every CUDA span plan, on rows that start on a 16-byte boundary and on rows that do not (x[:, 1:]: read element
+    by element), forward and backward into NaN-poisoned outputs: right, and bitwise the same on a second call (which
+    also shows the first left its scratch's counters zeros: else the second would wait forever or mix rows)."""
+    fl = torch.ops.fuselab
+    tol = SOFTMAX.tolerance[dtype]
+    for (rows, width), offset in itertools.product(CUDA_SPAN_SHAPES, (0, 1)):
+        (x,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 21)
+        (dy,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 22)
+        x, dy = x[:, offset:], dy[:, offset:]
+        poison_allocator(x.numel() * x.element_size(), "cuda")
+        y = fl.softmax_cuda(x)
+        assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows}x{width} offset {offset}"
+        assert torch.equal(y, fl.softmax_cuda(x)), f"forward repeat {rows}x{width}"
+        y_in = torch.empty((rows, width + offset), dtype=dtype, device="cuda")[:, offset:].copy_(y)
+        poison_allocator(x.numel() * x.element_size(), "cuda")
+        dx = fl.softmax_cuda_backward(y_in, dy)
+        y64, dy64 = y.double(), dy.double()
+        exact = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))  # the gradient of its own (rounded) inputs
+        assert rel_err(dx, exact) <= tol, f"backward {dtype} {rows}x{width} offset {offset}"
+        assert torch.equal(dx, fl.softmax_cuda_backward(y_in, dy)), f"backward repeat {rows}x{width}"
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
+    """Rows cut into spans meet through a scratch buffer kept per stream: a side stream gets its own, and a CUDA graph
+    captures fresh zeros of its own, so its replays stay right while eager calls use the kept buffer between them."""
+    fl = torch.ops.fuselab
+    (x,) = SOFTMAX.make_inputs((2, 694237), torch.float32, "cuda", 23)
+    (x2,) = SOFTMAX.make_inputs((3, 300001), torch.float32, "cuda", 24)
+    tol = SOFTMAX.tolerance[torch.float32]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y_side = fl.softmax_cuda(x)
+        fl.softmax_cuda(x2)  # warm on the side stream, as graph capture asks
+    torch.cuda.current_stream().wait_stream(side)
+    assert rel_err(y_side, reference(x)) <= tol
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_graph = fl.softmax_cuda(x)
+    for _ in range(3):
+        x.normal_()
+        graph.replay()
+        assert rel_err(fl.softmax_cuda(x2), reference(x2)) <= tol  # eager between replays
+        torch.cuda.synchronize()
+        assert rel_err(y_graph, reference(x)) <= tol
 
 
 @pytest.mark.gpu

@@ -1,16 +1,23 @@
 // Softmax over rows in CUDA C++ (no torch headers: `nvcc -arch=sm_90 -c softmax.cu` checks it anywhere).
 //
-// Three forward kernels, chosen by width in `forward_vec`:
+// Forward kernels, chosen in `forward_typed`:
 //   width <= 1024         softmax_warp_kernel: a group of GROUP <= 32 threads per row (a sub-warp for tiny rows),
 //                         the row in registers, warp-shuffle reductions; rows a thread holds in one 16-byte pack
 //                         (<= 128 fp32, <= 256 fp16/bf16 columns) go two per group.
-//   width <= 16384        softmax_block_kernel: one block (128..512 threads) per row, the row in registers,
-//                         block reductions (shuffles, then one value per warp through shared memory).
-//   wider                 softmax_looped_kernel: one block per row; one pass for max and sum together (online
+//   wider                 softmax_span_kernel: a block (128..512 threads) per span of a row, the span in registers.
+//                         A row is one span where it fits and rows are many; else it is cut into `parts` spans whose
+//                         blocks meet through global memory (each publishes its span's max and sum, waits for the
+//                         row's others, combines them in a fixed order), so few wide rows still fill the GPU.
+//   wider than SMs spans  softmax_looped_kernel: one block per row; one pass for max and sum together (online
 //                         softmax), then a pass that writes, from the end of the row back (that part is still in L2).
-// Every kernel reads 16 bytes at a time where rows are 16-byte aligned, else one element at a time; math in fp32;
-// grids stride over rows, so any number of rows works. The max is subtracted first: -inf entries give 0, a row that
-// is all -inf (or holds +inf or NaN) gives NaN, as torch.softmax does.
+// The backward has the same three: softmax_backward_warp_kernel (rows up to 512 columns, y and dy in registers),
+// softmax_backward_span_kernel (the spans' partial sums of y * dy meet as the forward's do), and the looped
+// softmax_backward_kernel. Span plans are rules over rows, width, element size and the SM count (`span_plan`).
+// The warp kernels read 16 bytes at a time where rows are 16-byte aligned, else one element at a time; the span
+// kernels read a row's 16-byte aligned bulk in packs and its few edge elements (before the first 16-byte boundary
+// and after the last) one by one, wherever all the tensors' rows start at the same offset from a boundary. Math in
+// fp32; grids stride over rows (or take tickets), so any number of rows works. The max is subtracted first: -inf
+// entries give 0, a row that is all -inf (or holds +inf or NaN) gives NaN, as torch.softmax does.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -27,7 +34,7 @@ namespace {
 
 constexpr float kNegInf = -INFINITY;
 constexpr int kWarpKernelThreads = 128;
-constexpr int kMaxBlockThreads = 512;
+constexpr int kSpanThreads = 512;  // most threads of a span kernel's block
 constexpr int kLoopThreads = 512;
 constexpr int kMaxElemsPerThread = 32;  // a row held in registers: at most this many fp32 values per thread
 constexpr int kUnroll = 4;              // packs in flight per thread in the looped kernels
@@ -39,12 +46,22 @@ __device__ __forceinline__ void load(const T* __restrict__ p, float* out) {
   for (int i = 0; i < VEC; ++i) out[i] = to_float(pack.v[i]);
 }
 
+// One store per pack: a 16-byte pack goes out as one st.global.v4 (in the span and looped kernels, whose columns
+// start at a row's first 16-byte boundary, nvcc 13 split the Pack's copy into 4- or 2-byte stores, which cost the
+// 16-bit kernels up to 4x their time).
 template <typename T, int VEC>
 __device__ __forceinline__ void store(T* __restrict__ p, const float* in, float scale) {
   Pack<T, VEC> pack;
 #pragma unroll
   for (int i = 0; i < VEC; ++i) pack.v[i] = from_float<T>(in[i] * scale);
-  *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
+  if constexpr (sizeof(pack) == 16) {
+    unsigned w[4];
+    memcpy(w, &pack, sizeof(w));
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+  } else {
+    *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
+  }
 }
 
 // Loads the pack at `col` of a row, or -inf past its end (VEC > 1 only when width % VEC == 0: no partial packs).
@@ -155,24 +172,256 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
   }
 }
 
-// One block per row (grid-stride), each thread holding ITERS packs of VEC elements at (it * blockDim.x + tid) * VEC.
+// ---- rows cut into spans, one block each ----
+
+// A row's columns as read by the span kernels: the first 16-byte boundary is `head` columns in, then `bulk` columns
+// of whole VEC-element packs, then `tail` columns (head, tail < VEC). VEC 1: the whole row is bulk.
+struct RowEdges {
+  int head;
+  int64_t bulk;
+  int tail;
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ RowEdges edges_of(const T* row, int64_t width) {
+  const int head = (int)((VEC - reinterpret_cast<uintptr_t>(row) / sizeof(T) % VEC) % VEC);
+  if (head >= width) return {(int)width, 0, 0};
+  const int64_t bulk = (width - head) / VEC * VEC;
+  return {head, bulk, (int)(width - head - bulk)};
+}
+
+// The edge column thread t reads (fewer than 2 * VEC edge columns, fewer than the threads), or -1.
+__device__ __forceinline__ int64_t edge_column(const RowEdges& e, int t) {
+  return t < e.head ? t : t < e.head + e.tail ? e.head + e.bulk + (t - e.head) : -1;
+}
+
+// One block's share of a row: bulk columns [head + part * span, head + min(bulk, (part + 1) * span)), thread t's
+// packs at (it * blockDim.x + t) * VEC from its start; part 0 also takes the row's edges.
+struct Span {
+  int64_t begin, end;  // columns; end <= begin where the row's bulk ends before this span
+  int64_t edge;        // this thread's edge column, or -1
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ Span span_of(const T* row, int64_t width, int64_t span, int part) {
+  const RowEdges e = edges_of<T, VEC>(row, width);
+  const int64_t begin = e.head + part * span;
+  const int64_t end = e.head + ((part + 1) * span < e.bulk ? (part + 1) * span : e.bulk);
+  return {begin, end, part == 0 ? edge_column(e, threadIdx.x) : -1};
+}
+
 template <typename T, int VEC, int ITERS>
-__global__ void __launch_bounds__(kMaxBlockThreads)
-    softmax_block_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int width, int64_t x_stride,
-                         int64_t y_stride) {
-  constexpr int N = ITERS * VEC;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    float v[N];
+__device__ __forceinline__ void load_span(const T* row, const Span& s, float* v, float fill) {
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      load_or<T, VEC>(x + row * x_stride, (it * blockDim.x + threadIdx.x) * VEC, width, &v[it * VEC], kNegInf);
+  for (int it = 0; it < ITERS; ++it) {
+    const int64_t col = s.begin + (int64_t)(it * blockDim.x + threadIdx.x) * VEC;
+    load_or<T, VEC>(row, col < s.end ? col : INT64_MAX, INT64_MAX - 1, &v[it * VEC], fill);
+  }
+}
+
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void store_span(T* row, const Span& s, const float* v, float scale) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int64_t col = s.begin + (int64_t)(it * blockDim.x + threadIdx.x) * VEC;
+    if (col < s.end) store<T, VEC>(row + col, &v[it * VEC], scale);
+  }
+}
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void add_release(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Scratch of a launch whose rows are cut into `parts` spans (softmax.h's SoftmaxScratch): counters[0] hands out
+// tickets, counters[1 + row] counts the row's blocks that have published their partial (a float2 at
+// partials[row * parts + part]). The kernels leave the counters zeros, so one buffer of zeros serves launch after
+// launch on a stream.
+struct Meeting {
+  int* counters;
+  float2* partials;
+};
+
+// (row, part) of this block, by ticket: tickets are taken in the order blocks start running, so every block of a row
+// but the last row begun is running, and a row never waits on blocks that cannot start, as long as `parts` blocks
+// fit on the GPU at once (span_plan keeps parts <= SMs). The last ticket's taker sets the ticket counter back to 0.
+__device__ __forceinline__ void take_ticket(const Meeting& m, int parts, int64_t* row, int* part) {
+  __shared__ unsigned ticket;
+  if (threadIdx.x == 0) {
+    ticket = atomicAdd(reinterpret_cast<unsigned*>(m.counters), 1u);
+    if (ticket == gridDim.x - 1) atomicExch(m.counters, 0);
+  }
+  __syncthreads();
+  *row = ticket / parts;
+  *part = (int)(ticket % parts);
+}
+
+// Publishes this block's partial for its row, waits until every block of the row has, and returns once they can all
+// be read (`partial_of`). The row's last block to leave sets its counter back to 0 (the others have stopped
+// reading it by then). All threads must call it.
+__device__ __forceinline__ void meet(const Meeting& m, int64_t row, int part, int parts, float2 mine) {
+  if (threadIdx.x == 0) {
+    int* arrived = m.counters + 1 + row;
+    __stcg(m.partials + row * parts + part, mine);
+    add_release(arrived, 1);
+    while (load_acquire(arrived) < parts) {
     }
-    const float max = block_reduce(max_of<N>(v), Max{}, kNegInf);
-    const float inv_sum = 1.f / block_reduce(exp_and_sum<N>(v, max), Sum{}, 0.f);
+    __threadfence();  // the block's reads of the partials (after the barrier below) come after the wait
+    if (atomicAdd(arrived, 1) == 2 * parts - 1) atomicExch(arrived, 0);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ float2 partial_of(const Meeting& m, int64_t row, int parts, int i) {
+  return __ldcg(m.partials + row * parts + i);
+}
+
+// A row's max and 1 / sum of exp(x - max) from its spans' partials (max, sum of exp(x - shift)), shift the span's max
+// or 0 where that is -inf; every block of the row computes them in the same order, so they agree to the bit.
+__device__ __forceinline__ float2 combine_max_sum(const Meeting& m, int64_t row, int parts) {
+  float mx = kNegInf;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) mx = fmaxf(mx, partial_of(m, row, parts, i).x);
+  mx = block_reduce(mx, Max{}, kNegInf);
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) {
+    const float2 p = partial_of(m, row, parts, i);
+    sum += p.y * __expf((p.x == kNegInf ? 0.f : p.x) - mx);
+  }
+  return {mx, 1.f / block_reduce(sum, Sum{}, 0.f)};
+}
+
+// softmax of one span of a row (parts > 1: meeting the row's other spans' blocks; parts == 1: the whole row).
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void forward_span(const T* xr, T* yr, int64_t width, int64_t span, int64_t row, int part,
+                                             int parts, const Meeting& m) {
+  constexpr int N = ITERS * VEC;
+  const Span s = span_of<T, VEC>(xr, width, span, part);
+  float v[N];
+  load_span<T, VEC, ITERS>(xr, s, v, kNegInf);
+  float ev = s.edge >= 0 ? to_float(xr[s.edge]) : kNegInf;
+  const float mx = block_reduce(fmaxf(max_of<N>(v), ev), Max{}, kNegInf);
+  const float shift = parts > 1 && mx == kNegInf ? 0.f : mx;  // an all -inf span's sum is 0 (an all -inf row: NaN)
+  ev = __expf(ev - shift);
+  const float sum = block_reduce(exp_and_sum<N>(v, shift) + ev, Sum{}, 0.f);
+  float scale = 1.f / sum;
+  if (parts > 1) {
+    meet(m, row, part, parts, make_float2(mx, sum));
+    const float2 row_max_inv = combine_max_sum(m, row, parts);
+    scale = __expf(shift - row_max_inv.x) * row_max_inv.y;
+  }
+  store_span<T, VEC, ITERS>(yr, s, v, scale);
+  if (s.edge >= 0) yr[s.edge] = from_float<T>(ev * scale);
+}
+
+// A block (blockDim.x <= kSpanThreads) per span of `span` columns (a multiple of VEC) of a row, ITERS packs of VEC
+// per thread; parts == 1: grid-stride over whole rows, else rows * parts blocks by ticket (`take_ticket`).
+template <typename T, int VEC, int ITERS>
+__global__ void __launch_bounds__(kSpanThreads)
+    softmax_span_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t width, int64_t x_stride,
+                        int64_t y_stride, int64_t span, int parts, Meeting m) {
+  if (parts == 1) {
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+      forward_span<T, VEC, ITERS>(x + row * x_stride, y + row * y_stride, width, span, row, 0, 1, m);
+    }
+    return;
+  }
+  int64_t row;
+  int part;
+  take_ticket(m, parts, &row, &part);
+  forward_span<T, VEC, ITERS>(x + row * x_stride, y + row * y_stride, width, span, row, part, parts, m);
+}
+
+// dx = y * (dy - sum(y * dy)) over one span of a row, the span's partial sum meeting the row's others (parts > 1).
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void backward_span(const T* yr, const T* dyr, T* dxr, int64_t width, int64_t span,
+                                              int64_t row, int part, int parts, const Meeting& m) {
+  constexpr int N = ITERS * VEC;
+  const Span s = span_of<T, VEC>(yr, width, span, part);
+  float a[N], g[N];
+  load_span<T, VEC, ITERS>(yr, s, a, 0.f);
+  load_span<T, VEC, ITERS>(dyr, s, g, 0.f);
+  const float ea = s.edge >= 0 ? to_float(yr[s.edge]) : 0.f;
+  const float eg = s.edge >= 0 ? to_float(dyr[s.edge]) : 0.f;
+  float dot = ea * eg;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int col = (it * blockDim.x + threadIdx.x) * VEC;
-      if (col < width) store<T, VEC>(y + row * y_stride + col, &v[it * VEC], inv_sum);
+  for (int i = 0; i < N; ++i) dot += a[i] * g[i];
+  dot = block_reduce(dot, Sum{}, 0.f);
+  if (parts > 1) {
+    meet(m, row, part, parts, make_float2(dot, 0.f));
+    float total = 0.f;
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) total += partial_of(m, row, parts, i).x;
+    dot = block_reduce(total, Sum{}, 0.f);
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) a[i] *= g[i] - dot;
+  store_span<T, VEC, ITERS>(dxr, s, a, 1.f);
+  if (s.edge >= 0) dxr[s.edge] = from_float<T>(ea * (eg - dot));
+}
+
+template <typename T, int VEC, int ITERS>
+__global__ void __launch_bounds__(kSpanThreads)
+    softmax_backward_span_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int64_t rows,
+                                 int64_t width, int64_t y_stride, int64_t dy_stride, int64_t dx_stride, int64_t span,
+                                 int parts, Meeting m) {
+  if (parts == 1) {
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+      backward_span<T, VEC, ITERS>(y + row * y_stride, dy + row * dy_stride, dx + row * dx_stride, width, span, row, 0,
+                                   1, m);
+    }
+    return;
+  }
+  int64_t row;
+  int part;
+  take_ticket(m, parts, &row, &part);
+  backward_span<T, VEC, ITERS>(y + row * y_stride, dy + row * dy_stride, dx + row * dx_stride, width, span, row, part,
+                               parts, m);
+}
+
+// The backward of short rows: GROUP threads per row as in softmax_warp_kernel, y and dy in registers.
+template <typename T, int VEC, int GROUP, int ITERS>
+__global__ void __launch_bounds__(kWarpKernelThreads)
+    softmax_backward_warp_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int64_t rows,
+                                 int width, int64_t y_stride, int64_t dy_stride, int64_t dx_stride) {
+  constexpr int N = ITERS * VEC;
+  constexpr int BATCH = rows_per_group<T>(N);
+  constexpr int ROWS_PER_BLOCK = kWarpKernelThreads / GROUP * BATCH;
+  const int lane = threadIdx.x % GROUP;
+  for (int64_t block_row = (int64_t)blockIdx.x * ROWS_PER_BLOCK; block_row < rows;
+       block_row += (int64_t)gridDim.x * ROWS_PER_BLOCK) {
+    const int64_t first = block_row + threadIdx.x / GROUP * BATCH;
+    float a[BATCH][N], g[BATCH][N];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const bool valid = first + b < rows;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int col = valid ? (it * GROUP + lane) * VEC : width;
+        load_or<T, VEC>(y + (first + b) * y_stride, col, width, &a[b][it * VEC], 0.f);
+        load_or<T, VEC>(dy + (first + b) * dy_stride, col, width, &g[b][it * VEC], 0.f);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < N; ++i) dot += a[b][i] * g[b][i];
+      dot = warp_reduce<GROUP>(dot, Sum{});
+#pragma unroll
+      for (int i = 0; i < N; ++i) a[b][i] *= g[b][i] - dot;
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      if (first + b >= rows) continue;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int col = (it * GROUP + lane) * VEC;
+        if (col < width) store<T, VEC>(dx + (first + b) * dx_stride + col, &a[b][it * VEC], 1.f);
+      }
     }
   }
 }
@@ -217,31 +466,26 @@ __global__ void __launch_bounds__(kLoopThreads)
   }
 }
 
-// dx = y * (dy - sum(y * dy)). WARP: one warp per row (blockDim.x / 32 rows per block), else one block per row.
-template <typename T, int VEC, bool WARP>
+// dx = y * (dy - sum(y * dy)), one block per row (grid-stride), reading y and dy twice: rows too wide to cut into
+// at most SMs spans.
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kLoopThreads)
     softmax_backward_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int64_t rows,
                             int64_t width, int64_t y_stride, int64_t dy_stride, int64_t dx_stride) {
-  const int threads = WARP ? 32 : blockDim.x;
-  const int tid = WARP ? threadIdx.x % 32 : threadIdx.x;
-  const int64_t rows_per_block = WARP ? blockDim.x / 32 : 1;
-  const int64_t step = (int64_t)threads * VEC;
-  for (int64_t block_row = (int64_t)blockIdx.x * rows_per_block; block_row < rows;
-       block_row += (int64_t)gridDim.x * rows_per_block) {
-    const int64_t row = block_row + (WARP ? threadIdx.x / 32 : 0);
-    const bool valid = row < rows;  // (WARP) a warp past the last row still goes round the block's loop
+  const int64_t step = (int64_t)blockDim.x * VEC;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* yr = y + row * y_stride;
     const T* dyr = dy + row * dy_stride;
     float dot = 0.f;
-    for (int64_t col = tid * VEC; valid && col < width; col += step) {
+    for (int64_t col = threadIdx.x * VEC; col < width; col += step) {
       float a[VEC], b[VEC];
       load<T, VEC>(yr + col, a);
       load<T, VEC>(dyr + col, b);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) dot += a[i] * b[i];
     }
-    dot = WARP ? warp_reduce<32>(dot, Sum{}) : block_reduce(dot, Sum{}, 0.f);
-    for (int64_t col = tid * VEC; valid && col < width; col += step) {
+    dot = block_reduce(dot, Sum{}, 0.f);
+    for (int64_t col = threadIdx.x * VEC; col < width; col += step) {
       float a[VEC], b[VEC];
       load<T, VEC>(yr + col, a);
       load<T, VEC>(dyr + col, b);
@@ -280,6 +524,94 @@ cudaError_t with_pow2(int n, F&& f) {
   }
 }
 
+// Calls f(std::integral_constant<int, m>{}) for m = n where n <= 8, else n rounded up to 16 or 32.
+template <typename F>
+cudaError_t with_count(int n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return n <= 16 ? f(std::integral_constant<int, 16>{}) : f(std::integral_constant<int, 32>{});
+  }
+}
+
+// 16-byte accesses in the warp and looped kernels: every row start 16-byte aligned, no pack across a row's end.
+template <typename T>
+bool vectorizable(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides, int64_t width) {
+  constexpr int V = 16 / sizeof(T);
+  bool ok = width % V == 0;
+  for (const void* p : ptrs) ok = ok && aligned16(p);
+  for (int64_t s : strides) ok = ok && s % V == 0;
+  return ok;
+}
+
+// Whether every row of every tensor starts at the same offset from a 16-byte boundary, so the span kernels can read
+// all of them in packs between the edges of the first tensor's row.
+template <typename T>
+bool same_phase(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides) {
+  constexpr int64_t V = 16 / sizeof(T);
+  const uintptr_t phase = reinterpret_cast<uintptr_t>(*ptrs.begin()) % 16;
+  const int64_t stride_phase = *strides.begin() % V;
+  bool ok = true;
+  for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == phase;
+  for (int64_t s : strides) ok = ok && s % V == stride_phase;
+  return ok;
+}
+
+// ---- plans: rules over rows, width, element size and SM count ----
+
+constexpr int64_t kWarpMaxWidth = 1024;          // forward rows up to this: the warp kernel (32 values a thread)
+constexpr int64_t kBackwardWarpMaxWidth = 512;   // backward rows up to this: its warp kernel (16 of y and of dy)
+constexpr int kBackwardMaxElemsPerThread = 16;   // the backward span kernel holds y and dy
+constexpr int64_t kMinSpanBytes = 8192;     // few rows: spans no shorter than this
+constexpr int64_t kSplitRowBytes = 131072;  // few rows: cut rows at least this long
+constexpr int64_t kBlocksPerSm = 2;              // few rows: cut into spans so that about this many blocks run per SM
+
+struct SpanPlan {
+  int parts;     // spans per row (1: whole rows); 0: a row needs more spans than SMs (the looped kernels)
+  int64_t span;  // columns per span, a multiple of the pack
+  int threads;   // per block, 128..512
+  int iters;     // packs per thread (with_count rounds it up past 8)
+};
+
+// A row cut into the fewest spans a block holds in registers (`hold` values a thread at most, about `per_thread`
+// given). Where rows are fewer than SMs and a row is either cut anyway or at least kSplitRowBytes long, it is cut
+// finer, down to spans of kMinSpanBytes, until about kBlocksPerSm blocks per SM run: a meeting costs its blocks a few
+// microseconds, which only rows that long repay. Spans are at most `sms`, so a row's blocks all fit on the GPU at
+// once and may wait for each other.
+SpanPlan span_plan(int64_t rows, int64_t width, int vec, int itemsize, int hold, int per_thread, int sms) {
+  int64_t parts = ceil_div(width, (int64_t)kSpanThreads * hold);
+  const int64_t row_bytes = width * itemsize;
+  if (rows < sms && (parts > 1 || row_bytes >= kSplitRowBytes)) {
+    const int64_t fill = ceil_div(kBlocksPerSm * sms, rows);
+    parts = std::max(parts, std::min(fill, row_bytes / kMinSpanBytes));
+  }
+  if (parts > sms || rows * parts > INT_MAX) return {0, 0, 0, 0};
+  const int64_t span = ceil_div(ceil_div(width, parts), vec) * vec;
+  const int64_t threads = std::min<int64_t>(kSpanThreads, std::max<int64_t>(128, next_pow2(ceil_div(span, per_thread))));
+  return {(int)parts, span, (int)threads, (int)ceil_div(span, threads * vec)};
+}
+
+SpanPlan forward_plan(int64_t rows, int64_t width, int vec, int itemsize, int sms) {
+  return span_plan(rows, width, vec, itemsize, kMaxElemsPerThread, 32, sms);
+}
+
+SpanPlan backward_plan(int64_t rows, int64_t width, int vec, int itemsize, int sms) {
+  return span_plan(rows, width, vec, itemsize, kBackwardMaxElemsPerThread, 16, sms);
+}
+
+SoftmaxScratchSize scratch_size(const SpanPlan& p, int64_t rows) {
+  if (p.parts <= 1) return {0, 0};
+  return {1 + rows, 2 * rows * p.parts};
+}
+
+// ---- forward ----
+
 template <typename T, int VEC, int GROUP, int ITERS>
 cudaError_t launch_warp(const T* x, T* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, cudaStream_t stream) {
   if constexpr (ITERS * VEC > kMaxElemsPerThread) {
@@ -292,115 +624,170 @@ cudaError_t launch_warp(const T* x, T* y, int64_t rows, int64_t width, int64_t x
   }
 }
 
-template <typename T, int VEC, int ITERS>
-cudaError_t launch_block(const T* x, T* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, int threads,
-                         cudaStream_t stream) {
-  if constexpr (ITERS * VEC > kMaxElemsPerThread) {
-    return cudaErrorInvalidValue;
-  } else {
-    softmax_block_kernel<T, VEC, ITERS><<<grid_for(rows), threads, 0, stream>>>(x, y, rows, (int)width, xs, ys);
-    return cudaGetLastError();
-  }
-}
-
+// Rows up to kWarpMaxWidth: a group of threads per row; at most 32 packs per group (2..32 threads), else a warp.
 template <typename T, int VEC>
-cudaError_t forward_vec(const T* x, T* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, cudaStream_t stream) {
+cudaError_t forward_warp(const T* x, T* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, cudaStream_t stream) {
   const int64_t packs = ceil_div(width, VEC);
-  // Short rows: a group of threads per row; at most 32 packs per group, 2..32 threads, up to 1024 columns.
   if (packs <= 32) {
     return with_pow2(next_pow2(packs), [&](auto group) {
       return launch_warp<T, VEC, decltype(group)::value, 1>(x, y, rows, width, xs, ys, stream);
     });
   }
-  const int64_t warp_iters = ceil_div(packs, 32);
-  if (warp_iters * VEC <= kMaxElemsPerThread) {
-    return with_pow2(next_pow2(warp_iters), [&](auto iters) {
-      return launch_warp<T, VEC, 32, decltype(iters)::value>(x, y, rows, width, xs, ys, stream);
-    });
-  }
-  // Rows that fit in a block's registers: about 16 elements per thread, 128..512 threads, up to 16384 columns.
-  const int threads = (int)std::min<int64_t>(kMaxBlockThreads, std::max<int64_t>(128, next_pow2(ceil_div(width, 16))));
-  const int64_t block_iters = ceil_div(packs, threads);
-  if (block_iters * VEC <= kMaxElemsPerThread) {
-    return with_pow2(next_pow2(block_iters), [&](auto iters) {
-      return launch_block<T, VEC, decltype(iters)::value>(x, y, rows, width, xs, ys, threads, stream);
-    });
-  }
-  softmax_looped_kernel<T, VEC><<<grid_for(rows), kLoopThreads, 0, stream>>>(x, y, rows, width, xs, ys);
-  return cudaGetLastError();
+  return with_pow2(next_pow2(ceil_div(packs, 32)), [&](auto iters) {
+    return launch_warp<T, VEC, 32, decltype(iters)::value>(x, y, rows, width, xs, ys, stream);
+  });
 }
 
 template <typename T, int VEC>
-cudaError_t backward_vec(const T* y, const T* dy, T* dx, int64_t rows, int64_t width, int64_t ys, int64_t dys,
-                         int64_t dxs, cudaStream_t stream) {
-  if (width <= 1024) {  // a warp per row, kWarpKernelThreads / 32 rows per block
-    constexpr int rows_per_block = kWarpKernelThreads / 32;
-    softmax_backward_kernel<T, VEC, true><<<grid_for(ceil_div(rows, rows_per_block)), kWarpKernelThreads, 0, stream>>>(
-        y, dy, dx, rows, width, ys, dys, dxs);
-  } else {
-    softmax_backward_kernel<T, VEC, false><<<grid_for(rows), kLoopThreads, 0, stream>>>(y, dy, dx, rows, width, ys,
-                                                                                         dys, dxs);
-  }
-  return cudaGetLastError();
-}
-
-// 16-byte accesses when every row start is 16-byte aligned and no pack crosses a row's end.
-template <typename T>
-bool vectorizable(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides, int64_t width) {
-  constexpr int V = 16 / sizeof(T);
-  bool ok = width % V == 0;
-  for (const void* p : ptrs) ok = ok && aligned16(p);
-  for (int64_t s : strides) ok = ok && s % V == 0;
-  return ok;
+cudaError_t forward_spans(const T* x, T* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, const SpanPlan& p,
+                          Meeting m, cudaStream_t stream) {
+  return with_count(p.iters, [&](auto iters) {
+    constexpr int ITERS = decltype(iters)::value;
+    if constexpr (ITERS * VEC > kMaxElemsPerThread) {
+      return cudaErrorInvalidValue;
+    } else {
+      const int64_t blocks = p.parts == 1 ? rows : rows * p.parts;
+      softmax_span_kernel<T, VEC, ITERS>
+          <<<grid_for(blocks), p.threads, 0, stream>>>(x, y, rows, width, xs, ys, p.span, p.parts, m);
+      return cudaGetLastError();
+    }
+  });
 }
 
 template <typename T>
-cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, int64_t xs, int64_t ys,
-                          cudaStream_t stream) {
+cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, int sms,
+                          SoftmaxScratch scratch, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
   const T* xt = static_cast<const T*>(x);
   T* yt = static_cast<T*>(y);
-  return vectorizable<T>({x, y}, {xs, ys}, width) ? forward_vec<T, V>(xt, yt, rows, width, xs, ys, stream)
-                                                   : forward_vec<T, 1>(xt, yt, rows, width, xs, ys, stream);
+  const bool vec = vectorizable<T>({x, y}, {xs, ys}, width);
+  if (width <= kWarpMaxWidth) {
+    return vec ? forward_warp<T, V>(xt, yt, rows, width, xs, ys, stream)
+               : forward_warp<T, 1>(xt, yt, rows, width, xs, ys, stream);
+  }
+  const bool packs = same_phase<T>({x, y}, {xs, ys});
+  const SpanPlan p = forward_plan(rows, width, packs ? V : 1, sizeof(T), sms);
+  if (p.parts == 0) {
+    if (vec) {
+      softmax_looped_kernel<T, V><<<grid_for(rows), kLoopThreads, 0, stream>>>(xt, yt, rows, width, xs, ys);
+    } else {
+      softmax_looped_kernel<T, 1><<<grid_for(rows), kLoopThreads, 0, stream>>>(xt, yt, rows, width, xs, ys);
+    }
+    return cudaGetLastError();
+  }
+  if (p.parts > 1 && (scratch.counters == nullptr || scratch.partials == nullptr)) return cudaErrorInvalidValue;
+  const Meeting m{scratch.counters, reinterpret_cast<float2*>(scratch.partials)};
+  return packs ? forward_spans<T, V>(xt, yt, rows, width, xs, ys, p, m, stream)
+               : forward_spans<T, 1>(xt, yt, rows, width, xs, ys, p, m, stream);
+}
+
+// ---- backward ----
+
+template <typename T, int VEC>
+cudaError_t backward_warp(const T* y, const T* dy, T* dx, int64_t rows, int64_t width, int64_t ys, int64_t dys,
+                          int64_t dxs, cudaStream_t stream) {
+  const int64_t packs = ceil_div(width, VEC);
+  const bool short_row = packs <= 32;
+  return with_pow2(short_row ? next_pow2(packs) : 32, [&](auto group) {
+    constexpr int GROUP = decltype(group)::value;
+    return with_pow2(short_row ? 1 : next_pow2(ceil_div(packs, 32)), [&](auto iters) {
+      constexpr int ITERS = decltype(iters)::value;
+      if constexpr (ITERS * VEC > kBackwardMaxElemsPerThread || (GROUP < 32 && ITERS > 1)) {
+        return cudaErrorInvalidValue;
+      } else {
+        constexpr int ROWS_PER_BLOCK = kWarpKernelThreads / GROUP * rows_per_group<T>(ITERS * VEC);
+        softmax_backward_warp_kernel<T, VEC, GROUP, ITERS>
+            <<<grid_for(ceil_div(rows, ROWS_PER_BLOCK)), kWarpKernelThreads, 0, stream>>>(y, dy, dx, rows, (int)width,
+                                                                                         ys, dys, dxs);
+        return cudaGetLastError();
+      }
+    });
+  });
+}
+
+template <typename T, int VEC>
+cudaError_t backward_spans(const T* y, const T* dy, T* dx, int64_t rows, int64_t width, int64_t ys, int64_t dys,
+                           int64_t dxs, const SpanPlan& p, Meeting m, cudaStream_t stream) {
+  return with_count(p.iters, [&](auto iters) {
+    constexpr int ITERS = decltype(iters)::value;
+    if constexpr (ITERS * VEC > kBackwardMaxElemsPerThread) {
+      return cudaErrorInvalidValue;
+    } else {
+      const int64_t blocks = p.parts == 1 ? rows : rows * p.parts;
+      softmax_backward_span_kernel<T, VEC, ITERS><<<grid_for(blocks), p.threads, 0, stream>>>(
+          y, dy, dx, rows, width, ys, dys, dxs, p.span, p.parts, m);
+      return cudaGetLastError();
+    }
+  });
 }
 
 template <typename T>
 cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows, int64_t width, int64_t ys,
-                           int64_t dys, int64_t dxs, cudaStream_t stream) {
+                           int64_t dys, int64_t dxs, int sms, SoftmaxScratch scratch, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
   const T* yt = static_cast<const T*>(y);
   const T* dyt = static_cast<const T*>(dy);
   T* dxt = static_cast<T*>(dx);
-  return vectorizable<T>({y, dy, dx}, {ys, dys, dxs}, width)
-             ? backward_vec<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream)
-             : backward_vec<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
+  const bool vec = vectorizable<T>({y, dy, dx}, {ys, dys, dxs}, width);
+  if (width <= kBackwardWarpMaxWidth) {
+    return vec ? backward_warp<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream)
+               : backward_warp<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
+  }
+  const bool packs = same_phase<T>({y, dy, dx}, {ys, dys, dxs});
+  const SpanPlan p = backward_plan(rows, width, packs ? V : 1, sizeof(T), sms);
+  if (p.parts == 0) {
+    if (vec) {
+      softmax_backward_kernel<T, V><<<grid_for(rows), kLoopThreads, 0, stream>>>(yt, dyt, dxt, rows, width, ys, dys,
+                                                                                 dxs);
+    } else {
+      softmax_backward_kernel<T, 1><<<grid_for(rows), kLoopThreads, 0, stream>>>(yt, dyt, dxt, rows, width, ys, dys,
+                                                                                 dxs);
+    }
+    return cudaGetLastError();
+  }
+  if (p.parts > 1 && (scratch.counters == nullptr || scratch.partials == nullptr)) return cudaErrorInvalidValue;
+  const Meeting m{scratch.counters, reinterpret_cast<float2*>(scratch.partials)};
+  return packs ? backward_spans<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, p, m, stream)
+               : backward_spans<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, p, m, stream);
 }
+
+int itemsize_of(SoftmaxDType dtype) { return dtype == SoftmaxDType::f32 ? 4 : 2; }
 
 }  // namespace
 
+SoftmaxScratchSize softmax_scratch_size(int64_t rows, int64_t width, SoftmaxDType dtype, int sms, bool backward) {
+  if (rows <= 0 || sms < 1 || width <= (backward ? kBackwardWarpMaxWidth : kWarpMaxWidth)) return {0, 0};
+  const int itemsize = itemsize_of(dtype);
+  return scratch_size(backward ? backward_plan(rows, width, 1, itemsize, sms) : forward_plan(rows, width, 1, itemsize, sms),
+                      rows);
+}
+
 cudaError_t softmax_forward(const void* x, void* y, int64_t rows, int64_t width, int64_t x_stride, int64_t y_stride,
-                            SoftmaxDType dtype, cudaStream_t stream) {
-  if (rows < 0 || width < 0) return cudaErrorInvalidValue;
+                            SoftmaxDType dtype, int sms, SoftmaxScratch scratch, cudaStream_t stream) {
+  if (rows < 0 || width < 0 || sms < 1) return cudaErrorInvalidValue;
   if (rows == 0 || width == 0) return cudaSuccess;
   switch (dtype) {
-    case SoftmaxDType::f32: return forward_typed<float>(x, y, rows, width, x_stride, y_stride, stream);
-    case SoftmaxDType::f16: return forward_typed<__half>(x, y, rows, width, x_stride, y_stride, stream);
-    case SoftmaxDType::bf16: return forward_typed<__nv_bfloat16>(x, y, rows, width, x_stride, y_stride, stream);
+    case SoftmaxDType::f32: return forward_typed<float>(x, y, rows, width, x_stride, y_stride, sms, scratch, stream);
+    case SoftmaxDType::f16: return forward_typed<__half>(x, y, rows, width, x_stride, y_stride, sms, scratch, stream);
+    case SoftmaxDType::bf16:
+      return forward_typed<__nv_bfloat16>(x, y, rows, width, x_stride, y_stride, sms, scratch, stream);
   }
   return cudaErrorInvalidValue;
 }
 
 cudaError_t softmax_backward(const void* y, const void* dy, void* dx, int64_t rows, int64_t width, int64_t y_stride,
-                             int64_t dy_stride, int64_t dx_stride, SoftmaxDType dtype, cudaStream_t stream) {
-  if (rows < 0 || width < 0) return cudaErrorInvalidValue;
+                             int64_t dy_stride, int64_t dx_stride, SoftmaxDType dtype, int sms,
+                             SoftmaxScratch scratch, cudaStream_t stream) {
+  if (rows < 0 || width < 0 || sms < 1) return cudaErrorInvalidValue;
   if (rows == 0 || width == 0) return cudaSuccess;
   switch (dtype) {
     case SoftmaxDType::f32:
-      return backward_typed<float>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, stream);
+      return backward_typed<float>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, sms, scratch, stream);
     case SoftmaxDType::f16:
-      return backward_typed<__half>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, stream);
+      return backward_typed<__half>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, sms, scratch, stream);
     case SoftmaxDType::bf16:
-      return backward_typed<__nv_bfloat16>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, stream);
+      return backward_typed<__nv_bfloat16>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, sms, scratch,
+                                           stream);
   }
   return cudaErrorInvalidValue;
 }

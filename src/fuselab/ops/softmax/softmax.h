@@ -1,7 +1,11 @@
 // Softmax over the rows of a matrix, CUDA C++: launchers on raw pointers, free of torch headers.
 //
 // A matrix is `rows` x `width` elements with unit column stride and a row stride in elements (>= width, or 0 for
-// a broadcast row). Launchers return the launch's cudaError_t; they do not synchronize.
+// a broadcast row). Launchers return the launch's cudaError_t; they do not synchronize. `sms` is the GPU's
+// multiprocessor count: the launchers' plans depend on it. Where few or wide rows are cut into spans whose blocks
+// meet, a launch needs scratch of softmax_scratch_size(...): counters that are zeros before the first launch (the
+// launches leave them zeros, so one buffer serves every launch on a stream; launches on different streams at once
+// need one each) and partials of any value. Where the size is {0, 0}, the pointers may be null.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,12 +16,26 @@ namespace fuselab {
 
 enum class SoftmaxDType : int { f32 = 0, f16 = 1, bf16 = 2 };
 
+struct SoftmaxScratch {
+  int* counters;    // int32 zeros
+  float* partials;  // 8-byte aligned
+};
+
+struct SoftmaxScratchSize {
+  int64_t counters;  // elements
+  int64_t partials;
+};
+
+// The scratch the forward (backward: the backward) of rows x width needs on a GPU of `sms` SMs.
+SoftmaxScratchSize softmax_scratch_size(int64_t rows, int64_t width, SoftmaxDType dtype, int sms, bool backward);
+
 // y[r, :] = softmax(x[r, :]), math in fp32.
 cudaError_t softmax_forward(const void* x, void* y, int64_t rows, int64_t width, int64_t x_stride, int64_t y_stride,
-                            SoftmaxDType dtype, cudaStream_t stream);
+                            SoftmaxDType dtype, int sms, SoftmaxScratch scratch, cudaStream_t stream);
 
 // dx[r, :] = y[r, :] * (dy[r, :] - sum(dy[r, :] * y[r, :])), math in fp32.
 cudaError_t softmax_backward(const void* y, const void* dy, void* dx, int64_t rows, int64_t width, int64_t y_stride,
-                             int64_t dy_stride, int64_t dx_stride, SoftmaxDType dtype, cudaStream_t stream);
+                             int64_t dy_stride, int64_t dx_stride, SoftmaxDType dtype, int sms,
+                             SoftmaxScratch scratch, cudaStream_t stream);
 
 }  // namespace fuselab

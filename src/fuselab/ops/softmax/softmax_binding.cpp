@@ -9,6 +9,10 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include "../_cuda/fast_call.h"
 #include "softmax.h"
 
@@ -38,13 +42,67 @@ void check_launch(cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, "softmax cuda: kernel launch failed: ", cudaGetErrorString(err));
 }
 
+int sm_count(const torch::Device& device) {
+  static std::mutex mutex;
+  static std::map<int, int> counts;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = counts.find(device.index());
+  if (it == counts.end()) {
+    int n = 0;
+    check_launch(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device.index()));
+    it = counts.emplace(device.index(), n).first;
+  }
+  return it->second;
+}
+
+// A buffer of `numel` elements for the launchers on `stream`, kept from call to call per device, stream and name and
+// grown anew when too small (made of zeros: the launchers leave their counters zeros); while the stream is
+// captured into a CUDA graph, fresh zeros (the graph's own: its memset runs at each replay). `hold` keeps the buffer
+// alive for the call.
+template <typename T>
+T* kept_buffer(const char* name, const torch::Device& device, cudaStream_t stream, int64_t numel,
+               torch::Tensor& hold) {
+  if (numel == 0) return nullptr;
+  const auto options = torch::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value).device(device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_launch(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    hold = torch::zeros({numel}, options);
+    return hold.data_ptr<T>();
+  }
+  using Key = std::tuple<const char*, int, cudaStream_t>;
+  static std::mutex mutex;
+  static auto* buffers = new std::map<Key, torch::Tensor>();  // never freed: kept to the process's end
+  const std::lock_guard<std::mutex> lock(mutex);
+  torch::Tensor& buffer = (*buffers)[Key{name, device.index(), stream}];
+  if (!buffer.defined() || buffer.numel() < numel) {
+    buffer = torch::zeros({std::max<int64_t>(numel, buffer.defined() ? 2 * buffer.numel() : 0)}, options);
+  }
+  hold = buffer;
+  return hold.data_ptr<T>();
+}
+
+// The launchers' scratch (softmax.h) for `size` on `stream`: counters and partials kept apart, so the counters are
+// zeros whatever the partials held.
+fuselab::SoftmaxScratch scratch_for(const torch::Device& device, cudaStream_t stream,
+                                    fuselab::SoftmaxScratchSize size, torch::Tensor& hold_counters,
+                                    torch::Tensor& hold_partials) {
+  return {kept_buffer<int>("counters", device, stream, size.counters, hold_counters),
+          kept_buffer<float>("partials", device, stream, size.partials, hold_partials)};
+}
+
 // y = softmax(x) over the width; x, y: (rows, width).
 void forward(const torch::Tensor& x, const torch::Tensor& y) {
   check_rows(x, "x", x);
   check_rows(y, "y", x);
   const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int sms = sm_count(x.device());
+  const auto dtype = dtype_of(x);
+  torch::Tensor counters, partials;
+  const auto size = fuselab::softmax_scratch_size(x.size(0), x.size(1), dtype, sms, false);
   check_launch(fuselab::softmax_forward(x.data_ptr(), y.data_ptr(), x.size(0), x.size(1), x.stride(0), y.stride(0),
-                                        dtype_of(x), c10::cuda::getCurrentCUDAStream()));
+                                        dtype, sms, scratch_for(x.device(), stream, size, counters, partials), stream));
 }
 
 // dx = y * (dy - sum(dy * y)) over the width; all (rows, width).
@@ -53,9 +111,14 @@ void backward(const torch::Tensor& y, const torch::Tensor& dy, const torch::Tens
   check_rows(dy, "dy", y);
   check_rows(dx, "dx", y);
   const c10::cuda::CUDAGuard guard(y.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int sms = sm_count(y.device());
+  const auto dtype = dtype_of(y);
+  torch::Tensor counters, partials;
+  const auto size = fuselab::softmax_scratch_size(y.size(0), y.size(1), dtype, sms, true);
   check_launch(fuselab::softmax_backward(y.data_ptr(), dy.data_ptr(), dx.data_ptr(), y.size(0), y.size(1),
-                                         y.stride(0), dy.stride(0), dx.stride(0), dtype_of(y),
-                                         c10::cuda::getCurrentCUDAStream()));
+                                         y.stride(0), dy.stride(0), dx.stride(0), dtype, sms,
+                                         scratch_for(y.device(), stream, size, counters, partials), stream));
 }
 
 // x (..., width) as (rows, width) with unit column stride: a view where one exists, else a contiguous copy (as
