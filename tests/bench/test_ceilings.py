@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+import torch
 
 from fuselab.bench import ceilings
 from fuselab.bench.timer import CPU_BUSY_FRACTION
@@ -82,3 +83,17 @@ def test_the_peak_of_a_dtype_is_the_fastest_rate_its_data_can_be_multiplied_at(d
     else:
         assert ceilings.peak_tflops(cpu, dtype) == max(rates_cpu.values())
         assert ceilings.peak_tflops(gpu, dtype) == rates_gpu["bf16"]
+
+
+def test_measuring_the_matmul_leaves_torchs_tf32_setting_exactly_as_it_was():
+    """The matmul's TF32 mode is set and put back through the same API: setting the legacy allow_tf32 and back once
+    left fp32_precision "ieee" where it was "none", which changes Inductor's cache keys (a bench process that measured
+    its ceilings then missed every graph its warm-up workers had compiled)."""
+    matmul = torch.backends.cuda.matmul
+    before = (matmul.fp32_precision, matmul.allow_tf32)
+    for on in (True, False):
+        with ceilings.matmul_tf32(on):
+            assert matmul.fp32_precision == ("tf32" if on else "ieee")
+        assert (matmul.fp32_precision, matmul.allow_tf32) == before
+    ceilings.measure_ceilings("cpu", quick=True)
+    assert (matmul.fp32_precision, matmul.allow_tf32) == before

@@ -7,10 +7,12 @@ and a run more than BUSY_RETRY_S after them measures them again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -32,6 +34,31 @@ def cache_key(device: str) -> str:
     env = environment(device)
     parts = [env["gpu"] or env["cpu"] or "cpu", env.get("driver") or "", env["torch"]]
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(str(p) for p in parts if p)).strip("_")
+
+
+@contextlib.contextmanager
+def matmul_tf32(on: bool) -> Iterator[None]:
+    """fp32 matmuls on TF32 tensor cores (on) or not, inside the block; the setting exactly as it was after it.
+
+    Through `fp32_precision` where torch has it (2.9 on): setting the legacy `allow_tf32` and back leaves "ieee" where
+    it was "none", which changes Inductor's cache keys (its `cuda_matmul_settings`), so a process that measured its
+    ceilings would miss every graph compiled before (`fuselab.evaluate.warm`), and reading `allow_tf32` after a mix of
+    the two raises."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        previous = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if on else "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = previous
+        return
+    previous_allowed = matmul.allow_tf32
+    matmul.allow_tf32 = on
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = previous_allowed
 
 
 def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[str, object]:
@@ -58,13 +85,9 @@ def measure_ceilings(device: str | None = None, *, quick: bool = False) -> dict[
             continue  # tf32 is a GPU tensor-core mode
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
+        with matmul_tf32(tf32):
             m = benchmark(lambda a=a, b=b: a @ b, label=f"matmul {name}", device=device, timing=timing, flush_l2=False)
             timed.append(m)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
         matmul_tflops[name] = 2 * n**3 / (m.median_ms * 1e-3) / 1e12
         del a, b
 

@@ -7,8 +7,9 @@ backend receives, and says when the count is not the one graph expected.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -52,3 +53,28 @@ class WatchedCompile:
         if self.graphs_after_first_call is not None and self.graphs > self.graphs_after_first_call:
             flags.append(f"recompiled {self.graphs - self.graphs_after_first_call} time(s) after the first call")
         return flags
+
+
+CACHE_OUTCOMES = ("hit", "miss", "bypass")
+
+
+def cache_lookups_so_far() -> dict[str, int]:
+    """Inductor's FX graph cache lookups in this process so far, {"hit": n, "miss": n, "bypass": n}, from torch's
+    counters: every graph Inductor compiles is looked up there first (hit: read from the on-disk cache, no code
+    generated or compiled; miss: compiled and saved; bypass: not cacheable)."""
+    from torch._dynamo.utils import counters
+
+    return {outcome: int(counters["inductor"][f"fxgraph_cache_{outcome}"]) for outcome in CACHE_OUTCOMES}
+
+
+@contextlib.contextmanager
+def cache_lookups() -> Iterator[dict[str, int]]:
+    """The FX graph cache lookups made inside the block (`cache_lookups_so_far`): the dict yielded is filled on exit
+    (`with cache_lookups() as lookups: bench_op(...)`, then lookups["miss"] is how many graphs it compiled itself)."""
+    before = cache_lookups_so_far()
+    lookups: dict[str, int] = dict.fromkeys(CACHE_OUTCOMES, 0)
+    try:
+        yield lookups
+    finally:
+        after = cache_lookups_so_far()
+        lookups.update({k: after[k] - before[k] for k in CACHE_OUTCOMES})

@@ -18,6 +18,7 @@ from rich.console import Console
 from fuselab.bench import distributed
 from fuselab.bench.ceilings import busy_note, get_ceilings, peak_tflops
 from fuselab.bench.compare import BaselineComparison, compare_to_baseline, load_rows
+from fuselab.bench.compiled import cache_lookups
 from fuselab.bench.dtypes import short_name
 from fuselab.bench.env import provenance
 from fuselab.bench.record import Row, Status
@@ -39,9 +40,10 @@ from fuselab.bench.results import (
 )
 from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratios
 from fuselab.bench.timer import Timing
-from fuselab.cli._args import add_op_arguments, check_writable, non_negative, percent, positive, resolve
+from fuselab.cli._args import add_op_arguments, check_writable, load_op, non_negative, percent, positive, resolve
 from fuselab.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, rival_ratios, shape_ratios
 from fuselab.evaluate.choices import bench_cases, speed_axis
+from fuselab.evaluate.warm import WarmUp, done_keys, warm_cases, warm_up
 from fuselab.ops.registry import Op
 
 
@@ -80,6 +82,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "five worst shapes (--plot: ratio against size)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the --shapes draw (default 0)")
+    p.add_argument(
+        "--warm-jobs",
+        type=non_negative(int),
+        default=0,
+        metavar="K",
+        help="before timing, compile the cases of compiled impls (torch.compile) in K worker processes, each calling "
+        "every K-th case once, untimed, so that the timed run's compiles read Inductor's on-disk caches (big "
+        "--shapes draws on a GPU; not under --gpus/torchrun). Default 0: off",
+    )
     p.add_argument("--layout", choices=LAYOUTS, default="contiguous", help="inputs' memory layout (default contiguous)")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")
     p.add_argument(
@@ -120,16 +131,23 @@ def run(args: argparse.Namespace) -> int:
     )
     distributed.set_isolate(args.isolate)
     passes = ("forward", "forward+backward") if args.backward else ("forward",)
-    rows = bench_op(
-        op,
-        selection,
-        out=log,
-        timing=timing,
-        rounds=args.rounds,
-        passes=passes,
-        call_cost_ms=args.call_cost_ms,
-        refuse_early=True,
-    )
+    warm = None
+    if args.warm_jobs:  # the compiles first, spread over processes; the timed run's then read the caches
+        cases = warm_cases(op, selection, passes, done=done_keys(log))
+        loader = functools.partial(load_op, args.op, args.nargs)
+        warm = warm_up(loader, cases, jobs=args.warm_jobs, device=device)  # a line per worker on stderr
+        console.print(warm.summary(), soft_wrap=True)
+    with cache_lookups() as lookups:
+        rows = bench_op(
+            op,
+            selection,
+            out=log,
+            timing=timing,
+            rounds=args.rounds,
+            passes=passes,
+            call_cost_ms=args.call_cost_ms,
+            refuse_early=True,
+        )
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 0
     measured = [r for r in rows if r.measured]
@@ -148,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
     ceilings = get_ceilings(device, measure=False)
     if measured and busy_note(ceilings):
         console.print(f"[yellow]{busy_note(ceilings)}[/yellow]", soft_wrap=True)
+    if warm is not None and warm.cases:  # did the warm-up pay? graphs the timed run read from the caches
+        console.print(timed_compiles_line(lookups), soft_wrap=True)
     summary, rivals = None, []
     if drawn:
         by = (*op.options, *(["pass"] if args.backward else []))
@@ -161,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
             print_table(make_table(rivals, shown, title=title), console)
     if args.out and args.out.suffix == ".json":
         meta = {"env": provenance(device), "ceilings": ceilings}
+        if warm is not None:  # how the compiles were made: warmed in workers, then read from the caches
+            meta["warm"] = warm_meta(warm, lookups)
         if drawn:
             peers = list(op.defaults.peers)
             meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": peers}
@@ -189,6 +211,17 @@ def run(args: argparse.Namespace) -> int:
         if compared.regressions:
             return 1
     return exit_status(rows)
+
+
+def timed_compiles_line(lookups: dict[str, int]) -> str:
+    """After a warm-up: how many graphs the timed run read from Inductor's cache and how many it compiled itself."""
+    line = f"the timed run's compiles: {lookups['hit']} graphs read from the cache, {lookups['miss']} compiled anew"
+    return line + (f", {lookups['bypass']} not cacheable" if lookups["bypass"] else "")
+
+
+def warm_meta(warm: WarmUp, lookups: dict[str, int]) -> dict[str, object]:
+    """The results file's `warm`: the warm-up's jobs, seconds and counts, and the timed run's cache lookups."""
+    return {**warm.meta(), "timed_run_cache": dict(lookups)}
 
 
 def plot_calls(rows: list[Row], op: Op, path: Path) -> None:

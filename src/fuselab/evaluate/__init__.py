@@ -4,7 +4,8 @@
 limit?", one Row a case; both run a `Selection` (selection.py: impls, dtypes, shapes, options, device, layout; the
 op's defaults filled in one place). Beside them: what a case needs before it runs (cases.py), what a bench run times
 when the user left it out (choices.py), shapes drawn at random and ratios to the peers (draws.py), the cost of one
-call (call_cost.py). Generic over ops: nothing here names one.
+call (call_cost.py), the compiles of a bench run made first in worker processes (warm.py). Generic over ops: nothing
+here names one.
 """
 
 from fuselab.evaluate.bench import (
@@ -18,6 +19,7 @@ from fuselab.evaluate.bench import (
     add_derived,
     back_to_back,
     bench_case,
+    bench_grid,
     bench_op,
     ceiling_warning,
     past_ceilings,
@@ -63,6 +65,7 @@ from fuselab.evaluate.choices import (
 )
 from fuselab.evaluate.draws import draw_op_shapes, load_of, rival_ratios, shape_ratios
 from fuselab.evaluate.selection import BENCH_DTYPES, Selection
+from fuselab.evaluate.warm import WarmUp, WarmUpWarning, done_keys, warm_case, warm_cases, warm_up
 
 __all__ = [
     "ABOVE_CEILING_NOTE",
@@ -85,11 +88,14 @@ __all__ = [
     "ImplStatus",
     "Reference",
     "Selection",
+    "WarmUp",
+    "WarmUpWarning",
     "above_ceiling",
     "add_derived",
     "back_to_back",
     "bench_case",
     "bench_cases",
+    "bench_grid",
     "bench_op",
     "bound_from",
     "call_cost_row",
@@ -99,6 +105,7 @@ __all__ = [
     "check_case",
     "check_op",
     "compiled_call_cost",
+    "done_keys",
     "draw_op_shapes",
     "fresh_seed",
     "impl_statuses",
@@ -118,5 +125,8 @@ __all__ = [
     "speed_axis",
     "summarize_checks",
     "sweep_cost",
+    "warm_case",
+    "warm_cases",
+    "warm_up",
     "with_peak",
 ]

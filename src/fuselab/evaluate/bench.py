@@ -182,6 +182,20 @@ def back_to_back(
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def bench_grid(op: Op, chosen: Selection, passes: Sequence[str] = ("forward",)) -> list[Case]:
+    """The cases a bench run of `chosen` (a Selection `resolved` for "bench") times, in the order it times them:
+    dtype-major, then shape (in the selection's order), option values, pass, and impl fastest (the impls of a case
+    are measured together, and the log is written in that order)."""
+    return [
+        Case.of(op.name, name, dtype, shape, opts, layout=chosen.layout, pass_=pass_)
+        for dtype in chosen.dtypes
+        for shape in chosen.shapes
+        for opts in option_grid(op, chosen.options)
+        for pass_ in passes
+        for name in chosen.impls
+    ]
+
+
 def bench_op(
     op: Op,
     selection: Selection | None = None,
@@ -227,17 +241,9 @@ def bench_op(
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if refuse_early:
         refuse_if_nothing_fits(op, chosen.shapes, dtypes, device, option_grid(op, options), True)
-    # Case-major, impl fastest: the log is written in the order the impls were measured.
     cap = CallCap(op, max_call_ms)
     shapes = cap.cheapest_first(chosen.shapes, dtypes[0], op.resolve_options(options))
-    cases = [
-        Case.of(op.name, name, dtype, shape, opts, layout=layout, pass_=pass_)
-        for dtype in dtypes
-        for shape in shapes
-        for opts in option_grid(op, options)
-        for pass_ in passes
-        for name in names
-    ]
+    cases = bench_grid(op, dataclasses.replace(chosen, shapes=shapes), passes)
     ceilings = ceilings_mod.get_ceilings(device)
     copy_gbps = ceilings["copy_gbps"] if ceilings else None
     measured: dict[str, dict[str, dict | Exception]] = {}  # one case's impls, timed together at its first impl
