@@ -5,7 +5,9 @@ fuselab::softmax_cuda_backward: schemas and fakes in Python, CUDA and AutogradCU
 (TORCH_LIBRARY_IMPL in softmax_binding.cpp) when the extension loads. In eager mode a call goes to the binding's C++
 entry (`fast`) first.
 
-The kernels (warp per row, block per row, looped online softmax; see softmax.cu) need no torch headers, so
+The kernels (a warp or fewer threads per short row; a block per span of a wider row, the spans of one row meeting
+through a scratch buffer the binding keeps per stream; a looped online softmax past that; see softmax.cu) need no
+torch headers, so
 `nvcc -arch=sm_90 -c softmax.cu` checks them anywhere. The extension is built once per machine and cached in
 ~/.cache/fuselab/ext/fuselab_softmax (FUSELAB_EXT_DIR overrides); the first call takes a minute or so.
 """
@@ -71,6 +73,7 @@ SOFTMAX.impl(
     requires=cuda_unavailable,
     backward=True,
     cuda_source=CU_FILE,
-    doc="CUDA C++: a warp (or fewer threads) per short row, a block per row held in registers, or a looped online "
-    "softmax; warp-shuffle and block reductions, 16-byte accesses where aligned, fp32 math, 64-bit indices.",
+    doc="CUDA C++: a warp (or fewer threads) per short row, a block per span of a wider row held in registers (few "
+    "or wide rows cut into spans whose blocks meet), or a looped online softmax; 16-byte accesses between a row's "
+    "edges, fp32 math, 64-bit indices.",
 )(softmax_cuda)
