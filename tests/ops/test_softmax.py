@@ -11,11 +11,14 @@ rows of 2^20, and (marked slow) offsets past 2^31 elements.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +27,7 @@ import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kern
 from fuselab.bench.accuracy import gradient_error, poison_allocator
 from fuselab.bench.accuracy import relative_error as rel_err
 from fuselab.ops import get_op, tuning
-from fuselab.ops.softmax import SOFTMAX, Softmax, launch, plans
+from fuselab.ops.softmax import SOFTMAX, Softmax, cuda, launch, plans
 from fuselab.ops.softmax import triton as st
 from fuselab.ops.softmax._shared import as_rows
 from fuselab.ops.softmax.plans import next_power_of_2
@@ -866,3 +869,87 @@ def test_plan_rules_are_pure_and_take_parameters() -> None:
             == 2 * plans.choose_forward(width, 4, False, 132, p).rows
         )
     assert plans.choose_backward(16385, 4, p).kernel == "looped" and plans.choose_backward(16384, 4, p).kernel == "rows"
+
+
+# The CUDA impl's plans (softmax_plan.h), compiled by the host's C++ compiler: the rules checked without a GPU.
+CXX = shutil.which("c++") or shutil.which("g++")
+CUDA_PLAN_SHIM = """
+#include "softmax_plan.h"
+using namespace fuselab::softmax_plan;
+extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, int64_t* out) {
+  const SpanPlan p = backward ? backward_plan(rows, width, vec, itemsize, sms)
+                              : forward_plan(rows, width, vec, itemsize, sms);
+  out[0] = p.parts; out[1] = p.span; out[2] = p.threads; out[3] = p.iters;
+}
+extern "C" void scratch(int64_t rows, int64_t width, int itemsize, int sms, int backward, int64_t* out) {
+  const ScratchElems e = scratch_elems(rows, width, itemsize, sms, backward != 0);
+  out[0] = e.counters; out[1] = e.partials;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
+    """(plan, scratch): the CUDA plan rules as Python functions returning tuples (see CUDA_PLAN_SHIM)."""
+    if CXX is None:
+        pytest.skip("no C++ compiler to build softmax_plan.h")
+    folder = tmp_path_factory.mktemp("cuda_plans")
+    (folder / "shim.cpp").write_text(CUDA_PLAN_SHIM)
+    header_dir = Path(cuda.CU_FILE).parent
+    lib = folder / "libplans.so"
+    cmd = [CXX, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{header_dir}", str(folder / "shim.cpp"), "-o", str(lib)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shim = ctypes.CDLL(str(lib))
+    i64 = ctypes.c_int64
+
+    def plan(rows: int, width: int, vec: int, itemsize: int, sms: int, backward: bool) -> tuple[int, ...]:
+        out = (i64 * 4)()
+        shim.plan(i64(rows), i64(width), vec, itemsize, sms, int(backward), out)
+        return tuple(out)
+
+    def scratch(rows: int, width: int, itemsize: int, sms: int, backward: bool) -> tuple[int, int]:
+        out = (i64 * 2)()
+        shim.scratch(i64(rows), i64(width), itemsize, sms, int(backward), out)
+        return out[0], out[1]
+
+    return plan, scratch
+
+
+def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans) -> None:
+    """Over odd and round widths, few and many rows, three SM counts, both passes: a row's spans are whole packs that
+    cover it, a block holds its span within the values a thread may hold, a row's spans fit on the GPU at once (at
+    most SMs of them), rows too wide for that go looped (parts 0), and many rows are cut only as far as they must be."""
+    plan, _ = cuda_plans
+    for sms, backward, (itemsize, vec) in itertools.product((132, 78, 16), (False, True), ((4, 4), (2, 8), (4, 1))):
+        hold = 16 if backward else 32
+        for rows, width in itertools.product(
+            (1, 2, 7, 15, 77, 131, 132, 5000), (1025, 3011, 16385, 22769, 50257, 694237, 1_048_576, 5_000_001)
+        ):
+            parts, span, threads, iters = plan(rows, width, vec, itemsize, sms, backward)
+            least = -(-width // (512 * hold))  # spans a row needs for its blocks to hold it
+            if least > sms:
+                assert parts == 0, (sms, backward, rows, width)  # looped
+                continue
+            assert 1 <= parts <= sms and parts >= least, (sms, backward, rows, width, parts)
+            assert span % vec == 0 and parts * span >= width, (rows, width, parts, span)
+            rounded = iters if iters <= 8 else (16 if iters <= 16 else 32)  # as the launcher instantiates them
+            assert threads in (128, 256, 512) and threads * iters * vec >= span, (rows, width, threads, iters)
+            assert rounded * vec <= hold, (rows, width, vec, iters)
+            if rows >= sms:
+                assert parts == least, (sms, rows, width, parts)  # many rows: no meetings they do not need
+
+
+def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cuda_plans) -> None:
+    plan, scratch = cuda_plans
+    assert plan(2, 694237, 4, 4, 132, False)[0] == 132  # two rows fill the GPU: 2 x 132 blocks
+    assert plan(1, 1_048_576, 4, 4, 132, False)[0] == 132  # one row: as many spans as SMs, never more (nor looped)
+    assert plan(1, 256000, 4, 4, 132, False)[0] == 125  # spans of 8 KiB: 1 000 000 bytes / 8192
+    assert plan(6, 5500, 4, 4, 132, False)[0] == 1  # 22 KB rows: a meeting would cost more than it saves
+    assert plan(7, 11987, 8, 2, 132, False)[0] == 1
+    assert plan(15, 22769, 4, 4, 132, False)[0] == 11  # cut anyway (22 769 > 16 384): as finely as 8 KiB allows
+    assert plan(613, 22711, 4, 4, 132, False)[0] == 2  # many rows: only as far as a block's hold asks
+    assert plan(87, 10984, 8, 2, 132, True)[0] == 2  # the backward holds 8192 columns a block
+    assert scratch(6, 5500, 4, 132, False) == (0, 0)  # whole rows meet nowhere
+    assert scratch(2, 694237, 4, 132, False) == (3, 2 * 2 * 132)  # 1 + rows counters, (max, sum) per span
+    assert scratch(3, 1000, 4, 132, False) == (0, 0)  # warp kernel

@@ -28,16 +28,17 @@
 
 #include "../_cuda/elements.h"
 #include "softmax.h"
+#include "softmax_plan.h"
 
 namespace fuselab {
 namespace {
 
+using namespace softmax_plan;  // the plans' rules and limits (softmax_plan.h)
+
 constexpr float kNegInf = -INFINITY;
 constexpr int kWarpKernelThreads = 128;
-constexpr int kSpanThreads = 512;  // most threads of a span kernel's block
 constexpr int kLoopThreads = 512;
-constexpr int kMaxElemsPerThread = 32;  // a row held in registers: at most this many fp32 values per thread
-constexpr int kUnroll = 4;              // packs in flight per thread in the looped kernels
+constexpr int kUnroll = 4;  // packs in flight per thread in the looped kernels
 
 template <typename T, int VEC>
 __device__ __forceinline__ void load(const T* __restrict__ p, float* out) {
@@ -498,14 +499,6 @@ __global__ void __launch_bounds__(kLoopThreads)
 
 // ---- launchers ----
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-int next_pow2(int64_t n) {
-  int p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
-
 unsigned grid_for(int64_t blocks) { return (unsigned)(blocks < INT_MAX ? blocks : INT_MAX); }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -561,53 +554,6 @@ bool same_phase(std::initializer_list<const void*> ptrs, std::initializer_list<i
   for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == phase;
   for (int64_t s : strides) ok = ok && s % V == stride_phase;
   return ok;
-}
-
-// ---- plans: rules over rows, width, element size and SM count ----
-
-constexpr int64_t kWarpMaxWidth = 1024;          // forward rows up to this: the warp kernel (32 values a thread)
-constexpr int64_t kBackwardWarpMaxWidth = 512;   // backward rows up to this: its warp kernel (16 of y and of dy)
-constexpr int kBackwardMaxElemsPerThread = 16;   // the backward span kernel holds y and dy
-constexpr int64_t kMinSpanBytes = 8192;     // few rows: spans no shorter than this
-constexpr int64_t kSplitRowBytes = 131072;  // few rows: cut rows at least this long
-constexpr int64_t kBlocksPerSm = 2;              // few rows: cut into spans so that about this many blocks run per SM
-
-struct SpanPlan {
-  int parts;     // spans per row (1: whole rows); 0: a row needs more spans than SMs (the looped kernels)
-  int64_t span;  // columns per span, a multiple of the pack
-  int threads;   // per block, 128..512
-  int iters;     // packs per thread (with_count rounds it up past 8)
-};
-
-// A row cut into the fewest spans a block holds in registers (`hold` values a thread at most, about `per_thread`
-// given). Where rows are fewer than SMs and a row is either cut anyway or at least kSplitRowBytes long, it is cut
-// finer, down to spans of kMinSpanBytes, until about kBlocksPerSm blocks per SM run: a meeting costs its blocks a few
-// microseconds, which only rows that long repay. Spans are at most `sms`, so a row's blocks all fit on the GPU at
-// once and may wait for each other.
-SpanPlan span_plan(int64_t rows, int64_t width, int vec, int itemsize, int hold, int per_thread, int sms) {
-  int64_t parts = ceil_div(width, (int64_t)kSpanThreads * hold);
-  const int64_t row_bytes = width * itemsize;
-  if (rows < sms && (parts > 1 || row_bytes >= kSplitRowBytes)) {
-    const int64_t fill = ceil_div(kBlocksPerSm * sms, rows);
-    parts = std::max(parts, std::min(fill, row_bytes / kMinSpanBytes));
-  }
-  if (parts > sms || rows * parts > INT_MAX) return {0, 0, 0, 0};
-  const int64_t span = ceil_div(ceil_div(width, parts), vec) * vec;
-  const int64_t threads = std::min<int64_t>(kSpanThreads, std::max<int64_t>(128, next_pow2(ceil_div(span, per_thread))));
-  return {(int)parts, span, (int)threads, (int)ceil_div(span, threads * vec)};
-}
-
-SpanPlan forward_plan(int64_t rows, int64_t width, int vec, int itemsize, int sms) {
-  return span_plan(rows, width, vec, itemsize, kMaxElemsPerThread, 32, sms);
-}
-
-SpanPlan backward_plan(int64_t rows, int64_t width, int vec, int itemsize, int sms) {
-  return span_plan(rows, width, vec, itemsize, kBackwardMaxElemsPerThread, 16, sms);
-}
-
-SoftmaxScratchSize scratch_size(const SpanPlan& p, int64_t rows) {
-  if (p.parts <= 1) return {0, 0};
-  return {1 + rows, 2 * rows * p.parts};
 }
 
 // ---- forward ----
@@ -756,10 +702,8 @@ int itemsize_of(SoftmaxDType dtype) { return dtype == SoftmaxDType::f32 ? 4 : 2;
 }  // namespace
 
 SoftmaxScratchSize softmax_scratch_size(int64_t rows, int64_t width, SoftmaxDType dtype, int sms, bool backward) {
-  if (rows <= 0 || sms < 1 || width <= (backward ? kBackwardWarpMaxWidth : kWarpMaxWidth)) return {0, 0};
-  const int itemsize = itemsize_of(dtype);
-  return scratch_size(backward ? backward_plan(rows, width, 1, itemsize, sms) : forward_plan(rows, width, 1, itemsize, sms),
-                      rows);
+  const ScratchElems e = scratch_elems(rows, width, itemsize_of(dtype), sms, backward);
+  return {e.counters, e.partials};
 }
 
 cudaError_t softmax_forward(const void* x, void* y, int64_t rows, int64_t width, int64_t x_stride, int64_t y_stride,
