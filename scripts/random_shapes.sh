@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# The shape-robustness bench on a GPU, in one command (issue 16): random shapes drawn with a seed not tuned on, and
-# the cliff shapes of the issue's table. Writes under $OUT (default /tmp/random_shapes).
-#   N=24 SEED=7 IMPLS=torch,triton scripts/random_shapes.sh
+# The every-shape draws on a GPU (issues 16, 27): softmax and GELU over random shapes drawn with a seed the plans were
+# not tuned on; each impl's GPU time (CUDA-graph replays) over the best of its peers (torch, torch.compile) and of its
+# rivals (Liger-Kernel's softmax, where LIGER names its unzipped wheel), forward and forward + backward, fp32, bf16
+# and fp16. The compiles run first in WARM_JOBS processes (`--warm-jobs`). Resumable: the same command again goes on
+# from the .jsonl logs beside the .json files. Writes under $OUT (default /tmp/random_shapes).
+#   N=200 SEED=2031 WARM_JOBS=14 LIGER=/tmp/liger scripts/random_shapes.sh
 set -u
-OUT=${OUT:-/tmp/random_shapes}; N=${N:-24}; SEED=${SEED:-7}; IMPLS=${IMPLS:-torch,triton}
+OUT=${OUT:-/tmp/random_shapes}; N=${N:-200}; SEED=${SEED:-2031}
+SOFTMAX_IMPLS=${SOFTMAX_IMPLS:-torch,compile,triton,cuda${LIGER:+,liger}}
+GELU_IMPLS=${GELU_IMPLS:-torch,compile,triton,cuda}
+[ -n "${LIGER:-}" ] && export PYTHONPATH="${PYTHONPATH:-src}:$LIGER"
 mkdir -p "$OUT"
-COMMON=(--impl "$IMPLS" --dtype fp32 --dtype bf16 --rep-ms "${REP_MS:-25}" --warmup-ms 10 --rounds 2 --call-cost-ms 0)
-timeout "${T_SOFTMAX:-80}" python -m fuselab bench softmax "${COMMON[@]}" --shapes "random:$N" --seed "$SEED" \
+COMMON=(--shapes "random:$N" --seed "$SEED" --backward --cuda-graph --dtype fp32 --dtype bf16 --dtype fp16
+        --rep-ms "${REP_MS:-5}" --warmup-ms 2 --rounds 1 --call-cost-ms 0 --warm-jobs "${WARM_JOBS:-14}")
+timeout "${T_SOFTMAX:-300}" python3 -m fuselab bench softmax --impl "$SOFTMAX_IMPLS" "${COMMON[@]}" \
   --out "$OUT/softmax_random.json" --plot "$OUT/softmax_random.png" > "$OUT/softmax_random.log" 2>&1
 echo "softmax random rc=$?"
-timeout "${T_GELU:-45}" python -m fuselab bench gelu "${COMMON[@]}" --opt approximate=tanh --shapes "random:$N" \
-  --seed "$SEED" --out "$OUT/gelu_random.json" --plot "$OUT/gelu_random.png" > "$OUT/gelu_random.log" 2>&1
+timeout "${T_GELU:-200}" python3 -m fuselab bench gelu --impl "$GELU_IMPLS" --opt approximate=tanh "${COMMON[@]}" \
+  --out "$OUT/gelu_random.json" --plot "$OUT/gelu_random.png" > "$OUT/gelu_random.log" 2>&1
 echo "gelu random rc=$?"
-timeout "${T_CLIFFS:-40}" python -m fuselab bench softmax "${COMMON[@]}" --shape 2048x32769 --shape 1335x50257 \
-  --shape 520236x129 --shape 65472x1025 --shape 64x1048573 --out "$OUT/cliffs.jsonl" > "$OUT/cliffs.log" 2>&1
-timeout "${T_CLIFFS:-40}" python -m fuselab bench gelu "${COMMON[@]}" --opt approximate=tanh --shape 67108865 \
-  --shape 45088771 --shape 100663313 --out "$OUT/cliffs.jsonl" >> "$OUT/cliffs.log" 2>&1
-timeout 30 python -m fuselab bench gelu "${COMMON[@]}" --opt approximate=tanh --layout sliced --shape 8192x8192 \
-  --out "$OUT/cliffs.jsonl" >> "$OUT/cliffs.log" 2>&1
-echo "cliffs rc=$?"
