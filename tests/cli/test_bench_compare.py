@@ -36,16 +36,16 @@ def test_cases_match_by_their_fields_and_a_regression_exits_1(fuselab, tmp_path,
     data = json.loads(json.dumps(baseline))
     data["records"].reverse()
     slow, fast = data["records"]  # now 2^12 first
-    slow["median_ms"] /= 10  # the baseline was 10x faster at 2^12: today regressed there
-    fast["median_ms"] *= 10
+    measured = slow["median_ms"], fast["median_ms"]
+    slow["median_ms"] = measured[0] / 1000  # the baseline was 1000x faster at 2^12: today regressed there (by a
+    fast["median_ms"] = measured[1] * 1000  # margin no busy CPU, as under pytest-xdist, can undo), 1000x slower else
     base = write(data, tmp_path / "base.json")
     out = fuselab(*ARGS, "--compare", str(base), "--threshold", "50", env={"COLUMNS": "250"})
     assert out.returncode == 1, out.stderr
     regressed = [line for line in out.stdout.splitlines() if "regressed" in line and "│" in line]
     assert len(regressed) == 1 and "4096" in regressed[0]
     assert "1 of 2 cases regressed past 50% slower; 0 new, 0 only in the baseline" in out.stdout
-    slow["median_ms"] *= 10_000  # now the baseline was 1000x slower everywhere (a busy CPU cannot undo that)
-    fast["median_ms"] *= 100
+    slow["median_ms"] = measured[0] * 1000  # now the baseline was 1000x slower everywhere
     assert fuselab(*ARGS, "--compare", str(write(data, base))).returncode == 0
     missing = fuselab(*ARGS, "--compare", str(tmp_path / "nope.json"))
     assert missing.returncode == 2 and "no baseline" in missing.stderr
