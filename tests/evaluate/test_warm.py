@@ -15,7 +15,7 @@ import torch
 from fuselab.bench import distributed
 from fuselab.bench.compiled import cache_lookups
 from fuselab.evaluate import Selection, bench_op
-from fuselab.evaluate.warm import WarmUpWarning, done_keys, warm_cases, warm_up
+from fuselab.evaluate.warm import WarmUpWarning, done_keys, warm_cases, warm_up, warms
 from fuselab.ops.registry import Defaults, Op
 
 FAILING_ROWS = 13  # the compiled impl raises on inputs of this many rows, in the workers as in the timed run
@@ -85,14 +85,14 @@ def test_workers_warm_every_compiled_case_the_timed_run_then_reads_the_cache_and
     assert (warm.jobs, warm.workers, warm.cases, warm.warmed, warm.skipped, warm.lost) == (2, 2, 4, 2, 0, 1)
     assert warm.failed == (("compiled fp32 13x3 forward", "ValueError: no gram of 13 rows here"),)
     assert warm.cache_dir == str(tmp_path / "inductor") and (tmp_path / "inductor" / "fxgraph").is_dir()
-    assert lines[0] == "warm-up: 4 compiled cases over 2 worker processes"
+    assert lines[0] == "warm-up: 4 cases over 2 worker processes"
     finished = sorted(re.sub(r"done in [\d.]+ s", "done in T s", line) for line in lines[1:])
     assert finished == [
         "warm-up: worker 1/2 done in T s: 2 of 2 cases warmed",
         "warm-up: worker 2/2 done in T s: 0 of 2 cases warmed, 1 failed, 1 lost",
     ]
     assert warm.meta()["failed"] == 1 and warm.meta()["lost"] == 1 and warm.meta()["seconds"] > 0
-    assert "2 of 4 compiled cases warmed (1 failed, 1 lost) by 2 workers" in warm.summary()
+    assert "2 of 4 cases warmed (1 failed, 1 lost) by 2 workers" in warm.summary()
 
     with cache_lookups() as lookups:
         rows = bench_op(op, chosen, timing=TIMING, rounds=1, show_progress=False, call_cost_ms=0)
@@ -126,6 +126,36 @@ def test_warm_cases_are_the_compiled_cases_the_run_would_call_and_not_those_done
         warm_cases(op, chosen, passes=("backward",))
 
 
+def test_on_a_gpu_every_impl_is_warmed_on_the_cpu_only_compiled_ones():
+    """Triton's JIT compiles a kernel per case of a Triton impl, and which impls launch Triton kernels is not known
+    before their call: on a GPU every impl's cases are warmed; on the CPU only compiled impls compile anything."""
+    op = toy_op()
+    assert [warms(op.get_impl(n), "cpu") for n in ("torch", "compiled")] == [False, True]
+    assert [warms(op.get_impl(n), "cuda") for n in ("torch", "compiled")] == [True, True]
+    assert warms(op.get_impl("torch"), "cuda:1")
+
+
+@pytest.mark.gpu
+def test_a_gpu_draw_warms_every_impl_and_the_timed_run_gives_the_same_rows(tmp_path, monkeypatch, cache):
+    """On a GPU a worker calls each case of every impl once (softmax's Triton impl among them, whose JIT compiles a
+    kernel per case); the timed run then times every case, all ok."""
+    from functools import partial
+
+    from fuselab.ops import get_op
+
+    monkeypatch.setenv("FUSELAB_CACHE", str(cache))
+    op = get_op("softmax")
+    chosen = Selection(impls=["torch", "triton"], dtypes=["fp32"], shapes=[(37, 1234), (5, 70001)], device="cuda")
+    cases = warm_cases(op, chosen, passes=("forward", "forward+backward"))
+    assert sorted({c.impl for c in cases}) == ["torch", "triton"] and len(cases) == 8
+    warm = warm_up(partial(get_op, "softmax"), cases, jobs=2, device="cuda", say=lambda _: None)
+    assert (warm.cases, warm.warmed, warm.failed, warm.lost) == (8, 8, (), 0)
+    rows = bench_op(op, chosen, timing=TIMING, rounds=1, show_progress=False, call_cost_ms=0,
+                    passes=("forward", "forward+backward"))  # fmt: skip
+    assert len(rows) == 8 and {str(r.status) for r in rows} == {"ok"}
+    assert all(r.rel_err is not None and r.rel_err < 1e-5 for r in rows)
+
+
 def test_warm_up_is_refused_under_torchrun_and_asks_for_a_loader_a_worker_can_import(monkeypatch):
     """Under torchrun the ranks compile their own shares already: a clear refusal, before any worker starts. A loader
     that cannot be pickled to a spawned worker (a lambda) is a TypeError saying what to give instead."""
@@ -142,4 +172,4 @@ def test_warm_up_is_refused_under_torchrun_and_asks_for_a_loader_a_worker_can_im
 def test_no_compiled_case_starts_no_worker():
     warm = warm_up(toy_op, [], jobs=4, device="cpu", say=lambda line: pytest.fail(line))
     assert (warm.workers, warm.cases, warm.warmed) == (0, 0, 0)
-    assert warm.summary().startswith("warm-up: no case of a compiled impl to warm")
+    assert warm.summary().startswith("warm-up: no case to warm")

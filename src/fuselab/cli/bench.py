@@ -87,9 +87,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=non_negative(int),
         default=0,
         metavar="K",
-        help="before timing, compile the cases of compiled impls (torch.compile) in K worker processes, each calling "
-        "every K-th case once, untimed, so that the timed run's compiles read Inductor's on-disk caches (big "
-        "--shapes draws on a GPU; not under --gpus/torchrun). Default 0: off",
+        help="before timing, call the cases that compile code in K worker processes (compiled impls; on a GPU every "
+        "impl, for Triton's JIT), each calling every K-th case once, untimed, so that the timed run's compiles read "
+        "Inductor's and Triton's on-disk caches (big --shapes draws on a GPU; not under --gpus/torchrun). Default 0: "
+        "off",
     )
     p.add_argument("--layout", choices=LAYOUTS, default="contiguous", help="inputs' memory layout (default contiguous)")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")

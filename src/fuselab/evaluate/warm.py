@@ -1,12 +1,16 @@
-"""Warm the compile caches before a bench run times: the cases of its compiled impls, compiled in worker processes.
+"""Warm the compile caches before a bench run times: the cases whose first call compiles code, called first in worker
+processes.
 
 A bench run over many shapes pays one torch.compile per case of a compiled impl (about 7 s of host time each on the
-H200 machine, forward and forward + backward), one after the other. `warm_up` runs those compiles first in `jobs`
-worker processes (multiprocessing, "spawn"), each taking every jobs-th case (`warm_cases`) and calling it once,
+H200 machine, forward and forward + backward), one after the other; on a GPU, Triton's JIT also compiles a kernel per
+case of a Triton impl (ours, Liger-Kernel's: one per specialization, its constexpr plan values and the inputs'
+divisibility), which costs more host time than timing the case. `warm_up` runs those compiles first in `jobs` worker
+processes (multiprocessing, "spawn"), each taking every jobs-th case (`warm_cases`) and calling it once,
 untimed, as the timed run first calls it (`warm_case`: a fresh `WatchedCompile` on inputs of the case's shape,
 dtype and layout, then its forward + backward step where that pass is asked). The timed run's compiles then read
 Inductor's on-disk caches (the FX graph cache and the AOT autograd cache; on a GPU the Triton kernels come with them)
-instead of generating and compiling code. Dynamo still traces in the timed run (a fraction of a second a case).
+instead of generating and compiling code, and Triton's JIT finds the kernels in its own on-disk cache. Dynamo still
+traces in the timed run (a fraction of a second a case).
 
 Where the caches are: Inductor keeps them under TORCHINDUCTOR_CACHE_DIR, by default <tempdir>/torchinductor_<user>
 (`tempfile.gettempdir()`, so TMPDIR counts), and the Triton kernels it compiles under TRITON_CACHE_DIR, by default
@@ -18,10 +22,12 @@ setting out of its cache keys, so the parent's lookups still hit. What does ente
 and its workers: torch's global matmul precision among them (`fuselab.bench.ceilings.matmul_tf32` puts it back
 exactly after the ceilings' matmuls; the CLI's `cache_lookups` line says how many graphs the timed run still compiled).
 
-Only impls marked `compiled` (`Impl.compiled`) are warmed: the others' first call (Triton's JIT, a CUDA extension
-already built) is short, and the timed run makes it before timing anyway. A case that fails in a worker is a warning
-(`WarmUpWarning`), never a stop: the timed run meets the same error and records it as its row. Under torchrun
-(`fuselab.bench.distributed`) warm-up is refused: the ranks already compile their shares side by side.
+Which cases are warmed (`warms`): those of impls marked `compiled` (`Impl.compiled`) on any device, and on a GPU those
+of every impl: a worker's call of an eager impl costs it milliseconds, and whether an impl launches Triton kernels
+(its own, or another project's) is not known before its call. On the CPU only compiled impls compile anything. A
+case that fails in a worker is a warning (`WarmUpWarning`), never a stop: the timed run meets the same error and
+records it as its row. Under torchrun (`fuselab.bench.distributed`) warm-up is refused: the ranks already compile
+their shares side by side.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from fuselab.bench.sweep import NotRun
 from fuselab.evaluate.bench import PASSES, bench_grid, step_call
 from fuselab.evaluate.cases import fresh_seed, interpreted, prepare, refuse_if_too_big
 from fuselab.evaluate.selection import Selection
-from fuselab.ops.registry import Op
+from fuselab.ops.registry import Impl, Op
 
 OpLoader = Callable[[], Op]  # what a worker calls to get the op: picklable (a module-level function or a partial)
 
@@ -91,12 +97,12 @@ class WarmUp:
     def summary(self) -> str:
         """One line: what was warmed, by how many workers, in how long."""
         if not self.cases:
-            return "warm-up: no case of a compiled impl to warm (nothing to compile, or all done in the log)"
+            return "warm-up: no case to warm (no compiled impl, nor a GPU run; or all done in the log)"
         counts = {"failed": len(self.failed), "skipped": self.skipped, "lost": self.lost}
         others = [f"{n} {what}" for what, n in counts.items() if n]
         rest = f" ({', '.join(others)})" if others else ""
         return (
-            f"warm-up: {self.warmed} of {self.cases} compiled cases warmed{rest} by {self.workers} worker"
+            f"warm-up: {self.warmed} of {self.cases} cases warmed{rest} by {self.workers} worker"
             f"{'s' if self.workers > 1 else ''} in {self.seconds:.1f} s; caches in {self.cache_dir}"
         )
 
@@ -111,9 +117,10 @@ def done_keys(log: str | Path | None) -> set[str]:
 def warm_cases(
     op: Op, selection: Selection, passes: Sequence[str] = ("forward",), done: Collection[str] = ()
 ) -> list[Case]:
-    """The cases of a bench run of `selection` (`bench_grid`) worth warming: those of compiled impls that the run
-    would call here (available on the device in the dtype, with a backward for forward + backward; not interpreted),
-    less those whose keys are in `done` (finished in the log of a resumed run)."""
+    """The cases of a bench run of `selection` (`bench_grid`) worth warming: those of impls that `warms` on the
+    selection's device and that the run would call here (available on the device in the dtype, with a backward for
+    forward + backward; not interpreted), less those whose keys are in `done` (finished in the log of a resumed
+    run)."""
     unknown = [p for p in passes if p not in PASSES]
     if unknown or not passes:
         raise ValueError(f"unknown pass {unknown or passes}; accepted: {', '.join(PASSES)}")
@@ -122,12 +129,18 @@ def warm_cases(
     cases = []
     for case in bench_grid(op, chosen, passes):
         impl = op.get_impl(case.impl)
-        if not impl.compiled or case.key in done or interpreted(impl, device):
+        if not warms(impl, device) or case.key in done or interpreted(impl, device):
             continue
         if impl.unavailable(device, case.torch_dtype) or (case.backward and not impl.backward):
             continue
         cases.append(case)
     return cases
+
+
+def warms(impl: Impl, device: str) -> bool:
+    """Whether `impl`'s cases are warmed on `device`: a compiled impl's anywhere (Inductor compiles each case), and
+    every impl's on a GPU (Triton's JIT compiles a kernel per specialization of a Triton impl)."""
+    return impl.compiled or torch.device(device).type == "cuda"
 
 
 def warm_case(op: Op, case: Case, device: str) -> None:
@@ -232,7 +245,7 @@ def warm_up(
         return WarmUp(jobs=jobs)
     cache_dir = pin_cache_dir()
     batches = [cases[k::jobs] for k in range(min(jobs, len(cases)))]
-    say(f"warm-up: {len(cases)} compiled cases over {len(batches)} worker process{'es' if len(batches) > 1 else ''}")
+    say(f"warm-up: {len(cases)} cases over {len(batches)} worker process{'es' if len(batches) > 1 else ''}")
     workers = _start(load, batches, device)
     try:
         _collect(workers, say)
