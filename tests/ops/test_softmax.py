@@ -684,6 +684,33 @@ def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() -> None:
+    """`cuda.configure` hands other span rules to the launchers without a rebuild: blocks of 128 threads holding 8
+    values, rows cut from 16 KiB into spans down to 4 KiB, one block per SM; every span shape stays right forward and
+    backward under them. Rules beyond the kernels' limits are a RuntimeError naming them; the table's rules are put
+    back at the end."""
+    fl = torch.ops.fuselab
+    index = torch.cuda.current_device()
+    table = cuda.span_rules(index)
+    assert set(table) == set(cuda.SPAN_RULES)
+    other = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
+             "blocks_per_sm": 1}  # fmt: skip
+    try:
+        cuda.configure(index, other)
+        for rows, width in ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (2, 694237), (3, 1100001)):
+            (x,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cuda", 31)
+            (dy,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cuda", 32)
+            y = fl.softmax_cuda(x)
+            assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[torch.float32], f"forward {rows}x{width}"
+            exact = y.double() * (dy.double() - (y.double() * dy.double()).sum(-1, keepdim=True))
+            assert rel_err(fl.softmax_cuda_backward(y, dy), exact) <= SOFTMAX.tolerance[torch.float32]
+        with pytest.raises(RuntimeError, match=r"span rules beyond what the kernels are compiled for: threads 1024"):
+            cuda.configure(index, {**other, "threads": 1024})
+    finally:
+        cuda.configure(index, table)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> None:
@@ -876,21 +903,27 @@ CXX = shutil.which("c++") or shutil.which("g++")
 CUDA_PLAN_SHIM = """
 #include "softmax_plan.h"
 using namespace fuselab::softmax_plan;
-extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, int64_t* out) {
-  const SpanPlan p = backward ? backward_plan(rows, width, vec, itemsize, sms)
-                              : forward_plan(rows, width, vec, itemsize, sms);
+SpanRules rules_of(const int64_t* r) { return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5]}; }
+extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
+                     int64_t* out) {
+  const SpanPlan p = backward ? backward_plan(rows, width, vec, itemsize, sms, rules_of(r))
+                              : forward_plan(rows, width, vec, itemsize, sms, rules_of(r));
   out[0] = p.parts; out[1] = p.span; out[2] = p.threads; out[3] = p.iters;
 }
-extern "C" void scratch(int64_t rows, int64_t width, int itemsize, int sms, int backward, int64_t* out) {
-  const ScratchElems e = scratch_elems(rows, width, itemsize, sms, backward != 0);
+extern "C" void scratch(int64_t rows, int64_t width, int itemsize, int sms, int backward, const int64_t* r,
+                        int64_t* out) {
+  const ScratchElems e = scratch_elems(rows, width, itemsize, sms, backward != 0, rules_of(r));
   out[0] = e.counters; out[1] = e.partials;
 }
+extern "C" int valid(const int64_t* r) { return valid_rules(rules_of(r)); }
 """
+DEFAULT_SPAN_RULES = plans.DEFAULTS["cuda_spans"]
 
 
 @pytest.fixture(scope="module")
 def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
-    """(plan, scratch): the CUDA plan rules as Python functions returning tuples (see CUDA_PLAN_SHIM)."""
+    """(plan, scratch, valid): the CUDA plan rules as Python functions returning tuples (see CUDA_PLAN_SHIM), under
+    the span rules `rules` (a mapping of cuda.SPAN_RULES; default: plans.DEFAULTS["cuda_spans"])."""
     if CXX is None:
         pytest.skip("no C++ compiler to build softmax_plan.h")
     folder = tmp_path_factory.mktemp("cuda_plans")
@@ -903,24 +936,31 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
     shim = ctypes.CDLL(str(lib))
     i64 = ctypes.c_int64
 
-    def plan(rows: int, width: int, vec: int, itemsize: int, sms: int, backward: bool) -> tuple[int, ...]:
+    def packed(rules: dict | None) -> ctypes.Array:
+        rules = {**DEFAULT_SPAN_RULES, **(rules or {})}
+        return (i64 * 6)(*(rules[name] for name in cuda.SPAN_RULES))
+
+    def plan(rows: int, width: int, vec: int, itemsize: int, sms: int, backward: bool, rules: dict | None = None):
         out = (i64 * 4)()
-        shim.plan(i64(rows), i64(width), vec, itemsize, sms, int(backward), out)
+        shim.plan(i64(rows), i64(width), vec, itemsize, sms, int(backward), packed(rules), out)
         return tuple(out)
 
-    def scratch(rows: int, width: int, itemsize: int, sms: int, backward: bool) -> tuple[int, int]:
+    def scratch(rows: int, width: int, itemsize: int, sms: int, backward: bool, rules: dict | None = None):
         out = (i64 * 2)()
-        shim.scratch(i64(rows), i64(width), itemsize, sms, int(backward), out)
+        shim.scratch(i64(rows), i64(width), itemsize, sms, int(backward), packed(rules), out)
         return out[0], out[1]
 
-    return plan, scratch
+    def valid(rules: dict) -> bool:
+        return bool(shim.valid(packed(rules)))
+
+    return plan, scratch, valid
 
 
 def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans) -> None:
     """Over odd and round widths, few and many rows, three SM counts, both passes: a row's spans are whole packs that
     cover it, a block holds its span within the values a thread may hold, a row's spans fit on the GPU at once (at
     most SMs of them), rows too wide for that go looped (parts 0), and many rows are cut only as far as they must be."""
-    plan, _ = cuda_plans
+    plan, _, _ = cuda_plans
     for sms, backward, (itemsize, vec) in itertools.product((132, 78, 16), (False, True), ((4, 4), (2, 8), (4, 1))):
         hold = 16 if backward else 32
         for rows, width in itertools.product(
@@ -941,7 +981,7 @@ def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans) -> None:
 
 
 def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cuda_plans) -> None:
-    plan, scratch = cuda_plans
+    plan, scratch, _ = cuda_plans
     assert plan(2, 694237, 4, 4, 132, False)[0] == 132  # two rows fill the GPU: 2 x 132 blocks
     assert plan(1, 1_048_576, 4, 4, 132, False)[0] == 132  # one row: as many spans as SMs, never more (nor looped)
     assert plan(1, 256000, 4, 4, 132, False)[0] == 125  # spans of 8 KiB: 1 000 000 bytes / 8192
@@ -953,3 +993,22 @@ def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cud
     assert scratch(6, 5500, 4, 132, False) == (0, 0)  # whole rows meet nowhere
     assert scratch(2, 694237, 4, 132, False) == (3, 2 * 2 * 132)  # 1 + rows counters, (max, sum) per span
     assert scratch(3, 1000, 4, 132, False) == (0, 0)  # warp kernel
+
+
+def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(cuda_plans) -> None:
+    """The span rules come from the plan table (plans.DEFAULTS["cuda_spans"], one value per name the binding takes),
+    and other rules give other plans: smaller blocks cut rows into more spans, a lower split threshold cuts rows of
+    22 KB that the defaults leave whole. Rules beyond what the kernels are compiled for (blocks over 512 threads or
+    not a power of 2, holds over 32 forward or 16 backward) are refused by the header's check, which the binding
+    applies."""
+    plan, scratch, valid = cuda_plans
+    assert set(DEFAULT_SPAN_RULES) == set(cuda.SPAN_RULES) and valid(DEFAULT_SPAN_RULES)
+    assert plan(613, 22711, 4, 4, 132, False, {"threads": 256})[0] == 3  # 256 x 32 values a block: 3 spans
+    assert plan(6, 5500, 4, 4, 132, False, {"split_row_bytes": 16384}) == (2, 2752, 128, 6)
+    assert scratch(6, 5500, 4, 132, False, {"split_row_bytes": 16384}) == (7, 2 * 6 * 2)
+    assert plan(2, 694237, 4, 4, 132, False, {"blocks_per_sm": 1})[0] == 66  # two rows on one block per SM
+    for bad in ({"threads": 1024}, {"threads": 384}, {"threads": 64}, {"hold": 33}, {"backward_hold": 17},
+                {"hold": 0}, {"min_span_bytes": 8}, {"blocks_per_sm": 0}):  # fmt: skip
+        assert not valid({**DEFAULT_SPAN_RULES, **bad}), bad
+    with pytest.raises(ValueError, match=r"missing \['blocks_per_sm'\], unknown \['block'\]"):
+        cuda.configure(0, {**{k: v for k, v in DEFAULT_SPAN_RULES.items() if k != "blocks_per_sm"}, "block": 1})

@@ -14,13 +14,15 @@ torch headers, so
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from fuselab.ops import tuning
 from fuselab.ops.backends import cuda_unavailable, load_cuda_extension
-from fuselab.ops.softmax import _shared
+from fuselab.ops.softmax import _shared, plans
 from fuselab.ops.softmax.spec import SOFTMAX
 
 CU_FILE: Path = Path(__file__).with_name("softmax.cu")
@@ -28,13 +30,35 @@ BINDING_FILE: Path = Path(__file__).with_name("softmax_binding.cpp")
 _EXTENSION: list[ModuleType] = []
 
 
+SPAN_RULES = ("threads", "hold", "backward_hold", "min_span_bytes", "split_row_bytes", "blocks_per_sm")
+
+
 def extension() -> ModuleType:
     """The built extension: forward(x, y) and backward(y, dy, dx) on (rows, width) CUDA tensors, softmax(x) and
-    softmax_backward(y, dy) on any shape. Loading it
-    registers the CUDA kernels of fuselab::softmax_cuda and fuselab::softmax_cuda_backward."""
+    softmax_backward(y, dy) on any shape. Loading it registers the CUDA kernels of fuselab::softmax_cuda and
+    fuselab::softmax_cuda_backward, and sets every GPU's span rules from its plan table (`configure`)."""
     if not _EXTENSION:
-        _EXTENSION.append(load_cuda_extension("fuselab_softmax", (str(BINDING_FILE), str(CU_FILE))))
+        ext = load_cuda_extension("fuselab_softmax", (str(BINDING_FILE), str(CU_FILE)))
+        for index in range(torch.cuda.device_count()):
+            configure(index, span_rules(index), ext)
+        _EXTENSION.append(ext)
     return _EXTENSION[0]
+
+
+def span_rules(index: int) -> dict[str, int]:
+    """The span rules of CUDA device `index`: plans.DEFAULTS["cuda_spans"], or its plan table's (plans/<key>.json)."""
+    return dict(plans.rule_params(tuning.device_key(index))["cuda_spans"])
+
+
+def configure(index: int, rules: Mapping[str, int], ext: ModuleType | None = None) -> None:
+    """Set the span rules the launchers apply on CUDA device `index` (every name of SPAN_RULES; the binding refuses,
+    with a RuntimeError, values beyond what the kernels are compiled for). Explorations call it to try other rules
+    without a rebuild; calls made before keep the plans they launched."""
+    missing = [name for name in SPAN_RULES if name not in rules]
+    unknown = sorted(set(rules) - set(SPAN_RULES))
+    if missing or unknown:
+        raise ValueError(f"softmax cuda span rules: missing {missing}, unknown {unknown}; give {', '.join(SPAN_RULES)}")
+    (ext or extension()).configure(index, *(int(rules[name]) for name in SPAN_RULES))
 
 
 def launch_forward(x: torch.Tensor, y: torch.Tensor) -> None:

@@ -1,4 +1,5 @@
-"""The Triton softmax's launch plans: which kernel, tile and warps for rows of a width, chosen by rules.
+"""The Triton softmax's launch plans: which kernel, tile and warps for rows of a width, chosen by rules (and the CUDA
+impl's span rules' parameters, "cuda_spans", which its C++ launchers apply: softmax_plan.h).
 
 The rules read bytes per row, element size, alignment and the SM count, never a table of tuned widths; their
 parameters (`DEFAULTS`, for a GPU never tuned) are the data a GPU's plan table (plans/<device key>.json, written by
@@ -45,6 +46,19 @@ DEFAULTS: dict[str, object] = {
     # Backward of wide rows, fewer than below_rows_per_sm per SM: a row split over programs of `blocks` columns (the
     # smallest giving programs_per_sm programs per SM, within [min, max]), partial sums of y * dy met in a second kernel
     "backward_split": {"below_rows_per_sm": 2, "programs_per_sm": 4, "blocks": [1024, 4096]},
+    # The CUDA impl's span rules (softmax_plan.h's SpanRules, handed to its launchers by cuda.configure): a row wider
+    # than its warp kernels take is cut into the fewest spans a block of at most `threads` holds (`hold` values a
+    # thread forward, `backward_hold` of y and of dy backward); where rows are fewer than SMs and a row is cut anyway
+    # or at least `split_row_bytes` long, finer, down to spans of `min_span_bytes`, until about `blocks_per_sm`
+    # blocks per SM run. The kernels are compiled for threads <= 512, hold <= 32 and backward_hold <= 16.
+    "cuda_spans": {
+        "threads": 512,
+        "hold": 32,
+        "backward_hold": 16,
+        "min_span_bytes": 8192,
+        "split_row_bytes": 131072,
+        "blocks_per_sm": 2,
+    },
 }
 
 READS = ("vectors", "edges", "scalars")  # how a launch reads its rows (launch.reads): the rows plans depend on it

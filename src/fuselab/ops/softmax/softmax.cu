@@ -12,7 +12,8 @@
 //                         softmax), then a pass that writes, from the end of the row back (that part is still in L2).
 // The backward has the same three: softmax_backward_warp_kernel (rows up to 512 columns, y and dy in registers),
 // softmax_backward_span_kernel (the spans' partial sums of y * dy meet as the forward's do), and the looped
-// softmax_backward_kernel. Span plans are rules over rows, width, element size and the SM count (`span_plan`).
+// softmax_backward_kernel. Span plans are rules over rows, width, element size and the SM count (`span_plan`), whose
+// parameters (`SpanRules`) come from the op's plan table through the binding.
 // The warp kernels read 16 bytes at a time where rows are 16-byte aligned, else one element at a time; the span
 // kernels read a row's 16-byte aligned bulk in packs and its few edge elements (before the first 16-byte boundary
 // and after the last) one by one, wherever all the tensors' rows start at the same offset from a boundary. Math in
@@ -602,7 +603,7 @@ cudaError_t forward_spans(const T* x, T* y, int64_t rows, int64_t width, int64_t
 
 template <typename T>
 cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, int sms,
-                          SoftmaxScratch scratch, cudaStream_t stream) {
+                          const SpanRules& rules, SoftmaxScratch scratch, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
   const T* xt = static_cast<const T*>(x);
   T* yt = static_cast<T*>(y);
@@ -612,7 +613,7 @@ cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, i
                : forward_warp<T, 1>(xt, yt, rows, width, xs, ys, stream);
   }
   const bool packs = same_phase<T>({x, y}, {xs, ys});
-  const SpanPlan p = forward_plan(rows, width, packs ? V : 1, sizeof(T), sms);
+  const SpanPlan p = forward_plan(rows, width, packs ? V : 1, sizeof(T), sms, rules);
   if (p.parts == 0) {
     if (vec) {
       softmax_looped_kernel<T, V><<<grid_for(rows), kLoopThreads, 0, stream>>>(xt, yt, rows, width, xs, ys);
@@ -669,7 +670,8 @@ cudaError_t backward_spans(const T* y, const T* dy, T* dx, int64_t rows, int64_t
 
 template <typename T>
 cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows, int64_t width, int64_t ys,
-                           int64_t dys, int64_t dxs, int sms, SoftmaxScratch scratch, cudaStream_t stream) {
+                           int64_t dys, int64_t dxs, int sms, const SpanRules& rules, SoftmaxScratch scratch,
+                           cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
   const T* yt = static_cast<const T*>(y);
   const T* dyt = static_cast<const T*>(dy);
@@ -680,7 +682,7 @@ cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows
                : backward_warp<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
   }
   const bool packs = same_phase<T>({y, dy, dx}, {ys, dys, dxs});
-  const SpanPlan p = backward_plan(rows, width, packs ? V : 1, sizeof(T), sms);
+  const SpanPlan p = backward_plan(rows, width, packs ? V : 1, sizeof(T), sms, rules);
   if (p.parts == 0) {
     if (vec) {
       softmax_backward_kernel<T, V><<<grid_for(rows), kLoopThreads, 0, stream>>>(yt, dyt, dxt, rows, width, ys, dys,
@@ -701,37 +703,43 @@ int itemsize_of(SoftmaxDType dtype) { return dtype == SoftmaxDType::f32 ? 4 : 2;
 
 }  // namespace
 
-SoftmaxScratchSize softmax_scratch_size(int64_t rows, int64_t width, SoftmaxDType dtype, int sms, bool backward) {
-  const ScratchElems e = scratch_elems(rows, width, itemsize_of(dtype), sms, backward);
+SoftmaxScratchSize softmax_scratch_size(int64_t rows, int64_t width, SoftmaxDType dtype, int sms, bool backward,
+                                        const SoftmaxRules& rules) {
+  const ScratchElems e = scratch_elems(rows, width, itemsize_of(dtype), sms, backward, rules);
   return {e.counters, e.partials};
 }
 
 cudaError_t softmax_forward(const void* x, void* y, int64_t rows, int64_t width, int64_t x_stride, int64_t y_stride,
-                            SoftmaxDType dtype, int sms, SoftmaxScratch scratch, cudaStream_t stream) {
-  if (rows < 0 || width < 0 || sms < 1) return cudaErrorInvalidValue;
+                            SoftmaxDType dtype, int sms, const SoftmaxRules& rules, SoftmaxScratch scratch,
+                            cudaStream_t stream) {
+  if (rows < 0 || width < 0 || sms < 1 || !valid_rules(rules)) return cudaErrorInvalidValue;
   if (rows == 0 || width == 0) return cudaSuccess;
   switch (dtype) {
-    case SoftmaxDType::f32: return forward_typed<float>(x, y, rows, width, x_stride, y_stride, sms, scratch, stream);
-    case SoftmaxDType::f16: return forward_typed<__half>(x, y, rows, width, x_stride, y_stride, sms, scratch, stream);
+    case SoftmaxDType::f32:
+      return forward_typed<float>(x, y, rows, width, x_stride, y_stride, sms, rules, scratch, stream);
+    case SoftmaxDType::f16:
+      return forward_typed<__half>(x, y, rows, width, x_stride, y_stride, sms, rules, scratch, stream);
     case SoftmaxDType::bf16:
-      return forward_typed<__nv_bfloat16>(x, y, rows, width, x_stride, y_stride, sms, scratch, stream);
+      return forward_typed<__nv_bfloat16>(x, y, rows, width, x_stride, y_stride, sms, rules, scratch, stream);
   }
   return cudaErrorInvalidValue;
 }
 
 cudaError_t softmax_backward(const void* y, const void* dy, void* dx, int64_t rows, int64_t width, int64_t y_stride,
                              int64_t dy_stride, int64_t dx_stride, SoftmaxDType dtype, int sms,
-                             SoftmaxScratch scratch, cudaStream_t stream) {
-  if (rows < 0 || width < 0 || sms < 1) return cudaErrorInvalidValue;
+                             const SoftmaxRules& rules, SoftmaxScratch scratch, cudaStream_t stream) {
+  if (rows < 0 || width < 0 || sms < 1 || !valid_rules(rules)) return cudaErrorInvalidValue;
   if (rows == 0 || width == 0) return cudaSuccess;
   switch (dtype) {
     case SoftmaxDType::f32:
-      return backward_typed<float>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, sms, scratch, stream);
+      return backward_typed<float>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, sms, rules, scratch,
+                                   stream);
     case SoftmaxDType::f16:
-      return backward_typed<__half>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, sms, scratch, stream);
+      return backward_typed<__half>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, sms, rules, scratch,
+                                    stream);
     case SoftmaxDType::bf16:
-      return backward_typed<__nv_bfloat16>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, sms, scratch,
-                                           stream);
+      return backward_typed<__nv_bfloat16>(y, dy, dx, rows, width, y_stride, dy_stride, dx_stride, sms, rules,
+                                           scratch, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -2,7 +2,8 @@
 //
 // A matrix is `rows` x `width` elements with unit column stride and a row stride in elements (>= width, or 0 for
 // a broadcast row). Launchers return the launch's cudaError_t; they do not synchronize. `sms` is the GPU's
-// multiprocessor count: the launchers' plans depend on it. Where few or wide rows are cut into spans whose blocks
+// multiprocessor count and `rules` the span rules' parameters (softmax_plan.h's SpanRules, from the op's plan table):
+// the launchers' plans depend on them. Where few or wide rows are cut into spans whose blocks
 // meet, a launch needs scratch of softmax_scratch_size(...): counters that are zeros before the first launch (the
 // launches leave them zeros, so one buffer serves every launch on a stream; launches on different streams at once
 // need one each) and partials of any value. Where the size is {0, 0}, the pointers may be null.
@@ -11,6 +12,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "softmax_plan.h"
 
 namespace fuselab {
 
@@ -26,16 +29,20 @@ struct SoftmaxScratchSize {
   int64_t partials;
 };
 
+using SoftmaxRules = softmax_plan::SpanRules;
+
 // The scratch the forward (backward: the backward) of rows x width needs on a GPU of `sms` SMs.
-SoftmaxScratchSize softmax_scratch_size(int64_t rows, int64_t width, SoftmaxDType dtype, int sms, bool backward);
+SoftmaxScratchSize softmax_scratch_size(int64_t rows, int64_t width, SoftmaxDType dtype, int sms, bool backward,
+                                        const SoftmaxRules& rules);
 
 // y[r, :] = softmax(x[r, :]), math in fp32.
 cudaError_t softmax_forward(const void* x, void* y, int64_t rows, int64_t width, int64_t x_stride, int64_t y_stride,
-                            SoftmaxDType dtype, int sms, SoftmaxScratch scratch, cudaStream_t stream);
+                            SoftmaxDType dtype, int sms, const SoftmaxRules& rules, SoftmaxScratch scratch,
+                            cudaStream_t stream);
 
 // dx[r, :] = y[r, :] * (dy[r, :] - sum(dy[r, :] * y[r, :])), math in fp32.
 cudaError_t softmax_backward(const void* y, const void* dy, void* dx, int64_t rows, int64_t width, int64_t y_stride,
                              int64_t dy_stride, int64_t dx_stride, SoftmaxDType dtype, int sms,
-                             SoftmaxScratch scratch, cudaStream_t stream);
+                             const SoftmaxRules& rules, SoftmaxScratch scratch, cudaStream_t stream);
 
 }  // namespace fuselab

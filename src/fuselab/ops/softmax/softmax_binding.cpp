@@ -42,17 +42,47 @@ void check_launch(cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, "softmax cuda: kernel launch failed: ", cudaGetErrorString(err));
 }
 
-int sm_count(const torch::Device& device) {
-  static std::mutex mutex;
-  static std::map<int, int> counts;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = counts.find(device.index());
-  if (it == counts.end()) {
-    int n = 0;
-    check_launch(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device.index()));
-    it = counts.emplace(device.index(), n).first;
-  }
-  return it->second;
+// Per device: its SM count (read once) and the span rules Python set for it (`configure`: plan-table data).
+struct DevicePlan {
+  int sms = 0;
+  fuselab::SoftmaxRules rules{};
+  bool configured = false;
+};
+
+std::mutex plans_mutex;
+
+std::map<int, DevicePlan>& device_plans() {
+  static auto* plans = new std::map<int, DevicePlan>();  // never freed: kept to the process's end
+  return *plans;
+}
+
+DevicePlan plan_of(const torch::Device& device) {
+  const std::lock_guard<std::mutex> lock(plans_mutex);
+  DevicePlan& plan = device_plans()[device.index()];
+  TORCH_CHECK(plan.configured, "softmax cuda: no span rules for cuda:", (int)device.index(),
+              " (fuselab.ops.softmax.cuda.extension() sets them when it loads the extension)");
+  if (plan.sms == 0) check_launch(cudaDeviceGetAttribute(&plan.sms, cudaDevAttrMultiProcessorCount, device.index()));
+  return plan;
+}
+
+// Sets the span rules of CUDA device `device` (softmax_plan.h's SpanRules), refusing values the kernels are not
+// compiled for.
+void configure(int64_t device, int64_t threads, int64_t hold, int64_t backward_hold, int64_t min_span_bytes,
+               int64_t split_row_bytes, int64_t blocks_per_sm) {
+  namespace sp = fuselab::softmax_plan;
+  const auto small = [](int64_t v) { return v >= 1 && v <= (1 << 20); };
+  const fuselab::SoftmaxRules rules{(int)threads, (int)hold, (int)backward_hold, min_span_bytes, split_row_bytes,
+                                    blocks_per_sm};
+  TORCH_CHECK(device >= 0 && small(threads) && small(hold) && small(backward_hold) && sp::valid_rules(rules),
+              "softmax cuda: span rules beyond what the kernels are compiled for: threads ", threads,
+              " (a power of 2 in 128..", sp::kSpanThreads, "), hold ", hold, " (1..", sp::kMaxElemsPerThread,
+              "), backward_hold ", backward_hold, " (1..", sp::kBackwardMaxElemsPerThread, "), min_span_bytes ",
+              min_span_bytes, " (>= 16), split_row_bytes ", split_row_bytes, " and blocks_per_sm ", blocks_per_sm,
+              " (>= 1)");
+  const std::lock_guard<std::mutex> lock(plans_mutex);
+  DevicePlan& plan = device_plans()[(int)device];
+  plan.rules = rules;
+  plan.configured = true;
 }
 
 // A buffer of `numel` elements for the launchers on `stream`, kept from call to call per device, stream and name and
@@ -97,12 +127,13 @@ void forward(const torch::Tensor& x, const torch::Tensor& y) {
   check_rows(y, "y", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int sms = sm_count(x.device());
+  const DevicePlan plan = plan_of(x.device());
   const auto dtype = dtype_of(x);
   torch::Tensor counters, partials;
-  const auto size = fuselab::softmax_scratch_size(x.size(0), x.size(1), dtype, sms, false);
+  const auto size = fuselab::softmax_scratch_size(x.size(0), x.size(1), dtype, plan.sms, false, plan.rules);
   check_launch(fuselab::softmax_forward(x.data_ptr(), y.data_ptr(), x.size(0), x.size(1), x.stride(0), y.stride(0),
-                                        dtype, sms, scratch_for(x.device(), stream, size, counters, partials), stream));
+                                        dtype, plan.sms, plan.rules,
+                                        scratch_for(x.device(), stream, size, counters, partials), stream));
 }
 
 // dx = y * (dy - sum(dy * y)) over the width; all (rows, width).
@@ -112,12 +143,12 @@ void backward(const torch::Tensor& y, const torch::Tensor& dy, const torch::Tens
   check_rows(dx, "dx", y);
   const c10::cuda::CUDAGuard guard(y.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int sms = sm_count(y.device());
+  const DevicePlan plan = plan_of(y.device());
   const auto dtype = dtype_of(y);
   torch::Tensor counters, partials;
-  const auto size = fuselab::softmax_scratch_size(y.size(0), y.size(1), dtype, sms, true);
+  const auto size = fuselab::softmax_scratch_size(y.size(0), y.size(1), dtype, plan.sms, true, plan.rules);
   check_launch(fuselab::softmax_backward(y.data_ptr(), dy.data_ptr(), dx.data_ptr(), y.size(0), y.size(1),
-                                         y.stride(0), dy.stride(0), dx.stride(0), dtype, sms,
+                                         y.stride(0), dy.stride(0), dx.stride(0), dtype, plan.sms, plan.rules,
                                          scratch_for(y.device(), stream, size, counters, partials), stream));
 }
 
@@ -227,6 +258,9 @@ TORCH_LIBRARY_IMPL(fuselab, AutogradCUDA, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("configure", &configure, "set the span rules of a CUDA device (softmax_plan.h's SpanRules)",
+        pybind11::arg("device"), pybind11::arg("threads"), pybind11::arg("hold"), pybind11::arg("backward_hold"),
+        pybind11::arg("min_span_bytes"), pybind11::arg("split_row_bytes"), pybind11::arg("blocks_per_sm"));
   m.def("forward", &forward, "y = softmax(x) over the rows of x (rows, width)", pybind11::arg("x"), pybind11::arg("y"));
   m.def("backward", &backward, "dx = y * (dy - sum(dy * y)) row by row", pybind11::arg("y"), pybind11::arg("dy"),
         pybind11::arg("dx"));
