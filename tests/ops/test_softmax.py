@@ -15,6 +15,7 @@ import ctypes
 import itertools
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -384,6 +385,7 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     assert on_h200(1697, 2, "edges") == st.Plan("rows", 2048, rows=1, num_warps=4)  # a row as long as a tile
     assert on_h200(13995, 2, "edges").hold  # held rows were fitted with edges among them
     assert on_h200(25, 4, "scalars") == st.Plan("rows", 32, rows=16, num_warps=4)
+    assert on_h200(53, 2, "scalars") == st.Plan("rows", 64, rows=8, num_warps=1)  # padded to 64: one warp a tile
     assert on_h200(1, 2, "scalars") == st.Plan("rows", 1, rows=512, num_warps=4)
     assert on_h200(16385, 2, "vectors") == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
     assert on_h200(16386, 2, "edges").hold  # held bf16 rows have an edges path
@@ -686,26 +688,38 @@ def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
 @pytest.mark.gpu
 def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() -> None:
     """`cuda.configure` hands other span rules to the launchers without a rebuild: blocks of 128 threads holding 8
-    values, rows cut from 16 KiB into spans down to 4 KiB, one block per SM; every span shape stays right forward and
-    backward under them. Rules beyond the kernels' limits are a RuntimeError naming them; the table's rules are put
-    back at the end."""
+    values, rows cut from 16 KiB into spans down to 4 KiB, one block per SM; then blocks of 1024 threads and rows
+    read one element at a time leaving the warp kernels past 256 columns. Every span shape stays right forward and
+    backward under them, rows on and off 16-byte boundaries, fp32 and bf16. Rules beyond the kernels' limits are a
+    ValueError naming them (raised in Python before the binding is called); the table's rules are put back at the
+    end."""
     fl = torch.ops.fuselab
     index = torch.cuda.current_device()
     table = cuda.span_rules(index)
     assert set(table) == set(cuda.SPAN_RULES)
-    other = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
-             "blocks_per_sm": 1}  # fmt: skip
+    small = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
+             "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024}  # fmt: skip
+    wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256}
+    shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
+              (3, 1100001))  # fmt: skip
     try:
-        cuda.configure(index, other)
-        for rows, width in ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (2, 694237), (3, 1100001)):
-            (x,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cuda", 31)
-            (dy,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cuda", 32)
+        for rules, dtype, (rows, width), offset in itertools.product(
+            (small, wide), (torch.float32, torch.bfloat16), shapes, (0, 1)
+        ):
+            cuda.configure(index, rules)
+            (x,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 31)
+            (dy,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 32)
+            x, dy = x[:, offset:], dy[:, offset:]
             y = fl.softmax_cuda(x)
-            assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[torch.float32], f"forward {rows}x{width}"
+            case = f"{rules['threads']} threads {dtype} {rows}x{width} offset {offset}"
+            assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"forward {case}"
             exact = y.double() * (dy.double() - (y.double() * dy.double()).sum(-1, keepdim=True))
-            assert rel_err(fl.softmax_cuda_backward(y, dy), exact) <= SOFTMAX.tolerance[torch.float32]
-        with pytest.raises(RuntimeError, match=r"span rules beyond what the kernels are compiled for: threads 1024"):
-            cuda.configure(index, {**other, "threads": 1024})
+            assert rel_err(fl.softmax_cuda_backward(y, dy), exact) <= SOFTMAX.tolerance[dtype], f"backward {case}"
+        with pytest.raises(ValueError, match=r"span rules beyond what the kernels are compiled for: threads 2048 "):
+            cuda.configure(index, {**small, "threads": 2048})
+        assert cuda.span_rules(index) == table  # the table is untouched, and calls under the kept rules run right
+        (x,) = SOFTMAX.make_inputs((7, 20001), torch.float32, "cuda", 33)
+        assert rel_err(fl.softmax_cuda(x), reference(x)) <= SOFTMAX.tolerance[torch.float32]
     finally:
         cuda.configure(index, table)
 
@@ -898,12 +912,45 @@ def test_plan_rules_are_pure_and_take_parameters() -> None:
     assert plans.choose_backward(16385, 4, p).kernel == "looped" and plans.choose_backward(16384, 4, p).kernel == "rows"
 
 
+def test_small_tensors_get_fewer_rows_a_program() -> None:
+    """A rows plan's tiles hold fewer rows (halved, down to 1) until the grid holds fill_warps_per_sm warps per SM:
+    small tensors spread over the GPU, large ones keep the plan's tiles."""
+    p = plans.DEFAULTS
+    least = p["fill_warps_per_sm"] * 132
+    assert plans.fill_rows(16, 1, 3694, 132, p) == 4  # 231 one-warp programs -> 924
+    assert plans.fill_rows(16, 4, 3694, 132, p) == 16  # 231 programs of four warps already fill it
+    assert plans.fill_rows(8, 1, 988774, 132, p) == 8 and plans.fill_rows(16, 1, 5, 132, p) == 1
+    for n_rows, rows, warps in itertools.product((1, 7, 300, 1818, 6052, 10**5), (1, 2, 8, 32), (1, 4)):
+        got = plans.fill_rows(rows, warps, n_rows, 132, p)
+        assert got in (1, 2, 4, 8, 16, 32) and got <= rows, (n_rows, rows, warps, got)
+        assert got == rows or -(-n_rows // (2 * got)) * warps < least <= -(-n_rows // got) * warps or got == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_small_tensors_in_smaller_tiles_stay_right(dtype: torch.dtype) -> None:
+    """Small tensors run their rows plans in tiles of fewer rows (plans.fill_rows): forward and backward against
+    the reference, rows read in vectors, with edges (x[:, 1:]) and one by one, into NaN-poisoned outputs."""
+    fl = torch.ops.fuselab
+    tol = SOFTMAX.tolerance[dtype]
+    for (rows, width), offset in itertools.product(((3694, 71), (1818, 197), (37, 53), (5, 473), (130, 64)), (0, 1)):
+        (x,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 41)
+        (dy,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 42)
+        x, dy = x[:, offset:], dy[:, offset:]
+        poison_allocator(x.numel() * x.element_size(), "cuda")
+        y = fl.softmax_triton(x)
+        assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows}x{width} offset {offset}"
+        y64, dy64 = y.double(), dy.double()
+        exact = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+        assert rel_err(fl.softmax_triton_backward(y, dy), exact) <= tol, f"backward {dtype} {rows}x{width}"
+
+
 # The CUDA impl's plans (softmax_plan.h), compiled by the host's C++ compiler: the rules checked without a GPU.
 CXX = shutil.which("c++") or shutil.which("g++")
 CUDA_PLAN_SHIM = """
 #include "softmax_plan.h"
 using namespace fuselab::softmax_plan;
-SpanRules rules_of(const int64_t* r) { return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5]}; }
+SpanRules rules_of(const int64_t* r) { return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7]}; }
 extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
                      int64_t* out) {
   const SpanPlan p = backward ? backward_plan(rows, width, vec, itemsize, sms, rules_of(r))
@@ -916,13 +963,16 @@ extern "C" void scratch(int64_t rows, int64_t width, int itemsize, int sms, int 
   out[0] = e.counters; out[1] = e.partials;
 }
 extern "C" int valid(const int64_t* r) { return valid_rules(rules_of(r)); }
+extern "C" int warp(int64_t width, int itemsize, int vectorized, int backward, const int64_t* r) {
+  return warp_rows(width, itemsize, vectorized != 0, backward != 0, rules_of(r));
+}
 """
 DEFAULT_SPAN_RULES = plans.DEFAULTS["cuda_spans"]
 
 
 @pytest.fixture(scope="module")
 def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
-    """(plan, scratch, valid): the CUDA plan rules as Python functions returning tuples (see CUDA_PLAN_SHIM), under
+    """(plan, scratch, valid, warp): the CUDA plan rules as Python functions (see CUDA_PLAN_SHIM), under
     the span rules `rules` (a mapping of cuda.SPAN_RULES; default: plans.DEFAULTS["cuda_spans"])."""
     if CXX is None:
         pytest.skip("no C++ compiler to build softmax_plan.h")
@@ -938,7 +988,7 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
 
     def packed(rules: dict | None) -> ctypes.Array:
         rules = {**DEFAULT_SPAN_RULES, **(rules or {})}
-        return (i64 * 6)(*(rules[name] for name in cuda.SPAN_RULES))
+        return (i64 * len(cuda.SPAN_RULES))(*(rules[name] for name in cuda.SPAN_RULES))
 
     def plan(rows: int, width: int, vec: int, itemsize: int, sms: int, backward: bool, rules: dict | None = None):
         out = (i64 * 4)()
@@ -953,62 +1003,107 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
     def valid(rules: dict) -> bool:
         return bool(shim.valid(packed(rules)))
 
-    return plan, scratch, valid
+    def warp(width: int, itemsize: int, vectorized: bool, backward: bool, rules: dict | None = None) -> bool:
+        return bool(shim.warp(i64(width), itemsize, int(vectorized), int(backward), packed(rules)))
+
+    return plan, scratch, valid, warp
 
 
-def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans) -> None:
-    """Over odd and round widths, few and many rows, three SM counts, both passes: a row's spans are whole packs that
-    cover it, a block holds its span within the values a thread may hold, a row's spans fit on the GPU at once (at
-    most SMs of them), rows too wide for that go looped (parts 0), and many rows are cut only as far as they must be."""
-    plan, _, _ = cuda_plans
+def wide_hold(vec: int, itemsize: int, backward: bool) -> int:
+    """Values a thread of a block past 512 threads holds at most (softmax_plan.h: what 64 registers keep unspilled)."""
+    return 8 if vec == 1 else 16 if backward else 24 if itemsize == 4 else 32
+
+
+@pytest.mark.parametrize("threads", [512, 1024])
+def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans, threads: int) -> None:
+    """Over odd and round widths, few and many rows, three SM counts, both passes, blocks of up to 512 and 1024
+    threads: a row's spans are whole packs that cover it, a block holds its span within the values a thread may hold
+    (fewer in blocks past 512 threads, whose kernels have 64 registers a thread: such blocks only hold rows whole,
+    cut rows go to blocks of up to 512), a row's spans fit on the GPU at once (at most SMs of them), rows too wide
+    for that go looped (parts 0), and many rows are cut only as far as they must be."""
+    plan, _, _, _ = cuda_plans
+    rules = {"threads": threads}
     for sms, backward, (itemsize, vec) in itertools.product((132, 78, 16), (False, True), ((4, 4), (2, 8), (4, 1))):
         hold = 16 if backward else 32
+        wide = min(hold, wide_hold(vec, itemsize, backward))
+        whole = threads * wide if threads > 512 else 0  # a row a block of more than 512 threads holds whole
         for rows, width in itertools.product(
             (1, 2, 7, 15, 77, 131, 132, 5000), (1025, 3011, 16385, 22769, 50257, 694237, 1_048_576, 5_000_001)
         ):
-            parts, span, threads, iters = plan(rows, width, vec, itemsize, sms, backward)
-            least = -(-width // (512 * hold))  # spans a row needs for its blocks to hold it
+            parts, span, threads_, iters = plan(rows, width, vec, itemsize, sms, backward, rules)
+            least = 1 if width <= whole else -(-width // (min(threads, 512) * hold))  # spans a row needs
             if least > sms:
                 assert parts == 0, (sms, backward, rows, width)  # looped
                 continue
             assert 1 <= parts <= sms and parts >= least, (sms, backward, rows, width, parts)
             assert span % vec == 0 and parts * span >= width, (rows, width, parts, span)
             rounded = iters if iters <= 8 else (16 if iters <= 16 else 32)  # as the launcher instantiates them
-            assert threads in (128, 256, 512) and threads * iters * vec >= span, (rows, width, threads, iters)
-            assert rounded * vec <= hold, (rows, width, vec, iters)
+            assert threads_ in (128, 256, 512, 1024)[: 3 + (threads > 512)], (rows, width, threads_)
+            assert threads_ * iters * vec >= span, (rows, width, threads_, iters)
+            assert rounded * vec <= (hold if threads_ <= 512 else wide), (rows, width, vec, threads_, iters)
+            assert threads_ <= 512 or parts == 1, (rows, width, threads_, parts)
             if rows >= sms:
                 assert parts == least, (sms, rows, width, parts)  # many rows: no meetings they do not need
 
 
 def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cuda_plans) -> None:
-    plan, scratch, _ = cuda_plans
+    plan, scratch, _, _ = cuda_plans
+    r512 = {"threads": 512}
     assert plan(2, 694237, 4, 4, 132, False)[0] == 132  # two rows fill the GPU: 2 x 132 blocks
     assert plan(1, 1_048_576, 4, 4, 132, False)[0] == 132  # one row: as many spans as SMs, never more (nor looped)
     assert plan(1, 256000, 4, 4, 132, False)[0] == 125  # spans of 8 KiB: 1 000 000 bytes / 8192
     assert plan(6, 5500, 4, 4, 132, False)[0] == 1  # 22 KB rows: a meeting would cost more than it saves
     assert plan(7, 11987, 8, 2, 132, False)[0] == 1
-    assert plan(15, 22769, 4, 4, 132, False)[0] == 11  # cut anyway (22 769 > 16 384): as finely as 8 KiB allows
-    assert plan(613, 22711, 4, 4, 132, False)[0] == 2  # many rows: only as far as a block's hold asks
-    assert plan(87, 10984, 8, 2, 132, True)[0] == 2  # the backward holds 8192 columns a block
+    assert plan(15, 22769, 4, 4, 132, False, r512)[0] == 11  # cut anyway (22 769 > 16 384): as finely as 8 KiB allows
+    assert plan(613, 22711, 4, 4, 132, False, r512)[0] == 2  # many rows: only as far as a block's hold asks
+    assert plan(87, 10984, 8, 2, 132, True, r512)[0] == 2  # the backward holds 8192 columns a block
+    # blocks of 1024 threads hold 24 fp32 or 32 16-bit values a thread in packs, 16 of y and dy backward, 8 one by one
+    r1024 = {"threads": 1024}
+    assert plan(613, 22711, 4, 4, 132, False, r1024) == (1, 22712, 1024, 6)
+    assert plan(1898, 18944, 8, 2, 132, False, r1024) == (1, 18944, 1024, 3)
+    assert plan(3373, 11008, 4, 4, 132, True, r1024) == (1, 11008, 1024, 3)
+    assert plan(613, 22711, 1, 4, 132, False, r1024) == (2, 11356, 512, 23)  # one by one: 512 threads, 32 values
+    assert plan(5000, 30000, 4, 4, 132, False, r1024)[:3] == (2, 15000, 512)  # past 24 576: two spans of 512
+    assert plan(7, 30000, 8, 2, 132, False, r1024) == (1, 30000, 1024, 4)  # 60 KB rows are not cut
+    assert plan(1898, 18944, 4, 4, 132, True, r1024)[:3] == (3, 6316, 512)  # cut anyway: blocks of 512, not 1024
+    assert plan(242, 49549, 8, 2, 132, False, r1024)[:3] == (4, 12392, 512)
     assert scratch(6, 5500, 4, 132, False) == (0, 0)  # whole rows meet nowhere
     assert scratch(2, 694237, 4, 132, False) == (3, 2 * 2 * 132)  # 1 + rows counters, (max, sum) per span
     assert scratch(3, 1000, 4, 132, False) == (0, 0)  # warp kernel
+    # rows in packs held whole by a block of 1024, rows read one by one (8 values a thread there) cut: scratch for both
+    assert plan(3, 20000, 4, 4, 132, False, r1024)[0] == 1 and plan(3, 20000, 1, 4, 132, False, r1024)[0] == 9
+    assert scratch(3, 20000, 4, 132, False, r1024) == (4, 2 * 3 * 9)
 
 
 def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(cuda_plans) -> None:
     """The span rules come from the plan table (plans.DEFAULTS["cuda_spans"], one value per name the binding takes),
     and other rules give other plans: smaller blocks cut rows into more spans, a lower split threshold cuts rows of
-    22 KB that the defaults leave whole. Rules beyond what the kernels are compiled for (blocks over 512 threads or
-    not a power of 2, holds over 32 forward or 16 backward) are refused by the header's check, which the binding
-    applies."""
-    plan, scratch, valid = cuda_plans
+    22 KB that the defaults leave whole. Rules beyond what the kernels are compiled for (blocks over 1024 threads or
+    not a power of 2, holds over 32 forward or 16 backward, warp kernels past 1024 columns) are refused by the
+    header's check, which the binding applies."""
+    plan, scratch, valid, warp = cuda_plans
     assert set(DEFAULT_SPAN_RULES) == set(cuda.SPAN_RULES) and valid(DEFAULT_SPAN_RULES)
     assert plan(613, 22711, 4, 4, 132, False, {"threads": 256})[0] == 3  # 256 x 32 values a block: 3 spans
     assert plan(6, 5500, 4, 4, 132, False, {"split_row_bytes": 16384}) == (2, 2752, 128, 6)
     assert scratch(6, 5500, 4, 132, False, {"split_row_bytes": 16384}) == (7, 2 * 6 * 2)
     assert plan(2, 694237, 4, 4, 132, False, {"blocks_per_sm": 1})[0] == 66  # two rows on one block per SM
-    for bad in ({"threads": 1024}, {"threads": 384}, {"threads": 64}, {"hold": 33}, {"backward_hold": 17},
-                {"hold": 0}, {"min_span_bytes": 8}, {"blocks_per_sm": 0}):  # fmt: skip
+    for bad in ({"threads": 2048}, {"threads": 384}, {"threads": 64}, {"hold": 33}, {"backward_hold": 17},
+                {"hold": 0}, {"min_span_bytes": 8}, {"blocks_per_sm": 0}, {"scalar_warp_width_fp32": 0},
+                {"scalar_warp_width_16bit": 1025}):  # fmt: skip
         assert not valid({**DEFAULT_SPAN_RULES, **bad}), bad
+    # rows read one element at a time leave the warp kernels past the scalar warp width of their element size (the
+    # defaults: 1024 fp32, 512 16-bit); rows read in packs do not
+    assert warp(945, 4, False, False) and not warp(945, 2, False, False) and warp(512, 2, False, False)
+    assert warp(945, 2, True, False) and not warp(1025, 4, True, False) and not warp(600, 4, True, True)
+    assert not warp(945, 4, False, False, {"scalar_warp_width_fp32": 900})
+    assert not warp(400, 2, False, True, {"scalar_warp_width_16bit": 256})
+    # Python's limits (cuda.refusal, checked before the binding is called) are the header's
+    rng = random.Random(5)
+    values = (0, 1, 8, 16, 17, 32, 33, 64, 128, 384, 512, 1024, 1025, 2048)
+    for _ in range(300):
+        rules = {**DEFAULT_SPAN_RULES, **{name: rng.choice(values) for name in rng.sample(cuda.SPAN_RULES, 2)}}
+        assert valid(rules) == (cuda.refusal(rules) is None), rules
+    assert "threads 2048 (128..1024)" in cuda.refusal({**DEFAULT_SPAN_RULES, "threads": 2048})
+    assert "threads 384 (a power of 2)" in cuda.refusal({**DEFAULT_SPAN_RULES, "threads": 384})
     with pytest.raises(ValueError, match=r"missing \['blocks_per_sm'\], unknown \['block'\]"):
         cuda.configure(0, {**{k: v for k, v in DEFAULT_SPAN_RULES.items() if k != "blocks_per_sm"}, "block": 1})

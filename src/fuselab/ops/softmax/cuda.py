@@ -30,7 +30,43 @@ BINDING_FILE: Path = Path(__file__).with_name("softmax_binding.cpp")
 _EXTENSION: list[ModuleType] = []
 
 
-SPAN_RULES = ("threads", "hold", "backward_hold", "min_span_bytes", "split_row_bytes", "blocks_per_sm")
+SPAN_RULES = (
+    "threads",
+    "hold",
+    "backward_hold",
+    "min_span_bytes",
+    "split_row_bytes",
+    "blocks_per_sm",
+    "scalar_warp_width_fp32",
+    "scalar_warp_width_16bit",
+)
+
+
+# What the kernels are compiled for (softmax_plan.h's valid_rules, which the binding applies too): (least, most) per
+# rule, None where unbounded; `threads` a power of 2.
+SPAN_LIMITS: dict[str, tuple[int, int | None]] = {
+    "threads": (128, 1024),
+    "hold": (1, 32),
+    "backward_hold": (1, 16),
+    "min_span_bytes": (16, None),
+    "split_row_bytes": (1, None),
+    "blocks_per_sm": (1, None),
+    "scalar_warp_width_fp32": (1, 1024),
+    "scalar_warp_width_16bit": (1, 1024),
+}
+
+
+def refusal(rules: Mapping[str, int]) -> str | None:
+    """Why the kernels cannot run under span rules `rules` (every name of SPAN_RULES), or None where they can."""
+    wrong = [
+        f"{name} {rules[name]} ({least}..{most if most is not None else ''})"
+        for name, (least, most) in SPAN_LIMITS.items()
+        if not least <= rules[name] <= (most if most is not None else rules[name])
+    ]
+    threads = rules["threads"]
+    if threads & (threads - 1) and not wrong:
+        wrong.append(f"threads {threads} (a power of 2)")
+    return "softmax cuda: span rules beyond what the kernels are compiled for: " + ", ".join(wrong) if wrong else None
 
 
 def extension() -> ModuleType:
@@ -51,14 +87,18 @@ def span_rules(index: int) -> dict[str, int]:
 
 
 def configure(index: int, rules: Mapping[str, int], ext: ModuleType | None = None) -> None:
-    """Set the span rules the launchers apply on CUDA device `index` (every name of SPAN_RULES; the binding refuses,
-    with a RuntimeError, values beyond what the kernels are compiled for). Explorations call it to try other rules
-    without a rebuild; calls made before keep the plans they launched."""
+    """Set the span rules the launchers apply on CUDA device `index` (every name of SPAN_RULES; values beyond what
+    the kernels are compiled for are a ValueError saying which, and leave the rules as they were). Explorations call
+    it to try other rules without a rebuild; calls made before keep the plans they launched."""
     missing = [name for name in SPAN_RULES if name not in rules]
     unknown = sorted(set(rules) - set(SPAN_RULES))
     if missing or unknown:
         raise ValueError(f"softmax cuda span rules: missing {missing}, unknown {unknown}; give {', '.join(SPAN_RULES)}")
-    (ext or extension()).configure(index, *(int(rules[name]) for name in SPAN_RULES))
+    refused = refusal(rules)
+    if refused:
+        raise ValueError(refused)
+    if not (ext or extension()).configure(index, *(int(rules[name]) for name in SPAN_RULES)):
+        raise ValueError(f"softmax cuda: the binding refused span rules {dict(rules)} (softmax_plan.h's valid_rules)")
 
 
 def launch_forward(x: torch.Tensor, y: torch.Tensor) -> None:

@@ -143,6 +143,14 @@ def _ready(x: torch.Tensor) -> None:
 Launch = Callable[..., None]
 
 
+def _rows_per_program(plan: Plan, n_rows: int, sms: int | None, p: dict) -> int:
+    """The rows plan's rows per program, fewer for a small tensor where programs can wait on a GPU (`sms`; see
+    plans.fill_rows); a symbolic row count (torch.compile) keeps the plan's."""
+    if sms is None or not isinstance(n_rows, int):
+        return plan.rows
+    return plans.fill_rows(plan.rows, plan.num_warps, n_rows, sms, p)
+
+
 def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     n_cols = int(x.shape[1])
     # Masks compiled out for fp32 tiles and held rows that divide the tensor (docs/ops/softmax.md: in 16 bits the
@@ -150,17 +158,19 @@ def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     even_cols = (x.element_size() == 4 or plan.hold) and n_cols == plan.block
     a = alignment(x, y)
     fixed = (n_cols // a, x.stride(0) // a, y.stride(0) // a)
-    rows = plan.rows
+    sms = sm_count(x.device.index) if can_wait(x.device) else None
     meta = {
-        "ROWS": rows, "BLOCK": plan.block, "HOLD": plan.hold and x.element_size() == 2, "PTX": not interpreted(),
+        "BLOCK": plan.block, "HOLD": plan.hold and x.element_size() == 2, "PTX": not interpreted(),
         "ALIGN": a, "EDGES": edges(x, y, min_bytes=p["edge_min_bytes"]), "VEC": vector(x),
         "num_warps": plan.num_warps, "maxnreg": plan.maxnreg,
     }  # fmt: skip
 
     def launch(x: torch.Tensor, y: torch.Tensor) -> None:
         n_rows = x.shape[0]
+        rows = _rows_per_program(plan, n_rows, sms, p)
         even = even_cols and n_rows % rows == 0
-        wrap_triton(_forward_rows_kernel)[((n_rows + rows - 1) // rows,)](x, y, n_rows, *fixed, EVEN=even, **meta)
+        wrap_triton(_forward_rows_kernel)[((n_rows + rows - 1) // rows,)](x, y, n_rows, *fixed, EVEN=even, ROWS=rows,
+                                                                          **meta)  # fmt: skip
 
     return launch
 
@@ -270,15 +280,17 @@ def _backward_rows(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Pl
     n_cols = int(y.shape[1])
     a = alignment(y, dy, dx)
     fixed = (n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)))
-    rows = plan.rows
+    sms = sm_count(y.device.index) if can_wait(y.device) else None
     meta = {
-        "ROWS": rows, "BLOCK": plan.block, "ALIGN": a, "EDGES": edges(y, dy, dx, min_bytes=p["edge_min_bytes"]),
+        "BLOCK": plan.block, "ALIGN": a, "EDGES": edges(y, dy, dx, min_bytes=p["edge_min_bytes"]),
         "VEC": vector(y), "num_warps": plan.num_warps,
     }  # fmt: skip
 
     def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
         n_rows = y.shape[0]
-        wrap_triton(_backward_rows_kernel)[((n_rows + rows - 1) // rows,)](y, dy, dx, n_rows, *fixed, **meta)
+        rows = _rows_per_program(plan, n_rows, sms, p)
+        wrap_triton(_backward_rows_kernel)[((n_rows + rows - 1) // rows,)](y, dy, dx, n_rows, *fixed, ROWS=rows,
+                                                                           **meta)  # fmt: skip
 
     return launch
 

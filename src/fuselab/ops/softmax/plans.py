@@ -43,6 +43,9 @@ DEFAULTS: dict[str, object] = {
     "edge_min_bytes": 128,  # misaligned rows at least this long: an aligned bulk of 16-byte vectors + edges
     "edge_warp_bytes": 4096,  # rows read with edges, shorter than a tile: at most one warp per this many tile bytes
     "scalar_tile": [512, 4],  # rows read element by element (misaligned, under edge_min_bytes): (elements, warps)
+    "scalar_wide": [64, 1],  # ... those padded to at least this many columns: tiles on this many warps
+    # Rows tiles of a small tensor: rows per program halved (down to 1) until the grid holds this many warps per SM
+    "fill_warps_per_sm": 6,
     # Backward of wide rows, fewer than below_rows_per_sm per SM: a row split over programs of `blocks` columns (the
     # smallest giving programs_per_sm programs per SM, within [min, max]), partial sums of y * dy met in a second kernel
     "backward_split": {"below_rows_per_sm": 2, "programs_per_sm": 4, "blocks": [1024, 4096]},
@@ -50,14 +53,19 @@ DEFAULTS: dict[str, object] = {
     # than its warp kernels take is cut into the fewest spans a block of at most `threads` holds (`hold` values a
     # thread forward, `backward_hold` of y and of dy backward); where rows are fewer than SMs and a row is cut anyway
     # or at least `split_row_bytes` long, finer, down to spans of `min_span_bytes`, until about `blocks_per_sm`
-    # blocks per SM run. The kernels are compiled for threads <= 512, hold <= 32 and backward_hold <= 16.
+    # blocks per SM run. Blocks of up to 512 threads cut rows; one of more (fewer values a thread: softmax_plan.h's
+    # wide_hold, 64 registers) is used where it holds a row whole. Rows read one element at a time go to the warp
+    # kernels up to `scalar_warp_width_fp32` / `_16bit` columns. The kernels are compiled for threads <= 1024,
+    # hold <= 32, backward_hold <= 16 and scalar warp widths <= 1024.
     "cuda_spans": {
-        "threads": 512,
+        "threads": 1024,
         "hold": 32,
         "backward_hold": 16,
         "min_span_bytes": 8192,
         "split_row_bytes": 131072,
         "blocks_per_sm": 2,
+        "scalar_warp_width_fp32": 1024,
+        "scalar_warp_width_16bit": 512,
     },
 }
 
@@ -108,10 +116,13 @@ def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Pla
     "scalars", a tile of scalar_tile's elements and warps (four elements a thread: on the H200 as fast as torch's
     or faster at widths 1-52, where tiles of 4 KiB on one warp took up to 1.6x its time). Rows read with "edges"
     that are shorter than a tile run on at most one warp per edge_warp_bytes of tile (a tile of several such rows
-    took up to 4x as long on four warps as on one). docs/ops/softmax.md has the figures."""
+    took up to 4x as long on four warps as on one); rows read element by element and padded to at least
+    scalar_wide[0] columns (16-bit rows of 33-63) on scalar_wide[1] warps (half the time of four at 39-55 columns).
+    docs/ops/softmax.md has the figures."""
     if reads == "scalars":
         elements, num_warps = p["scalar_tile"]
-        return Plan("rows", block, max(1, elements // block), num_warps)
+        wide_block, wide_warps = p["scalar_wide"]
+        return Plan("rows", block, max(1, elements // block), wide_warps if block >= wide_block else num_warps)
     tile = p["tile_bytes"]
     rows = max(1, tile // (block * itemsize))
     num_warps = warps(block * rows, itemsize, p)
@@ -151,6 +162,17 @@ def choose_backward(width: int, itemsize: int, p: dict, reads: str = "vectors") 
     if block <= p["backward_row_max"]:
         return rows_plan(block, itemsize, p, reads)
     return Plan("looped", p["loop"][0], 1, p["loop"][1])
+
+
+def fill_rows(rows: int, num_warps: int, n_rows: int, sms: int, p: dict) -> int:
+    """Rows per program of a rows plan (`rows` a power of 2, on `num_warps` warps) for a tensor of `n_rows` rows:
+    halved, down to 1, while the grid would hold fewer than fill_warps_per_sm warps per SM. A small tensor's few
+    tiles leave most SMs idle: 3694 x 71 bf16 took 3.3 us in tiles of 16 rows on one warp (231 warps), 2.0 in tiles
+    of 4 (docs/ops/softmax.md)."""
+    least = p["fill_warps_per_sm"] * sms
+    while rows > 1 and ceil_div(n_rows, rows) * num_warps < least:
+        rows //= 2
+    return rows
 
 
 def backward_split_block(rows: int, width: int, sms: int, p: dict) -> int | None:

@@ -3,8 +3,10 @@
 // Forward kernels, chosen in `forward_typed`:
 //   width <= 1024         softmax_warp_kernel: a group of GROUP <= 32 threads per row (a sub-warp for tiny rows),
 //                         the row in registers, warp-shuffle reductions; rows a thread holds in one 16-byte pack
-//                         (<= 128 fp32, <= 256 fp16/bf16 columns) go two per group.
-//   wider                 softmax_span_kernel: a block (128..512 threads) per span of a row, the span in registers.
+//                         (<= 128 fp32, <= 256 fp16/bf16 columns) go two per group. Rows read one element at a
+//                         time, only up to the rules' scalar warp width (`warp_rows`).
+//   wider                 softmax_span_kernel: a block (128..1024 threads) per span of a row, the span in registers
+//                         (blocks past 512 threads: kernels compiled for 64 registers a thread, `wide_hold`).
 //                         A row is one span where it fits and rows are many; else it is cut into `parts` spans whose
 //                         blocks meet through global memory (each publishes its span's max and sum, waits for the
 //                         row's others, combines them in a fixed order), so few wide rows still fill the GPU.
@@ -320,10 +322,17 @@ __device__ __forceinline__ void forward_span(const T* xr, T* yr, int64_t width, 
   if (s.edge >= 0) yr[s.edge] = from_float<T>(ev * scale);
 }
 
-// A block (blockDim.x <= kSpanThreads) per span of `span` columns (a multiple of VEC) of a row, ITERS packs of VEC
+// Most threads of a span kernel's block: kSpanThreads where a thread's values fit 64 registers (`wide_hold`), else
+// kFullHoldThreads (up to 128 registers a thread).
+template <typename T, int VEC, int ITERS, bool BACKWARD>
+constexpr int span_bound() {
+  return VEC * ITERS <= wide_hold(VEC, sizeof(T), BACKWARD) ? kSpanThreads : kFullHoldThreads;
+}
+
+// A block (blockDim.x <= span_bound) per span of `span` columns (a multiple of VEC) of a row, ITERS packs of VEC
 // per thread; parts == 1: grid-stride over whole rows, else rows * parts blocks by ticket (`take_ticket`).
 template <typename T, int VEC, int ITERS>
-__global__ void __launch_bounds__(kSpanThreads)
+__global__ void __launch_bounds__(span_bound<T, VEC, ITERS, false>())
     softmax_span_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t width, int64_t x_stride,
                         int64_t y_stride, int64_t span, int parts, Meeting m) {
   if (parts == 1) {
@@ -366,7 +375,7 @@ __device__ __forceinline__ void backward_span(const T* yr, const T* dyr, T* dxr,
 }
 
 template <typename T, int VEC, int ITERS>
-__global__ void __launch_bounds__(kSpanThreads)
+__global__ void __launch_bounds__(span_bound<T, VEC, ITERS, true>())
     softmax_backward_span_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int64_t rows,
                                  int64_t width, int64_t y_stride, int64_t dy_stride, int64_t dx_stride, int64_t span,
                                  int parts, Meeting m) {
@@ -593,6 +602,7 @@ cudaError_t forward_spans(const T* x, T* y, int64_t rows, int64_t width, int64_t
     if constexpr (ITERS * VEC > kMaxElemsPerThread) {
       return cudaErrorInvalidValue;
     } else {
+      if (p.threads > span_bound<T, VEC, ITERS, false>()) return cudaErrorInvalidValue;
       const int64_t blocks = p.parts == 1 ? rows : rows * p.parts;
       softmax_span_kernel<T, VEC, ITERS>
           <<<grid_for(blocks), p.threads, 0, stream>>>(x, y, rows, width, xs, ys, p.span, p.parts, m);
@@ -608,7 +618,7 @@ cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, i
   const T* xt = static_cast<const T*>(x);
   T* yt = static_cast<T*>(y);
   const bool vec = vectorizable<T>({x, y}, {xs, ys}, width);
-  if (width <= kWarpMaxWidth) {
+  if (warp_rows(width, sizeof(T), vec, false, rules)) {
     return vec ? forward_warp<T, V>(xt, yt, rows, width, xs, ys, stream)
                : forward_warp<T, 1>(xt, yt, rows, width, xs, ys, stream);
   }
@@ -660,6 +670,7 @@ cudaError_t backward_spans(const T* y, const T* dy, T* dx, int64_t rows, int64_t
     if constexpr (ITERS * VEC > kBackwardMaxElemsPerThread) {
       return cudaErrorInvalidValue;
     } else {
+      if (p.threads > span_bound<T, VEC, ITERS, true>()) return cudaErrorInvalidValue;
       const int64_t blocks = p.parts == 1 ? rows : rows * p.parts;
       softmax_backward_span_kernel<T, VEC, ITERS><<<grid_for(blocks), p.threads, 0, stream>>>(
           y, dy, dx, rows, width, ys, dys, dxs, p.span, p.parts, m);
@@ -677,7 +688,7 @@ cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows
   const T* dyt = static_cast<const T*>(dy);
   T* dxt = static_cast<T*>(dx);
   const bool vec = vectorizable<T>({y, dy, dx}, {ys, dys, dxs}, width);
-  if (width <= kBackwardWarpMaxWidth) {
+  if (warp_rows(width, sizeof(T), vec, true, rules)) {
     return vec ? backward_warp<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream)
                : backward_warp<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
   }

@@ -65,24 +65,25 @@ DevicePlan plan_of(const torch::Device& device) {
   return plan;
 }
 
-// Sets the span rules of CUDA device `device` (softmax_plan.h's SpanRules), refusing values the kernels are not
-// compiled for.
-void configure(int64_t device, int64_t threads, int64_t hold, int64_t backward_hold, int64_t min_span_bytes,
-               int64_t split_row_bytes, int64_t blocks_per_sm) {
-  namespace sp = fuselab::softmax_plan;
+// Sets the span rules of CUDA device `device` (softmax_plan.h's SpanRules); false, and nothing set, for values the
+// kernels are not compiled for. Python checks them first and says why (cuda.refusal): nothing is built or thrown
+// here, where refusing with a TORCH_CHECK, or building its message with c10::str, crashed the process on the H200
+// (2026-12-03, not yet understood).
+bool configure(int64_t device, int64_t threads, int64_t hold, int64_t backward_hold, int64_t min_span_bytes,
+               int64_t split_row_bytes, int64_t blocks_per_sm, int64_t scalar_warp_width_fp32,
+               int64_t scalar_warp_width_16bit) {
   const auto small = [](int64_t v) { return v >= 1 && v <= (1 << 20); };
-  const fuselab::SoftmaxRules rules{(int)threads, (int)hold, (int)backward_hold, min_span_bytes, split_row_bytes,
-                                    blocks_per_sm};
-  TORCH_CHECK(device >= 0 && small(threads) && small(hold) && small(backward_hold) && sp::valid_rules(rules),
-              "softmax cuda: span rules beyond what the kernels are compiled for: threads ", threads,
-              " (a power of 2 in 128..", sp::kSpanThreads, "), hold ", hold, " (1..", sp::kMaxElemsPerThread,
-              "), backward_hold ", backward_hold, " (1..", sp::kBackwardMaxElemsPerThread, "), min_span_bytes ",
-              min_span_bytes, " (>= 16), split_row_bytes ", split_row_bytes, " and blocks_per_sm ", blocks_per_sm,
-              " (>= 1)");
+  const fuselab::SoftmaxRules rules{(int)threads,   (int)hold,     (int)backward_hold,     min_span_bytes,
+                                    split_row_bytes, blocks_per_sm, scalar_warp_width_fp32, scalar_warp_width_16bit};
+  if (!(device >= 0 && small(threads) && small(hold) && small(backward_hold) &&
+        fuselab::softmax_plan::valid_rules(rules))) {
+    return false;
+  }
   const std::lock_guard<std::mutex> lock(plans_mutex);
   DevicePlan& plan = device_plans()[(int)device];
   plan.rules = rules;
   plan.configured = true;
+  return true;
 }
 
 // A buffer of `numel` elements for the launchers on `stream`, kept from call to call per device, stream and name and
@@ -258,9 +259,10 @@ TORCH_LIBRARY_IMPL(fuselab, AutogradCUDA, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("configure", &configure, "set the span rules of a CUDA device (softmax_plan.h's SpanRules)",
+  m.def("configure", &configure, "set the span rules of a CUDA device (softmax_plan.h's SpanRules); false: refused",
         pybind11::arg("device"), pybind11::arg("threads"), pybind11::arg("hold"), pybind11::arg("backward_hold"),
-        pybind11::arg("min_span_bytes"), pybind11::arg("split_row_bytes"), pybind11::arg("blocks_per_sm"));
+        pybind11::arg("min_span_bytes"), pybind11::arg("split_row_bytes"), pybind11::arg("blocks_per_sm"),
+        pybind11::arg("scalar_warp_width_fp32"), pybind11::arg("scalar_warp_width_16bit"));
   m.def("forward", &forward, "y = softmax(x) over the rows of x (rows, width)", pybind11::arg("x"), pybind11::arg("y"));
   m.def("backward", &backward, "dx = y * (dy - sum(dy * y)) row by row", pybind11::arg("y"), pybind11::arg("dy"),
         pybind11::arg("dx"));

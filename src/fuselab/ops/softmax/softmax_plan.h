@@ -12,20 +12,30 @@
 namespace fuselab {
 namespace softmax_plan {
 
-constexpr int kSpanThreads = 512;                 // most threads of a span kernel's block (its launch bounds)
+constexpr int kSpanThreads = 1024;                // most threads of a span kernel's block
+constexpr int kFullHoldThreads = 512;             // blocks up to this many threads: a thread holds up to the limits below
 constexpr int kMaxElemsPerThread = 32;            // forward: fp32 values a thread holds at most
 constexpr int kBackwardMaxElemsPerThread = 16;    // backward: values of y (and as many of dy) a thread holds at most
 constexpr int64_t kWarpMaxWidth = 1024;           // forward rows up to this: the warp kernel
 constexpr int64_t kBackwardWarpMaxWidth = 512;    // backward rows up to this: its warp kernel
 
+// Values a thread of a block of more than kFullHoldThreads threads holds at most: such kernels are compiled for
+// 1024 threads, 64 registers a thread, and these are the most they keep without spilling at sm_90 (ptxas -v): packs
+// of 16 bytes, forward 24 fp32 or 32 16-bit values, backward 16 of y and 16 of dy; read one by one (vec 1), 8.
+constexpr int wide_hold(int vec, int itemsize, bool backward) {
+  return vec == 1 ? 8 : backward ? 16 : itemsize == 4 ? 24 : 32;
+}
+
 // The span rules' parameters (plan-table data; the binding checks them against the limits above).
 struct SpanRules {
-  int threads;              // most threads of a span block: a power of 2 in 128..kSpanThreads
-  int hold;                 // forward: values a thread holds at most (about as many given), <= kMaxElemsPerThread
-  int backward_hold;        // backward: values of y (and of dy) a thread holds, <= kBackwardMaxElemsPerThread
-  int64_t min_span_bytes;   // few rows: spans no shorter than this
-  int64_t split_row_bytes;  // few rows: rows at least this long are cut
-  int64_t blocks_per_sm;    // few rows: cut into spans until about this many blocks run per SM
+  int threads;                      // most threads of a span block: a power of 2 in 128..kSpanThreads
+  int hold;                         // forward: values a thread holds at most (about as many given), <= 32
+  int backward_hold;                // backward: values of y (and of dy) a thread holds, <= 16
+  int64_t min_span_bytes;           // few rows: spans no shorter than this
+  int64_t split_row_bytes;          // few rows: rows at least this long are cut
+  int64_t blocks_per_sm;            // few rows: cut into spans until about this many blocks run per SM
+  int64_t scalar_warp_width_fp32;   // fp32 rows read one element at a time: the warp kernels up to this width
+  int64_t scalar_warp_width_16bit;  // fp16 and bf16 rows read one element at a time: the same
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -43,13 +53,24 @@ struct SpanPlan {
   int iters;     // packs per thread (the launcher rounds it up past 8)
 };
 
-// A row cut into the fewest spans a block of at most `r.threads` holds in registers (`hold` values a thread at most,
-// about as many given). Where rows are fewer than SMs and a row is either cut anyway or at least r.split_row_bytes
-// long, it is cut finer, down to spans of r.min_span_bytes, until about r.blocks_per_sm blocks per SM run: a meeting
-// costs its blocks a few microseconds, which only rows that long repay. Spans are at most `sms`, so a row's blocks
-// all fit on the GPU at once and may wait for each other. `vec`: elements per pack (spans are whole packs).
-inline SpanPlan span_plan(int64_t rows, int64_t width, int vec, int itemsize, int hold, int sms, const SpanRules& r) {
-  int64_t parts = ceil_div(width, (int64_t)r.threads * hold);
+// Values a thread of a block of `threads` holds at most: `hold`, and past kFullHoldThreads what wide_hold allows.
+inline int hold_at(int threads, int hold, int vec, int itemsize, bool backward) {
+  return threads <= kFullHoldThreads ? hold : std::min(hold, wide_hold(vec, itemsize, backward));
+}
+
+// A row cut into the fewest spans a block of at most kFullHoldThreads threads holds in registers (`hold` values a
+// thread at most, about as many given), or left whole where one block of r.threads (past kFullHoldThreads: fewer
+// values a thread, `hold_at`) holds it: such blocks only pay where they spare a meeting (where rows are cut anyway,
+// blocks of 512 threads, two to an SM, took less time than blocks of 1024, one to an SM). Where rows are fewer than
+// SMs and a row is either cut anyway or at least r.split_row_bytes long, it is cut finer, down to spans of
+// r.min_span_bytes, until about r.blocks_per_sm blocks per SM run: a meeting costs its blocks a few microseconds,
+// which only rows that long repay. Spans are at most `sms`, so a row's blocks all fit on the GPU at once and may wait
+// for each other. `vec`: elements per pack (spans are whole packs).
+inline SpanPlan span_plan(int64_t rows, int64_t width, int vec, int itemsize, int hold, bool backward, int sms,
+                          const SpanRules& r) {
+  const int full = std::min(r.threads, kFullHoldThreads);
+  int64_t parts = ceil_div(width, (int64_t)full * hold);
+  if (parts > 1 && width <= (int64_t)r.threads * hold_at(r.threads, hold, vec, itemsize, backward)) parts = 1;
   const int64_t row_bytes = width * itemsize;
   if (rows < sms && (parts > 1 || row_bytes >= r.split_row_bytes)) {
     const int64_t fill = ceil_div(r.blocks_per_sm * sms, rows);
@@ -57,18 +78,29 @@ inline SpanPlan span_plan(int64_t rows, int64_t width, int vec, int itemsize, in
   }
   if (parts > sms || rows * parts > INT_MAX) return {0, 0, 0, 0};
   const int64_t span = ceil_div(ceil_div(width, parts), vec) * vec;
-  const int64_t threads = std::min<int64_t>(r.threads, std::max<int64_t>(128, next_pow2(ceil_div(span, hold))));
+  // the fewest threads (128 at least) that hold the span: up to `full` at `hold` values each, else r.threads
+  const int64_t by_hold = std::max<int64_t>(128, next_pow2(ceil_div(span, hold)));
+  const int64_t threads = by_hold <= full ? by_hold : r.threads;
   return {(int)parts, span, (int)threads, (int)ceil_div(span, threads * vec)};
 }
 
 // The forward's plan for rows wider than kWarpMaxWidth (r.hold values a thread at most).
 inline SpanPlan forward_plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, const SpanRules& r) {
-  return span_plan(rows, width, vec, itemsize, std::min(r.hold, kMaxElemsPerThread), sms, r);
+  return span_plan(rows, width, vec, itemsize, std::min(r.hold, kMaxElemsPerThread), false, sms, r);
 }
 
 // The backward's plan for rows wider than kBackwardWarpMaxWidth (r.backward_hold values of y and of dy a thread).
 inline SpanPlan backward_plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, const SpanRules& r) {
-  return span_plan(rows, width, vec, itemsize, std::min(r.backward_hold, kBackwardMaxElemsPerThread), sms, r);
+  return span_plan(rows, width, vec, itemsize, std::min(r.backward_hold, kBackwardMaxElemsPerThread), true, sms, r);
+}
+
+// Whether rows of `width` go to the warp kernels: up to their limit where read in 16-byte packs (`vectorized`),
+// else up to the rules' scalar warp width for the element size too (a warp reading a row of 513-1023 16-bit values
+// one at a time took up to 1.6x the time of a span block reading the same row's aligned bulk in packs).
+inline bool warp_rows(int64_t width, int itemsize, bool vectorized, bool backward, const SpanRules& r) {
+  const int64_t limit = backward ? kBackwardWarpMaxWidth : kWarpMaxWidth;
+  const int64_t scalar = itemsize == 4 ? r.scalar_warp_width_fp32 : r.scalar_warp_width_16bit;
+  return width <= (vectorized ? limit : std::min(limit, scalar));
 }
 
 // Whether `r` is within what the kernels are compiled for (the binding refuses rules that are not).
@@ -76,7 +108,9 @@ inline bool valid_rules(const SpanRules& r) {
   const bool pow2 = r.threads > 0 && (r.threads & (r.threads - 1)) == 0;
   return pow2 && r.threads >= 128 && r.threads <= kSpanThreads && r.hold >= 1 && r.hold <= kMaxElemsPerThread &&
          r.backward_hold >= 1 && r.backward_hold <= kBackwardMaxElemsPerThread && r.min_span_bytes >= 16 &&
-         r.split_row_bytes >= 1 && r.blocks_per_sm >= 1;
+         r.split_row_bytes >= 1 && r.blocks_per_sm >= 1 && r.scalar_warp_width_fp32 >= 1 &&
+         r.scalar_warp_width_fp32 <= kWarpMaxWidth && r.scalar_warp_width_16bit >= 1 &&
+         r.scalar_warp_width_16bit <= kWarpMaxWidth;
 }
 
 // Scratch elements a launch needs: {int32 counters, float partials}; {0, 0} where rows are not cut.
@@ -86,11 +120,15 @@ struct ScratchElems {
 
 inline ScratchElems scratch_elems(int64_t rows, int64_t width, int itemsize, int sms, bool backward,
                                   const SpanRules& r) {
-  if (rows <= 0 || sms < 1 || width <= (backward ? kBackwardWarpMaxWidth : kWarpMaxWidth)) return {0, 0};
-  const SpanPlan p =
-      backward ? backward_plan(rows, width, 1, itemsize, sms, r) : forward_plan(rows, width, 1, itemsize, sms, r);
-  if (p.parts <= 1) return {0, 0};
-  return {1 + rows, 2 * rows * p.parts};
+  if (rows <= 0 || sms < 1 || warp_rows(width, itemsize, false, backward, r)) return {0, 0};
+  int64_t parts = 0;  // enough for rows read one element at a time and in 16-byte packs (whose blocks hold more)
+  for (const int vec : {1, 16 / itemsize}) {
+    const SpanPlan p = backward ? backward_plan(rows, width, vec, itemsize, sms, r)
+                                : forward_plan(rows, width, vec, itemsize, sms, r);
+    parts = std::max<int64_t>(parts, p.parts);
+  }
+  if (parts <= 1) return {0, 0};
+  return {1 + rows, 2 * rows * parts};
 }
 
 }  // namespace softmax_plan
