@@ -37,7 +37,18 @@ def check_against_reference(impl: str, shape: tuple, causal: bool, dtype: torch.
     tol = ATTENTION.tolerance[dtype]
     assert relative_error(out, ref) < tol, (impl, shape, causal)
     err = gradient_error([x.grad for x in xs], [x.grad for x in xs64])  # dQ, dK, dV: the worst, each in its share
-    assert err < tol, (impl, shape, causal, err)
+    assert err < tol, (impl, shape, causal, err, non_finite(xs))
+
+
+def non_finite(xs: list[torch.Tensor]) -> dict[str, list]:
+    """Where each of dQ, dK, dV holds NaN or inf: the (..., row, column) indices of the first and last, and how many
+    (an intermittent failure's evidence, so that one run names the kernel that wrote them)."""
+    found = {}
+    for name, x in zip(("dq", "dk", "dv"), xs, strict=True):
+        bad = (~torch.isfinite(x.grad)).nonzero()
+        if len(bad):
+            found[name] = [len(bad), bad[0].tolist(), bad[-1].tolist()]
+    return found
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -184,7 +195,7 @@ def one_key_per_query_gradients(impl: str, shape: tuple, causal: bool, dtype: to
     reference(*xs64, causal=causal).backward(dout.to(device))
     tol = ATTENTION.tolerance[dtype]
     dq, dk, dv = (x.grad.double() for x in xs)
-    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv)), non_finite(xs)
     assert dq.norm() <= tol * dv.norm() and dk.norm() <= tol * dv.norm(), (dq.norm(), dk.norm(), dv.norm())
     assert relative_error(dv, xs64[2].grad) < tol
     assert gradient_error([x.grad for x in xs], [x.grad for x in xs64]) < tol
