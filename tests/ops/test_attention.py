@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from fuselab.bench.accuracy import gradient_error, relative_error
+from fuselab.bench.accuracy import gradient_error, poison_allocator, relative_error
 from fuselab.ops.attention import ATTENTION, FlashAttentionTiled, attention
 from fuselab.ops.attention.spec import flops, reference
 
@@ -411,6 +411,31 @@ def test_gpu_triton_n1_and_nq1_gradients(dtype: torch.dtype, causal: bool) -> No
         one_key_per_query_gradients("triton", (3, 2, 1, 77, 64), causal, dtype, "cuda")
     check_against_reference("triton", (3, 2, 1, 77, 64), causal, dtype, "cuda")  # Nq = 1 < Nk
     check_against_reference("triton", (2, 4, 2, 1, 300, 80), causal, dtype, "cuda")  # and GQA, d 80
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_gpu_triton_replayed_backward_leaves_no_unseen_key_unwritten(dtype: torch.dtype) -> None:
+    """Top-left causal, 5 queries over 77 keys: keys 5.. are seen by none, their dK and dV exact zeros. The launcher
+    zeroes the key blocks past the seen ones with torch, not a kernel, so a call of the same key again, replayed
+    from C (launches only), must not be: the gate of 2026-12-03 found those rows NaN on the second call. The memory
+    each call's gradients take is poisoned with NaN first, and every call must give the first one's gradients."""
+    shape = (3, 2, 5, 77, 64)
+    q, k, v = inputs(shape, dtype, "cuda")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to("cuda", dtype)
+    grads = []
+    for _ in range(3):
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = attention(*xs, causal=True, impl="triton")
+        poison_allocator(4 * k.numel() * k.element_size(), "cuda")
+        out.backward(dout)
+        dk, dv = xs[1].grad, xs[2].grad
+        assert not dk[:, :, 5:].any() and not dv[:, :, 5:].any(), non_finite(xs)
+        grads.append([x.grad for x in xs])
+    for again in grads[1:]:
+        for a, b in zip(grads[0], again, strict=True):
+            assert torch.equal(a, b)
+    check_against_reference("triton", shape, True, dtype, "cuda")
 
 
 @pytest.mark.gpu

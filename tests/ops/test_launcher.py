@@ -373,7 +373,7 @@ def as_if_on_gpu(monkeypatch, make_recipe) -> None:
 def test_a_recipe_maps_each_launched_pointer_to_an_input_or_an_output(monkeypatch) -> None:
     """recipe(): every tensor a launch was given (or a descriptor's base) is an input or an output, by address; the
     outputs are allocated as the call's were (shape, dtype number). A tensor made per call, a launch left to Triton, an
-    output not contiguous or two tensors at one address: no recipe."""
+    output not contiguous, an output torch wrote in place or two tensors at one address: no recipe."""
     made = []
 
     def made_recipe(device, outputs, steps, keep, stream, options):
@@ -401,6 +401,9 @@ def test_a_recipe_maps_each_launched_pointer_to_an_input_or_an_output(monkeypatc
     assert launcher.recipe((x, "tanh"), out, noted(x, out, replayable=False)) is None
     assert launcher.recipe((x, "tanh"), out.expand(5, 5).t(), noted(x, out)) is None  # not contiguous
     assert launcher.recipe((x, "tanh"), x, noted(x)) is None  # an output at an input's address
+    zeroed = torch.empty(5)
+    zeroed[3:].zero_()  # rows torch wrote, not a launch: a replay would leave them as the allocator left them
+    assert launcher.recipe((x, "tanh"), zeroed.view(5, 1), noted(x, zeroed)) is None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     o, lse = torch.empty(3, 64, dtype=torch.bfloat16), torch.empty(3)

@@ -418,7 +418,8 @@ def new_replayer() -> object | None:
 def recipe(args: Sequence[object], out: object, noted: Recording) -> object | None:
     """The C Recipe that redoes a call with `args` that returned `out` (a tensor, or a tuple of up to MAX_OUTPUTS)
     and launched `noted`, or None when it cannot: a launch not from C, more than MAX_STEPS launches, an output not
-    contiguous or on another device, a launch given a tensor (or a descriptor's base) that is neither an input, nor
+    contiguous or on another device, an output torch wrote in place (its version counter moved: a recipe redoes the
+    launches alone), a launch given a tensor (or a descriptor's base) that is neither an input, nor
     an output, nor part of a `workspace` (a copy, a buffer made per call), tensors sharing an address. A workspace's
     address is kept as it was, the recipe holding the buffer and running on its stream alone. The outputs are
     allocated as this call's were (contiguous; the key fixes their shapes). The recipe keeps the call's options (its
@@ -427,6 +428,8 @@ def recipe(args: Sequence[object], out: object, noted: Recording) -> object | No
     if not noted.replayable or len(noted.launches) > MAX_STEPS or not 0 < len(outs) <= MAX_OUTPUTS:
         return None
     if not all(type(o) is torch.Tensor and o.is_cuda and o.is_contiguous() and o.dtype in NUMBERS for o in outs):
+        return None
+    if any(o._version for o in outs):  # torch wrote an output in place (a zero_ of rows no kernel writes): not redone
         return None
     device = outs[0].get_device()
     by_address: dict[int, int] = {}  # a tensor's address -> its call argument i, or output j as -1 - j
