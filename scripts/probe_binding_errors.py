@@ -24,15 +24,20 @@ INLINE = r"""
 void refuse_text(const torch::Tensor& t) { TORCH_CHECK(false, "device ", t.device()); }
 void refuse_int(int64_t n) { TORCH_CHECK(false, "n = ", n); }
 void refuse_sizes(const torch::Tensor& t) { TORCH_CHECK(false, "sizes ", t.sizes()); }
+void refuse_int_text(int64_t n) { TORCH_CHECK(false, "n = " + std::to_string(n)); }
+void refuse_float_text(double v) { TORCH_CHECK(false, "v = " + std::to_string(v)); }
 """
 INLINE_CASES = {
     "inline: text": "ext.refuse_text(torch.ones(2))",
     "inline: an integer": "ext.refuse_int(5)",
     "inline: sizes": "ext.refuse_sizes(torch.ones(2, 3))",
+    "inline: an integer by std::to_string": "ext.refuse_int_text(5)",
+    "inline: a double by std::to_string": "ext.refuse_float_text(0.5)",
 }
 LOAD_INLINE = (
     "from torch.utils.cpp_extension import load_inline\n"
-    "ext = load_inline('probe_refusals', cpp_sources=INLINE, functions=['refuse_text', 'refuse_int', 'refuse_sizes'])\n"
+    "ext = load_inline('probe_refusals', cpp_sources=INLINE, functions=['refuse_text', 'refuse_int', 'refuse_sizes', 'refuse_int_text',"
+    " 'refuse_float_text'])\n"
 )
 
 
