@@ -34,10 +34,10 @@ INLINE_CASES = {
     "inline: an integer by std::to_string": "ext.refuse_int_text(5)",
     "inline: a double by std::to_string": "ext.refuse_float_text(0.5)",
 }
+FUNCTIONS = ["refuse_text", "refuse_int", "refuse_sizes", "refuse_int_text", "refuse_float_text"]
 LOAD_INLINE = (
     "from torch.utils.cpp_extension import load_inline\n"
-    "ext = load_inline('probe_refusals', cpp_sources=INLINE, functions=['refuse_text', 'refuse_int', 'refuse_sizes', 'refuse_int_text',"
-    " 'refuse_float_text'])\n"
+    f"ext = load_inline('probe_refusals', cpp_sources=INLINE, functions={FUNCTIONS!r})\n"
 )
 
 
