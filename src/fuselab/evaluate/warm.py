@@ -53,7 +53,7 @@ from fuselab.bench.record import Case
 from fuselab.bench.shapes import apply_layout, format_shape
 from fuselab.bench.sweep import NotRun
 from fuselab.evaluate.bench import PASSES, bench_grid, step_call
-from fuselab.evaluate.cases import fresh_seed, interpreted, prepare, refuse_if_too_big
+from fuselab.evaluate.cases import fresh_seed, interpreted, prepare, refuse_if_too_big, sweep_cost
 from fuselab.evaluate.selection import Selection
 from fuselab.ops.registry import Impl, Op
 
@@ -226,10 +226,11 @@ def warm_up(
     device: str,
     say: Callable[[str], None] | None = None,
 ) -> WarmUp:
-    """Call each of `cases` once (`warm_case`) in `jobs` worker processes ("spawn"), worker k taking cases k, k + jobs,
-    k + 2 jobs, ...; return what they did. load: gives the op in each worker (picklable: a module-level function or a
-    functools.partial of one, e.g. partial(get_op, "gelu")). say: where a line goes per finished worker (default:
-    stderr). A failing case is a WarmUpWarning naming it, and so is a worker that died (its cases left are `lost`);
+    """Call each of `cases` once (`warm_case`) in `jobs` worker processes ("spawn"), split so that the workers finish
+    together (`balanced_batches`); return what they did. load: gives the op, here and in each worker (picklable: a
+    module-level function or a functools.partial of one, e.g. partial(get_op, "gelu")). say: where a line goes per
+    finished worker (default: stderr). A failing case is a WarmUpWarning naming it, and so is a worker that died (its
+    cases left are `lost`);
     neither stops the warm-up. Refused (ValueError) under torchrun with more than one rank."""
     if distributed.active():
         raise ValueError(
@@ -244,7 +245,7 @@ def warm_up(
     if not cases:
         return WarmUp(jobs=jobs)
     cache_dir = pin_cache_dir()
-    batches = [cases[k::jobs] for k in range(min(jobs, len(cases)))]
+    batches = balanced_batches(load(), cases, jobs)
     say(f"warm-up: {len(cases)} cases over {len(batches)} worker process{'es' if len(batches) > 1 else ''}")
     workers = _start(load, batches, device)
     try:
@@ -268,6 +269,18 @@ def warm_up(
         seconds=time.perf_counter() - start,
         cache_dir=cache_dir,
     )
+
+
+def balanced_batches(op: Op, cases: Sequence[Case], jobs: int) -> list[list[Case]]:
+    """`cases` split over min(jobs, len(cases)) workers by estimated seconds, so that they finish together: a compile
+    for a compiled impl's case (`sweep_cost`), twice over for forward + backward (a second graph), each case longest
+    first to the least-loaded worker (`distributed.split_by_cost`); a worker's cases in their given order. (Dealt in
+    turn, k, k + jobs, ..., they lined up with a run's order of impls and passes: 15 workers over a draw of 5 impls
+    gave all 1200 compiled cases to 3 of them, 14 workers every forward + backward case to half of them.)"""
+    cost = sweep_cost(op)
+    costs = [cost(case) * (2 if case.backward else 1) for case in cases]
+    parts = distributed.split_by_cost(costs, min(jobs, len(cases)))
+    return [[cases[i] for i in part] for part in parts if part]
 
 
 def pin_cache_dir() -> str | None:
