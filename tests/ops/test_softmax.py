@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
+import fuselab  # (TRITON_INTERPRET=1 without a GPU, before any kernel is defined)
 from fuselab.bench.accuracy import gradient_error, poison_allocator
 from fuselab.bench.accuracy import relative_error as rel_err
 from fuselab.ops import get_op, tuning
@@ -722,6 +722,54 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
         assert rel_err(fl.softmax_cuda(x), reference(x)) <= SOFTMAX.tolerance[torch.float32]
     finally:
         cuda.configure(index, table)
+
+
+# Calls the CUDA binding refuses, made directly (past the op's Python checks, which users meet first), and what its
+# message says: a device, a dtype, and numbers (sizes), which once crashed the process (docs/ops/softmax.md).
+BINDING_REFUSALS = (
+    ("x = torch.randn(3, 5); ext.forward(x, torch.empty_like(x))", "x must be a CUDA tensor, got one on cpu"),
+    ("x = torch.randn(3, 5, device='cuda', dtype=torch.float64); ext.forward(x, x.clone())",
+     "dtype Double is not supported"),
+    ("x = torch.randn(2, 3, 5, device='cuda'); ext.forward(x, torch.empty_like(x))",
+     "x must be 2-d (rows, width), got shape [2, 3, 5]"),
+    ("x = torch.randn(3, 5, device='cuda'); ext.forward(x, torch.empty(3, 6, device='cuda'))",
+     "y has shape [3, 6], not [3, 5]"),
+    ("x = torch.randn(3, 5, device='cuda'); ext.forward(x, torch.empty(3, 5, device='cuda', dtype=torch.half))",
+     "y has dtype Half, not Float"),
+    ("y = torch.randn(3, 5, device='cuda'); ext.softmax_backward(y, torch.randn(3, 4, device='cuda'))",
+     "dy has shape [3, 4], not y's [3, 5]"),
+)  # fmt: skip
+REFUSING = """
+import torch
+from fuselab.ops.softmax import cuda
+ext = cuda.extension()
+for call in CALLS:
+    print("calling:", call, flush=True)
+    try:
+        exec(call)
+        print("no error", flush=True)
+    except RuntimeError as e:
+        print("raised:", str(e).splitlines()[0], flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_every_refusal_of_the_binding_raises_and_says_its_numbers() -> None:
+    """Each check of the CUDA binding raises a RuntimeError naming what it refused, sizes included, in a process of
+    its own: on the H200 machine an extension whose message inserted a number into an ostream died of SIGSEGV (the
+    binding now makes its numbers text first, fuselab/ops/_cuda/text.h)."""
+    src = str(Path(fuselab.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    calls = [call for call, _ in BINDING_REFUSALS]
+    code = f"CALLS = {calls!r}\n{REFUSING}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    lines = done.stdout.splitlines()
+    last = next((line for line in reversed(lines) if line.startswith("calling:")), "before the first call")
+    assert done.returncode == 0, f"exit {done.returncode} at {last!r}: {done.stderr[-2000:]}"
+    said = [line for line in lines if not line.startswith("calling:")]
+    assert len(said) == len(BINDING_REFUSALS), lines
+    for (call, expected), line in zip(BINDING_REFUSALS, said, strict=True):
+        assert line.startswith("raised:") and expected in line, f"{call}: {line}"
 
 
 @pytest.mark.gpu

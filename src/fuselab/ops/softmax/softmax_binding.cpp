@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "../_cuda/fast_call.h"
+#include "../_cuda/text.h"
 #include "softmax.h"
 
 namespace {
@@ -29,13 +30,16 @@ fuselab::SoftmaxDType dtype_of(const torch::Tensor& t) {
 
 // A (rows, width) CUDA matrix with unit column stride, on the device and with the dtype of `like`.
 void check_rows(const torch::Tensor& t, const char* name, const torch::Tensor& like) {
-  TORCH_CHECK(t.is_cuda(), "softmax cuda: ", name, " must be a CUDA tensor, got one on ", t.device());
-  TORCH_CHECK(t.dim() == 2, "softmax cuda: ", name, " must be 2-d (rows, width), got shape ", t.sizes());
+  TORCH_CHECK(t.is_cuda(), "softmax cuda: ", name, " must be a CUDA tensor, got one on ", t.device().str());
+  TORCH_CHECK(t.dim() == 2, "softmax cuda: ", name, " must be 2-d (rows, width), got shape ",
+              fuselab::text::shape(t.sizes()));
   TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, "softmax cuda: ", name, " needs unit stride along the width");
-  TORCH_CHECK(t.device() == like.device(), "softmax cuda: ", name, " is on ", t.device(), ", not ", like.device());
+  TORCH_CHECK(t.device() == like.device(), "softmax cuda: ", name, " is on ", t.device().str(), ", not ",
+              like.device().str());
   TORCH_CHECK(t.scalar_type() == like.scalar_type(), "softmax cuda: ", name, " has dtype ", t.scalar_type(),
               ", not ", like.scalar_type());
-  TORCH_CHECK(t.sizes() == like.sizes(), "softmax cuda: ", name, " has shape ", t.sizes(), ", not ", like.sizes());
+  TORCH_CHECK(t.sizes() == like.sizes(), "softmax cuda: ", name, " has shape ", fuselab::text::shape(t.sizes()),
+              ", not ", fuselab::text::shape(like.sizes()));
 }
 
 void check_launch(cudaError_t err) {
@@ -59,16 +63,14 @@ std::map<int, DevicePlan>& device_plans() {
 DevicePlan plan_of(const torch::Device& device) {
   const std::lock_guard<std::mutex> lock(plans_mutex);
   DevicePlan& plan = device_plans()[device.index()];
-  TORCH_CHECK(plan.configured, "softmax cuda: no span rules for cuda:", (int)device.index(),
+  TORCH_CHECK(plan.configured, "softmax cuda: no span rules for cuda:", fuselab::text::number(device.index()),
               " (fuselab.ops.softmax.cuda.extension() sets them when it loads the extension)");
   if (plan.sms == 0) check_launch(cudaDeviceGetAttribute(&plan.sms, cudaDevAttrMultiProcessorCount, device.index()));
   return plan;
 }
 
 // Sets the span rules of CUDA device `device` (softmax_plan.h's SpanRules); false, and nothing set, for values the
-// kernels are not compiled for. Python checks them first and says why (cuda.refusal): nothing is built or thrown
-// here, where refusing with a TORCH_CHECK, or building its message with c10::str, crashed the process on the H200
-// (2026-12-03, not yet understood).
+// kernels are not compiled for. Python checks them first and says why (cuda.refusal, on machines without a GPU too).
 bool configure(int64_t device, int64_t threads, int64_t hold, int64_t backward_hold, int64_t min_span_bytes,
                int64_t split_row_bytes, int64_t blocks_per_sm, int64_t scalar_warp_width_fp32,
                int64_t scalar_warp_width_16bit) {
@@ -171,7 +173,8 @@ torch::Tensor softmax_op(const torch::Tensor& x) {
 
 // fuselab::softmax_cuda_backward(Tensor y, Tensor dy) -> Tensor: dx = y * (dy - sum(dy * y)) over the last dimension.
 torch::Tensor softmax_backward_op(const torch::Tensor& y, const torch::Tensor& dy) {
-  TORCH_CHECK(dy.sizes() == y.sizes(), "softmax cuda backward: dy has shape ", dy.sizes(), ", not y's ", y.sizes());
+  TORCH_CHECK(dy.sizes() == y.sizes(), "softmax cuda backward: dy has shape ", fuselab::text::shape(dy.sizes()),
+              ", not y's ", fuselab::text::shape(y.sizes()));
   torch::Tensor dx = torch::empty(y.sizes(), y.options());
   if (y.numel() == 0) return dx;
   const int64_t width = y.dim() ? y.size(-1) : 1;
