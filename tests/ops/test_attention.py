@@ -227,16 +227,38 @@ def test_triton_causal_backward_launches_only_keys_some_query_sees(monkeypatch) 
     from fuselab.ops.attention import triton_kernels as tk
 
     assert tk.seen_keys(12, 70, True) == 12 and tk.seen_keys(12, 70, False) == 70 and tk.seen_keys(70, 12, True) == 12
-    launched = []
+    launched, zeroed = [], []
     monkeypatch.setattr(tk, "attention_bwd_dkdv_kernel", _Recording(tk.attention_bwd_dkdv_kernel, launched))
+    monkeypatch.setattr(tk, "attention_bwd_unseen_kernel", _Recording(tk.attention_bwd_unseen_kernel, zeroed))
     with tk.forced_plans({"dkdv": tk.Plan(16, 16, 1, 1)}):
         check_against_reference("triton", (2, 3, 12, 70, 24), True, torch.float32, DEVICE)
         q, k, v = inputs((1, 2, 12, 70, 24), torch.float32, DEVICE)
         k.requires_grad_(True), v.requires_grad_(True)
         attention(q, k, v, causal=True, impl="triton").square().sum().backward()
     assert launched == [(6, 1), (2, 1)]  # one key block x (batch x heads), one share of the queries
+    assert zeroed == [(21,), (7,)]  # the 54 keys past that block x (batch x heads), 16 rows a program
     assert k.grad[..., 12:, :].count_nonzero() == 0 and v.grad[..., 12:, :].count_nonzero() == 0
     assert k.grad[..., :12, :].count_nonzero() > 0 and v.grad[..., :12, :].count_nonzero() > 0
+
+
+@needs_triton
+def test_the_zeros_of_unseen_keys_are_written_by_a_kernel_and_seen_keys_are_left_alone() -> None:
+    """attention_bwd_unseen_kernel writes the dK and dV zeros of the keys no query sees (a kernel, so that a call
+    replayed from C, launches only, writes them too): on NaN-filled (2, 3, 70, 24) gradients with 12 keys seen,
+    rows 12.. of every head become zeros, rows ..11 are left as they were."""
+    import triton
+
+    from fuselab.ops.attention import triton_kernels as tk
+
+    z, h, nk, d, seen = 2, 3, 70, 24, 12
+    dk, dv = (torch.full((z, h, nk, d), float("nan"), device=DEVICE) for _ in range(2))
+    rows, block = z * h * (nk - seen), 16
+    tk._launch(
+        tk.attention_bwd_unseen_kernel, (triton.cdiv(rows, block),), dk, dv, rows, nk, seen,
+        plan=tk.Plan(block, block, 1, 1), HEAD_DIM=d, D_PAD=tk.d_pad(d), BLOCK_R=block,
+    )  # fmt: skip
+    for g in (dk, dv):
+        assert g[:, :, seen:].count_nonzero() == 0 and g[:, :, :seen].isnan().all()
 
 
 class _Recording:
@@ -416,10 +438,10 @@ def test_gpu_triton_n1_and_nq1_gradients(dtype: torch.dtype, causal: bool) -> No
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_gpu_triton_replayed_backward_leaves_no_unseen_key_unwritten(dtype: torch.dtype) -> None:
-    """Top-left causal, 5 queries over 77 keys: keys 5.. are seen by none, their dK and dV exact zeros. The launcher
-    zeroes the key blocks past the seen ones with torch, not a kernel, so a call of the same key again, replayed
-    from C (launches only), must not be: the gate of 2026-12-03 found those rows NaN on the second call. The memory
-    each call's gradients take is poisoned with NaN first, and every call must give the first one's gradients."""
+    """Top-left causal, 5 queries over 77 keys: keys 5.. are seen by none, their dK and dV exact zeros. A call of
+    the same key again is replayed from C (launches only): when torch zeroed those rows, the replay skipped them and
+    the gate of 2026-12-03 found them NaN on the second call; a kernel writes them now. The memory each call's
+    gradients take is poisoned with NaN first, and every call must give the first one's gradients."""
     shape = (3, 2, 5, 77, 64)
     q, k, v = inputs(shape, dtype, "cuda")
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to("cuda", dtype)
@@ -634,7 +656,7 @@ def test_triton_kernels_compile_with_the_scalars_torch_compile_passes() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", TTIR_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("ok ") == len(tk.TRITON_KERNELS) == 8, done.stdout
+    assert done.stdout.count("ok ") == len(tk.TRITON_KERNELS) == 9, done.stdout
 
 
 @needs_triton

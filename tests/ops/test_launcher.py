@@ -629,7 +629,7 @@ def test_gpu_tma_kernels_launch_from_c_with_tritons_results(d: int) -> None:
     ("q_shape", "kv_shape", "dtype", "causal"),
     [((2, 3, 77, 80), (2, 3, 77, 80), torch.bfloat16, True), ((1, 4, 130, 64), (1, 2, 61, 64), torch.bfloat16, False),
      ((1, 16, 512, 64), (1, 16, 512, 64), torch.float16, True), ((3, 33, 64), (3, 47, 64), torch.float32, False),
-     ((1, 2, 1, 96), (1, 2, 1, 96), torch.bfloat16, True)],
+     ((1, 2, 1, 96), (1, 2, 1, 96), torch.bfloat16, True), ((1, 2, 5, 64), (1, 2, 77, 64), torch.float16, True)],
 )  # fmt: skip
 def test_gpu_attention_calls_and_gradients_are_replayed_bitwise(
     q_shape: tuple, kv_shape: tuple, dtype: torch.dtype, causal: bool
@@ -637,7 +637,8 @@ def test_gpu_attention_calls_and_gradients_are_replayed_bitwise(
     """Attention's forward (two outputs: O and the logsumexp) and backward (three, with scratch kept as workspaces,
     the split partials of few key blocks summed by a kernel) are replayed from a key's second call (neither runs its
     Python: it would raise), TMA descriptors re-encoded for the new addresses; O and the gradients are the Python
-    path's bitwise. Covers TMA and pointer kernels, GQA, 3-D inputs, N = 1, a split dK/dV loop."""
+    path's bitwise. Covers TMA and pointer kernels, GQA, 3-D inputs, N = 1, a split dK/dV loop, and keys no query
+    sees (top-left causal, 5 queries over 77 keys: their zeros written by a kernel, so replayed too)."""
     from fuselab.ops.attention.triton import attention_triton as fused  # the op itself (the registry wraps it)
 
     gen = torch.Generator(device="cpu").manual_seed(sum(q_shape))

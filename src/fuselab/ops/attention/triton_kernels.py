@@ -853,6 +853,23 @@ def attention_bwd_sum_kernel(
 
 
 @triton.jit
+def attention_bwd_unseen_kernel(
+    DK, DV, ROWS, NK, SEEN, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr
+):  # fmt: skip
+    """Zeros into the dK and dV rows of the keys SEEN..NK - 1, which no query sees (top-left causal, NK > NQ): ROWS =
+    Z * HKV * (NK - SEEN) rows. DK, DV: contiguous (Z * HKV * NK, HEAD_DIM). A kernel, not torch's zero_, so that a
+    call replayed from C (launches only) writes them too. Grid: (cdiv(ROWS, BLOCK_R),)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    unseen = NK - SEEN
+    rows = (r // unseen) * NK + SEEN + r % unseen
+    cols = tl.arange(0, D_PAD)
+    mask = (r < ROWS)[:, None] & (cols < HEAD_DIM)[None, :]
+    out = rows[:, None] * HEAD_DIM + cols[None, :]
+    tl.store(DK + out, tl.zeros((BLOCK_R, D_PAD), DK.dtype.element_ty), mask=mask)
+    tl.store(DV + out, tl.zeros((BLOCK_R, D_PAD), DV.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _dq_step(
     dq_a,
     dq_b,
@@ -1166,6 +1183,7 @@ TRITON_KERNELS = (
     attention_bwd_dkdv_kernel,
     attention_bwd_dkdv_tma_kernel,
     attention_bwd_sum_kernel,
+    attention_bwd_unseen_kernel,
     attention_bwd_dq_kernel,
     attention_bwd_dq_tma_kernel,
 )
@@ -1458,8 +1476,11 @@ def backward(
         num = triton.cdiv(seen_keys(nq, nk, causal), plan.block_n)
         seen = min(nk, num * plan.block_n)
         if seen < nk:  # keys no query sees (top-left causal, nk > nq): their dK and dV are zeros
-            dk[:, :, seen:].zero_()
-            dv[:, :, seen:].zero_()
+            rows, block = z * hkv * (nk - seen), 16 if INTERPRET else 64
+            _launch(
+                attention_bwd_unseen_kernel, (triton.cdiv(rows, block),), dk, dv, rows, nk, seen,
+                plan=Plan(block, block, 1 if INTERPRET else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_R=block,
+            )  # fmt: skip
         sms = _device_info(_index(q.device))[1] if q.device.type == "cuda" and not INTERPRET else 0
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
         dkp = dvp = None
