@@ -121,9 +121,9 @@ def copy_gbps_at(bytes_moved: int, device: str, timing: Timing | None = None) ->
 
 def _time_copy(nbytes: int, device: str, timing: Timing | None) -> Measurement:
     """The faster of two copies of `nbytes` (fp32): torch's copy_ and an elementwise kernel (`neg`) moving the same
-    bytes. torch's copy of a contiguous tensor is a memcpy, and a CUDA graph records a memcpy as a node the copy
-    engines run: ~2.7 TB/s on the H200, where a kernel moves ~4.2 (2026-12-03), so timed alone under `cuda_graph` it
-    set a same-size ceiling kernels beat by half."""
+    bytes. torch's copy of a contiguous tensor is a memcpy, which a CUDA graph records as a memcpy node: ~2.7 TB/s
+    on the H200 where the same copy outside a graph moves ~4.2 (2026-12-03), so timed alone under `cuda_graph` it set
+    a same-size ceiling that kernels beat by half."""
     src = torch.rand(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     memcpy = benchmark(lambda: dst.copy_(src), label="copy", device=device, timing=timing)
