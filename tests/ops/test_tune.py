@@ -199,6 +199,36 @@ def test_softmax_cases_and_choose_on_synthetic_timings() -> None:
     assert evidence["shapes"] == [[3, 129], [2, 5000]] and evidence["dtypes"] == ["bfloat16"]
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on -inf - -inf
+def test_softmax_candidates_are_timed_as_the_launcher_would_run_them() -> None:
+    """A candidate's rules decide how rows are read and how many a program takes, as in the launcher: misaligned rows
+    of 5 go element by element, so the scalar tiles tell candidates apart (before, the tuner chose every plan as for
+    rows read in vectors and launched with the device's rules: "no edges" and the scalar tiles timed the defaults'
+    plan); with "no edges" rows of 129 fp32 are read element by element. Every distinct launch runs, checked against
+    the reference, under the interpreter."""
+    from fuselab.ops.softmax import tune
+
+    x = torch.randn(7, 5)
+    y = torch.empty_like(x)
+    defaults = tune.launched_plan(x, y, tune.candidate_params({}), None)
+    tile = tune.launched_plan(x, y, tune.candidate_params(tune.CANDIDATES["scalar tile 2048 x 8"]), None)
+    assert defaults.reads == "scalars" and (defaults.plan.rows, defaults.plan.num_warps) == (64, 4)
+    assert (tile.plan.rows, tile.plan.num_warps) == (256, 8)
+    filled = tune.launched_plan(x, y, tune.candidate_params({}), 132)  # 7 rows on 132 SMs: a row a program
+    assert filled.plan.rows == 1
+
+    wide = torch.randn(3, 129)
+    edges = tune.launched_plan(wide, torch.empty_like(wide), tune.candidate_params({}), None)
+    scalars = tune.launched_plan(wide, torch.empty_like(wide), tune.candidate_params(tune.CANDIDATES["no edges"]), None)
+    assert (edges.reads, scalars.reads) == ("edges", "scalars")
+
+    timing = {"warmup_ms": 0, "rep_ms": 0, "min_reps": 1, "flush_l2": False}
+    measured = tune.tune_shape((3, 129), torch.float32, torch.device("cpu"), False, timing)
+    launches = set(measured["by_candidate"].values())
+    assert str(edges) in launches and str(scalars) in launches
+    assert set(measured["plans"]) == launches and all(isinstance(v, float) for v in measured["plans"].values())
+
+
 # ---------------------------------------------------------------------------------------------- attention
 
 

@@ -252,25 +252,28 @@ def _layout(kind: str, *tensors: torch.Tensor) -> tuple:
     return (kind, x.shape[1], x.dtype, x.get_device(), *[(t.stride(0), t.data_ptr() % 16) for t in tensors])
 
 
-def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None) -> None:
-    """y = softmax(x) row by row. x, y: (rows, width), unit column stride; plan: None chooses (`forward_plan`)."""
+def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None, rules: dict | None = None) -> None:
+    """y = softmax(x) row by row. x, y: (rows, width), unit column stride; plan: None chooses (`forward_plan`).
+    rules: with a plan, the rules' parameters its launch reads (edges from edge_min_bytes, rows per program of a
+    small tensor from fill_warps_per_sm); None: the device's (`params`). The tuner passes a candidate's."""
     if not x.is_cuda:
         _ready(x)
     if plan is None and type(x) is torch.Tensor and type(y) is torch.Tensor:  # eager: prepared once per layout
         launch = _READY.get(_layout("forward", x, y), lambda: _prepare_forward(x, y, None))
     else:
-        launch = _prepare_forward(x, y, plan)
+        launch = _prepare_forward(x, y, plan, rules if plan is not None else None)
     with on_device(x):
         launch(x, y)
 
 
-def _prepare_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None) -> Launch:
+def _prepare_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None, rules: dict | None = None) -> Launch:
+    p = rules or params(x.device)
     if plan is None:  # a symbolic width (torch.compile) is fixed here
-        read = reads(x, y, min_bytes=params(x.device)["edge_min_bytes"])
+        read = reads(x, y, min_bytes=p["edge_min_bytes"])
         plan = forward_plan(int(x.shape[1]), x.dtype, x.device, read)
     if plan.kernel not in FORWARD:
         raise ValueError(f"unknown softmax kernel {plan.kernel!r}; known: {', '.join(FORWARD)}")
-    return FORWARD[plan.kernel](x, y, plan, params(x.device))
+    return FORWARD[plan.kernel](x, y, plan, p)
 
 
 # ---------------------------------------------------------------------------------------------- backward

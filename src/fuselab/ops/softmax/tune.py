@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -52,6 +53,21 @@ CANDIDATES: dict[str, dict] = {
     "split pairs 16384": {"split_pairs": [16384, 8]},
     "loop 8192": {"loop": [8192, 16]},
     "no edges": {"edge_min_bytes": 2**40},
+    # Where the committed draw (docs/ops/softmax.md) lost: rows read element by element (millions of rows of 5-12),
+    # rows read with edges, few small tiles, fp32 rows of 8193-16 384 and past row_max
+    "scalar tile 256 x 2": {"scalar_tile": [256, 2]},
+    "scalar tile 1024 x 4": {"scalar_tile": [1024, 4]},
+    "scalar tile 1024 x 8": {"scalar_tile": [1024, 8]},
+    "scalar tile 2048 x 8": {"scalar_tile": [2048, 8]},
+    "scalar tile 2048 x 16": {"scalar_tile": [2048, 16]},
+    "scalar wide 2 warps": {"scalar_wide": [64, 2]},
+    "scalar wide from 32": {"scalar_wide": [32, 1]},
+    "edge warp 2 KiB": {"edge_warp_bytes": 2048},
+    "edge warp 8 KiB": {"edge_warp_bytes": 8192},
+    "fill 3 warps per SM": {"fill_warps_per_sm": 3},
+    "fill 12 warps per SM": {"fill_warps_per_sm": 12},
+    "widest fp32 from 32768": {"widest_fp32": [32768, 32]},
+    "row max 65536": {"row_max": 65536},
 }
 
 
@@ -67,30 +83,29 @@ def tune_shape(
     from fuselab.bench.compiled import WatchedCompile
     from fuselab.bench.timer import benchmark_side_by_side
 
-    rows, width = shape
+    rows = shape[0]
     (x,) = SOFTMAX.make_inputs(shape, dtype, str(device), 0)
     check = slice(0, min(rows, 64))
     ref = SOFTMAX.reference(x[check])
     sms = launch.sm_count(device.index) if launch.can_wait(device) else None
-    by_candidate = {
-        name: plans.choose_forward(width, dtype.itemsize, dtype == torch.bfloat16, sms, candidate_params(o))
-        for name, o in CANDIDATES.items()
-    }
     y = torch.empty_like(x)
+    by_candidate = {name: launched_plan(x, y, candidate_params(o), sms) for name, o in CANDIDATES.items()}
+    rules = {launched: candidate_params(CANDIDATES[name]) for name, launched in reversed(by_candidate.items())}
     calls: dict[object, Callable[[], object]] = {}
     results: dict[object, object] = {}
-    for plan in dict.fromkeys(by_candidate.values()):
+    for launched in dict.fromkeys(by_candidate.values()):
         y.fill_(float("nan"))
+        plan = launched.plan
         try:
-            launch.launch_forward(x, y, plan)
+            launch.launch_forward(x, y, plan, rules[launched])
             err = relative_error(y[check], ref)
         except Exception as exc:  # a plan that cannot run here is reported, not fatal
-            results[plan] = f"{type(exc).__name__}: {exc}"[:200]
+            results[launched] = f"{type(exc).__name__}: {exc}"[:200]
             continue
         if err <= SOFTMAX.tolerance[dtype]:
-            calls[plan] = functools.partial(launch.launch_forward, x, y, plan)
+            calls[launched] = functools.partial(launch.launch_forward, x, y, plan, rules[launched])
         else:
-            results[plan] = f"rel err {err:.2e}"
+            results[launched] = f"rel err {err:.2e}"
     calls["torch"] = lambda: torch.softmax(x, dim=-1)
     if compile_peer:
         compiled = WatchedCompile(SOFTMAX.get_impl("compile").fn)
@@ -98,11 +113,33 @@ def tune_shape(
     timed = benchmark_side_by_side(calls, device=device, **timing)
     results.update({k: m.median_ms for k, m in timed.items()})
     peers = {k: results.pop(k) for k in ("torch", "compile") if k in results}
-    return {  # plans by their repr (JSON keys): one string per distinct plan
-        "plans": {repr(plan): v for plan, v in results.items()},
-        "by_candidate": {name: repr(plan) for name, plan in by_candidate.items()},
+    return {  # plans by their repr (JSON keys): one string per distinct launch
+        "plans": {str(launched): v for launched, v in results.items()},
+        "by_candidate": {name: str(launched) for name, launched in by_candidate.items()},
         "peers": peers,
     }
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What a candidate's rules make the launcher run on one tensor: the plan (rows per program as launched, after
+    `plans.fill_rows`), how rows are read (plans.READS: "edges" turns on the kernel's edge path)."""
+
+    plan: plans.Plan
+    reads: str
+
+    def __str__(self) -> str:
+        return f"{self.plan!r} reads={self.reads}"
+
+
+def launched_plan(x: torch.Tensor, y: torch.Tensor, p: dict, sms: int | None) -> Launched:
+    """The forward launch rules `p` give x -> y, as the launcher makes it (`launch._prepare_forward`): how rows are
+    read, the plan for them, and a small tensor's rows per program (where programs can wait: `sms`)."""
+    read = launch.reads(x, y, min_bytes=p["edge_min_bytes"])
+    plan = plans.choose_forward(int(x.shape[1]), x.element_size(), x.dtype == torch.bfloat16, sms, p, read)
+    if plan.kernel == "rows" and sms is not None:
+        plan = replace(plan, rows=plans.fill_rows(plan.rows, plan.num_warps, int(x.shape[0]), sms, p))
+    return Launched(plan, read)
 
 
 def score(per_shape: Sequence[dict]) -> dict[str, float]:
