@@ -199,6 +199,33 @@ def test_softmax_cases_and_choose_on_synthetic_timings() -> None:
     assert evidence["shapes"] == [[3, 129], [2, 5000]] and evidence["dtypes"] == ["bfloat16"]
 
 
+def test_softmax_candidates_that_fix_different_cases_are_taken_together_over_the_rules_as_they_stand() -> None:
+    """Three cases: "scalar tile 1024 x 8" is faster at the first, "widest fp32 from 32768" at the second, and "tile 2
+    KiB" at the second too but less: the first two are taken, the third meets the second; the rules the cases were
+    timed on (`base`, the GPU's table) stay under the overrides; the combination's score is its launches' times."""
+    from fuselab.ops.softmax import plans, tune
+
+    base = {**plans.DEFAULTS, "maxnreg": {"2:512": 32}}
+    cases = tune.cases([(9, 5), (3, 9000), (5, 700)], [torch.float32])
+    names = ("scalar tile 1024 x 8", "widest fp32 from 32768", "tile 2 KiB")
+    launches = [  # the launch of each named candidate at each case; every other candidate launches "D"
+        {"scalar tile 1024 x 8": "S", "widest fp32 from 32768": "D", "tile 2 KiB": "D"},
+        {"scalar tile 1024 x 8": "D", "widest fp32 from 32768": "W", "tile 2 KiB": "T"},
+        {"scalar tile 1024 x 8": "D", "widest fp32 from 32768": "D", "tile 2 KiB": "D"},
+    ]
+    times = [{"D": 2.0, "S": 1.0}, {"D": 2.0, "W": 1.0, "T": 1.5}, {"D": 1.0}]
+    measurements = [
+        {"case": case, "plans": t, "peers": {"torch": 1.0}, "base": base,
+         "by_candidate": {name: launched.get(name, "D") for name in tune.CANDIDATES}}
+        for case, launched, t in zip(cases, launches, times, strict=True)
+    ]  # fmt: skip
+    params, evidence = tune.choose(json.loads(json.dumps(measurements)))
+    assert evidence["chosen"] == list(names[:2]) and evidence["winner"] == " + ".join(names[:2])
+    assert params == {**base, "scalar_tile": [1024, 8], "widest_fp32": [32768, 32]}
+    assert evidence["scores"][evidence["winner"]] == pytest.approx(1.0)
+    assert evidence["scores"]["defaults"] == pytest.approx(4 ** (1 / 3))
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on -inf - -inf
 def test_softmax_candidates_are_timed_as_the_launcher_would_run_them() -> None:
     """A candidate's rules decide how rows are read and how many a program takes, as in the launcher: misaligned rows

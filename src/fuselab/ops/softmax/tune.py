@@ -1,13 +1,15 @@
 """`fuselab tune softmax`: time candidate rule parameters of the Triton softmax and write this GPU's plan table.
 
-Each candidate is a set of overrides of plans.DEFAULTS (the rules' parameters: tile bytes, warps per element size,
-register caps and held rows by compiled tile, split spans, the looped step). For every tuning shape and dtype (one
-case, `measure`), the plans the candidates produce (deduplicated) are checked against the float64 reference, then
-timed side by side with torch.softmax (and torch.compile unless --no-compile; `benchmark_side_by_side`). A
-candidate's score (`choose`) is the geometric mean over the cases of its plan's time over the best time there; the
-best-scoring candidate, if it beats the defaults, is written to plans/<device key>.json. The table holds parameters,
-never a plan per tuned width, so the rules still decide for shapes never tuned. Tune on one random draw (--seed),
-check on another (`fuselab bench softmax --shapes random:N --seed S`).
+Each candidate is a set of overrides of the GPU's rules as they stand (its plan table over plans.DEFAULTS: the rules'
+parameters: tile bytes, warps per element size, register caps and held rows by compiled tile, split spans, the looped
+step, the tiles of rows read with edges or element by element). For every tuning shape and dtype (one case,
+`measure`), the launches the candidates make (`launched_plan`, deduplicated) are checked against the float64
+reference, then timed side by side with torch.softmax (and torch.compile unless --no-compile;
+`benchmark_side_by_side`). A candidate's score is the geometric mean over the cases of its launch's time over the
+best time there; the candidates that beat the rules as they stand are taken together where they do not meet
+(`combine`) and written to plans/<device key>.json. The table holds parameters, never a plan per tuned width, so the
+rules still decide for shapes never tuned. Tune on one random draw (--seed), check on another (`fuselab bench softmax
+--shapes random:N --seed S`).
 
 The candidates keep what the exploration of 2026-11 (docs/ops/softmax.md) found worth trying again on another GPU.
 """
@@ -71,8 +73,9 @@ CANDIDATES: dict[str, dict] = {
 }
 
 
-def candidate_params(overrides: dict) -> dict:
-    return {**plans.DEFAULTS, **overrides}
+def candidate_params(overrides: dict, base: dict | None = None) -> dict:
+    """A candidate's rules: its overrides over `base` (the GPU's rules as they stand; None: plans.DEFAULTS)."""
+    return {**(base or plans.DEFAULTS), **overrides}
 
 
 def tune_shape(
@@ -89,8 +92,9 @@ def tune_shape(
     ref = SOFTMAX.reference(x[check])
     sms = launch.sm_count(device.index) if launch.can_wait(device) else None
     y = torch.empty_like(x)
-    by_candidate = {name: launched_plan(x, y, candidate_params(o), sms) for name, o in CANDIDATES.items()}
-    rules = {launched: candidate_params(CANDIDATES[name]) for name, launched in reversed(by_candidate.items())}
+    base = launch.params(device)  # this GPU's table over the defaults: a candidate changes it, never drops it
+    by_candidate = {name: launched_plan(x, y, candidate_params(o, base), sms) for name, o in CANDIDATES.items()}
+    rules = {launched: candidate_params(CANDIDATES[name], base) for name, launched in reversed(by_candidate.items())}
     calls: dict[object, Callable[[], object]] = {}
     results: dict[object, object] = {}
     for launched in dict.fromkeys(by_candidate.values()):
@@ -117,6 +121,7 @@ def tune_shape(
         "plans": {str(launched): v for launched, v in results.items()},
         "by_candidate": {name: str(launched) for name, launched in by_candidate.items()},
         "peers": peers,
+        "base": base,
     }
 
 
@@ -185,15 +190,57 @@ def summary(measured: dict) -> str:
 
 
 def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
-    """The best-scoring candidate (`score`), if it beats the defaults: (its overrides over the defaults, evidence:
-    scores, winner, the shapes and dtypes)."""
+    """The candidates that beat the rules as they stand (`score`), taken together where they do not meet
+    (`combine`): (the rules with their overrides, evidence: scores, the winner (the chosen names joined by " + ",
+    or "defaults"), chosen, the shapes and dtypes). The rules the cases were timed on (`base`: this GPU's table) stay
+    where no chosen candidate overrides them."""
     scores = score(measurements)
-    winner = tuning.winner(scores)
+    chosen = combine(measurements, scores)
+    if len(chosen) > 1:
+        scores[" + ".join(chosen)] = combined_score(measurements, chosen)
     shapes = dict.fromkeys(tuple(m["case"]["shape"]) for m in measurements)
     evidence = {
         "scores": scores,
-        "winner": winner,
+        "winner": " + ".join(chosen) or "defaults",
+        "chosen": chosen,
         "shapes": [list(s) for s in shapes],
         "dtypes": list(dict.fromkeys(m["case"]["dtype"] for m in measurements)),
     }
-    return {**plans.DEFAULTS, **CANDIDATES[winner]}, evidence
+    base = measurements[0].get("base") if measurements else None
+    overrides = {k: v for name in chosen for k, v in CANDIDATES[name].items()}
+    return candidate_params(overrides, base), evidence
+
+
+def _changed(measurements: Sequence[dict], name: str) -> set[int]:
+    """The cases (indices) where candidate `name` launches something else than the defaults."""
+    return {i for i, m in enumerate(measurements) if m["by_candidate"][name] != m["by_candidate"]["defaults"]}
+
+
+def combine(measurements: Sequence[dict], scores: dict[str, float]) -> list[str]:
+    """Candidates scoring below the defaults, best first, each taken unless it sets a parameter a candidate taken
+    before sets or changes the launch at a case one taken before changed: each rule has its own regime (scalar
+    tiles the rows read element by element, `widest_fp32` wide fp32 rows...), so one tuning run fixes every cliff it
+    finds, and at every case the combination runs a launch that was timed there."""
+    chosen: list[str] = []
+    keys: set[str] = set()
+    touched: set[int] = set()
+    for name in sorted((n for n in scores if n != "defaults" and scores[n] < scores["defaults"]), key=scores.get):
+        changed = _changed(measurements, name)
+        if keys & set(CANDIDATES[name]) or changed & touched:
+            continue
+        chosen.append(name)
+        keys |= set(CANDIDATES[name])
+        touched |= changed
+    return chosen
+
+
+def combined_score(measurements: Sequence[dict], chosen: Sequence[str]) -> float:
+    """The geometric mean over the cases of the combination's time over the best there: at each case the launch of
+    the chosen candidate that changed it (`combine` lets at most one), else the defaults'."""
+    logs = []
+    for i, m in enumerate(measurements):
+        name = next((n for n in chosen if i in _changed(measurements, n)), "defaults")
+        ms = m["plans"].get(m["by_candidate"][name])
+        timed = [v for v in m["plans"].values() if isinstance(v, float)] + list(m["peers"].values())
+        logs.append(math.log(ms / min(timed) if isinstance(ms, float) else tuning.FAILED_RATIO))
+    return math.exp(sum(logs) / len(logs))
