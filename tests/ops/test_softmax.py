@@ -634,6 +634,22 @@ CUDA_SPAN_SHAPES = ((1, 1025), (3, 513), (1, 256000), (2, 694237), (7, 20001), (
                     (3, 1100001), (2, 5000001))  # fmt: skip
 
 
+def _rows_at_offset(rows: int, width: int, offset: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
+    """x and dy, (rows, width) on the GPU, starting `offset` elements into rows of width + offset (offset 1: rows not
+    on a 16-byte boundary); the allocator then NaN-poisoned, so outputs start as NaN."""
+    (x,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", seed)
+    (dy,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", seed + 1)
+    x, dy = x[:, offset:], dy[:, offset:]
+    poison_allocator(x.numel() * x.element_size(), "cuda")
+    return x, dy
+
+
+def _exact_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """softmax's gradient in float64 from its own (rounded) output y and upstream dy."""
+    y64, dy64 = y.double(), dy.double()
+    return y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_cuda_spans_forward_and_backward(dtype: torch.dtype) -> None:
@@ -643,19 +659,14 @@ def test_gpu_cuda_spans_forward_and_backward(dtype: torch.dtype) -> None:
     fl = torch.ops.fuselab
     tol = SOFTMAX.tolerance[dtype]
     for (rows, width), offset in itertools.product(CUDA_SPAN_SHAPES, (0, 1)):
-        (x,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 21)
-        (dy,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 22)
-        x, dy = x[:, offset:], dy[:, offset:]
-        poison_allocator(x.numel() * x.element_size(), "cuda")
+        x, dy = _rows_at_offset(rows, width, offset, dtype, seed=21)
         y = fl.softmax_cuda(x)
         assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows}x{width} offset {offset}"
         assert torch.equal(y, fl.softmax_cuda(x)), f"forward repeat {rows}x{width}"
         y_in = torch.empty((rows, width + offset), dtype=dtype, device="cuda")[:, offset:].copy_(y)
         poison_allocator(x.numel() * x.element_size(), "cuda")
         dx = fl.softmax_cuda_backward(y_in, dy)
-        y64, dy64 = y.double(), dy.double()
-        exact = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))  # the gradient of its own (rounded) inputs
-        assert rel_err(dx, exact) <= tol, f"backward {dtype} {rows}x{width} offset {offset}"
+        assert rel_err(dx, _exact_backward(y, dy)) <= tol, f"backward {dtype} {rows}x{width} offset {offset}"
         assert torch.equal(dx, fl.softmax_cuda_backward(y_in, dy)), f"backward repeat {rows}x{width}"
 
 
@@ -870,9 +881,7 @@ def test_gpu_past_2_pow_31_elements(name: str, width: int) -> None:
         assert rel_err(y[part], reference(x[part])) <= tol, f"forward at rows {part}"
         # The backward kernel is given the rounded y, so it is held to the exact gradient of its own inputs:
         # from x, rows whose y is nearly one-hot lose digits in dy - sum(y * dy) that no kernel can recover.
-        y64, dy64 = y[part].double(), dy[part].double()
-        exact = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
-        assert rel_err(dx[part], exact) <= tol, f"backward at rows {part}"
+        assert rel_err(dx[part], _exact_backward(y[part], dy[part])) <= tol, f"backward at rows {part}"
 
 
 # ---------------------------------------------------------------------------------------------- tuner
@@ -982,15 +991,12 @@ def test_gpu_small_tensors_in_smaller_tiles_stay_right(dtype: torch.dtype) -> No
     fl = torch.ops.fuselab
     tol = SOFTMAX.tolerance[dtype]
     for (rows, width), offset in itertools.product(((3694, 71), (1818, 197), (37, 53), (5, 473), (130, 64)), (0, 1)):
-        (x,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 41)
-        (dy,) = SOFTMAX.make_inputs((rows, width + offset), dtype, "cuda", 42)
-        x, dy = x[:, offset:], dy[:, offset:]
-        poison_allocator(x.numel() * x.element_size(), "cuda")
+        x, dy = _rows_at_offset(rows, width, offset, dtype, seed=41)
         y = fl.softmax_triton(x)
         assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows}x{width} offset {offset}"
-        y64, dy64 = y.double(), dy.double()
-        exact = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
-        assert rel_err(fl.softmax_triton_backward(y, dy), exact) <= tol, f"backward {dtype} {rows}x{width}"
+        assert rel_err(fl.softmax_triton_backward(y, dy), _exact_backward(y, dy)) <= tol, (
+            f"backward {dtype} {rows}x{width}"
+        )
 
 
 # The CUDA impl's plans (softmax_plan.h), compiled by the host's C++ compiler: the rules checked without a GPU.
