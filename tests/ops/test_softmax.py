@@ -891,8 +891,8 @@ def test_gpu_past_2_pow_31_elements(name: str, width: int) -> None:
 def test_tuner_scores_candidates_and_writes_parameters(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuner at tiny sizes on the CPU, its cases measured and chosen from as `fuselab tune` does: each
     candidate's plan is checked and timed beside torch.softmax, every candidate gets a score (>= 1: time over the
-    best), and the table it would write holds rule parameters (the keys of plans.DEFAULTS), which launchers read
-    back through tuning.params."""
+    best; the chosen ones together too, where more than one), and the table it would write holds rule parameters
+    (the keys of plans.DEFAULTS), which launchers read back through tuning.params."""
     from fuselab.ops import tuning
     from fuselab.ops.softmax import plans, tune
 
@@ -901,8 +901,11 @@ def test_tuner_scores_candidates_and_writes_parameters(tmp_path, monkeypatch: py
     params, evidence = tuned.params, tuned.evidence
     assert tuned.failed == [] and tuned.ranks == [0, 0]
     assert set(params) == set(plans.DEFAULTS)
-    assert set(evidence["scores"]) == set(tune.CANDIDATES) and all(v >= 1.0 for v in evidence["scores"].values())
-    assert evidence["winner"] in tune.CANDIDATES
+    combination = {" + ".join(evidence["chosen"])} if len(evidence["chosen"]) > 1 else set()
+    assert set(evidence["scores"]) == set(tune.CANDIDATES) | combination
+    assert all(v >= 1.0 for v in evidence["scores"].values())
+    assert evidence["winner"] == (" + ".join(evidence["chosen"]) or "defaults")
+    assert all(name in tune.CANDIDATES for name in evidence["chosen"])
     path = tuning.write_table(tmp_path, "test-gpu-sm90", {**params, "tile_bytes": 2048}, evidence)
     assert path == tmp_path / "plans" / "test-gpu-sm90.json"
     assert tuning.params(plans.DEFAULTS, tmp_path, "test-gpu-sm90")["tile_bytes"] == 2048
