@@ -915,6 +915,34 @@ def test_tuner_scores_candidates_and_writes_parameters(tmp_path, monkeypatch: py
         tuning.params(plans.DEFAULTS, tmp_path, "bad-sm90")
 
 
+@pytest.mark.gpu
+def test_gpu_the_tuner_times_each_candidates_launch_as_the_launcher_makes_it() -> None:
+    """The tuner on the GPU at three cases of the committed draw's cliffs (millions of narrow rows read element by
+    element, misaligned rows of 129 with edges, few fp32 rows past row_max): each candidate's launch runs with its
+    rules, checked against the reference and timed, or its error reported; the scalar tiles are distinct launches,
+    all right; `choose` keeps the GPU's table under what it picks."""
+    from fuselab.ops.softmax import tune
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    cases = tune.cases([(505169, 5)], [torch.float32]) + tune.cases([(3001, 129)], [torch.bfloat16])
+    cases += tune.cases([(33, 40001)], [torch.float32])
+    measured = [tune.measure(case, device, quick=True, compile_peer=False) for case in cases]
+    for m in measured:
+        defaults = m["by_candidate"]["defaults"]
+        assert isinstance(m["plans"][defaults], float), (m["case"], m["plans"][defaults])
+        assert all(isinstance(v, (float, str)) for v in m["plans"].values())
+        assert m["base"] == launch.params(device)
+    narrow = measured[0]
+    tiles = {narrow["by_candidate"][name] for name in tune.CANDIDATES if name.startswith("scalar tile")}
+    assert len(tiles) == 5 and all(isinstance(narrow["plans"][t], float) for t in tiles), narrow["plans"]
+    assert all("reads=scalars" in t for t in tiles)
+    assert "reads=edges" in measured[1]["by_candidate"]["defaults"]
+    params, evidence = tune.choose(measured)
+    table = tuning.params(plans.DEFAULTS, plans.FOLDER, tuning.device_key(device.index))
+    untouched = set(table) - {key for name in evidence["chosen"] for key in tune.CANDIDATES[name]}
+    assert {k: params[k] for k in untouched} == {k: table[k] for k in untouched}
+
+
 # ---------------------------------------------------------------------------------------------- aligned bulk + edges
 
 
