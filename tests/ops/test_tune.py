@@ -383,3 +383,28 @@ def test_prepared_launches_are_made_once_per_layout_and_start_over_when_a_table_
     for n in range(3):
         held.get(n, lambda n=n: prepare((n,)))
     assert len(held) == 1  # the limit (3) was reached: it started over with the fourth key
+
+
+def test_writing_a_table_makes_the_launchers_read_the_tables_again(tmp_path, monkeypatch) -> None:
+    """What the launchers made from plan tables (softmax's rules and plans, GELU's launch configs, the span rules the
+    CUDA softmax extension holds) is made again once any table is written: before, a process that tuned and went on
+    launching kept the plans of the table it had read first."""
+    from fuselab.ops.gelu import triton_kernels as gelu_kernels
+    from fuselab.ops.softmax import cuda as softmax_cuda
+    from fuselab.ops.softmax import launch, plans
+
+    cpu = torch.device("cpu")
+    launch.forward_plan(300, torch.float32, cpu)
+    launch.backward_plan(300, torch.float32, cpu)
+    gelu_kernels._launch_config(4, None)
+    configured = []
+    fake = type("Extension", (), {"configure": lambda self, index, *rules: configured.append((index, rules)) or True})
+    monkeypatch.setattr(softmax_cuda, "_EXTENSION", [fake()])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(softmax_cuda, "span_rules", lambda index: dict(plans.DEFAULTS["cuda_spans"]))
+    cached = (launch.params, launch.forward_plan, launch.backward_plan, gelu_kernels._launch_config)
+    assert all(f.cache_info().currsize > 0 for f in cached)
+    tuning.write_table(tmp_path, "some-gpu-sm90", {"block": 64}, {})
+    assert [f.cache_info().currsize for f in cached] == [0, 0, 0, 0]
+    assert [index for index, _ in configured] == [0, 1]
+    assert configured[0][1] == tuple(plans.DEFAULTS["cuda_spans"][name] for name in softmax_cuda.SPAN_RULES)

@@ -115,14 +115,27 @@ class Prepared:
             prepared._held.clear()
 
 
+_ON_WRITE: list[Callable[[], None]] = []
+
+
+def on_table_written(forget: Callable[[], None]) -> Callable[[], None]:
+    """Register `forget`, called whenever a plan table is written, so that what a module made from a table (cached
+    rules and plans, rules handed to an extension) is made again from the new one. Returns `forget` (a decorator)."""
+    _ON_WRITE.append(forget)
+    return forget
+
+
 def write_table(folder: Path, key: str, values: Mapping[str, object], evidence: Mapping[str, object]) -> Path:
-    """Write (or replace) the table of GPU `key`: `values` (parameters), `evidence` (what the tuner timed)."""
+    """Write (or replace) the table of GPU `key`: `values` (parameters), `evidence` (what the tuner timed). The
+    process's launches then follow it: prepared launches start over, and every `on_table_written` callback runs."""
     path = table_path(folder, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"version": TABLE_VERSION, "device": key, "params": dict(values), "evidence": dict(evidence)}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     load_table.cache_clear()
     Prepared.clear_all()
+    for forget in _ON_WRITE:
+        forget()
     return path
 
 

@@ -141,6 +141,9 @@ def _launch_config(itemsize: int, device: int | None) -> tuple[int, int]:
     return plans.gelu_config(itemsize, tuning.device_key(device) if device is not None else None)
 
 
+tuning.on_table_written(_launch_config.cache_clear)  # made from the plan table: made again when one is written
+
+
 def as_rows(t: torch.Tensor) -> torch.Tensor:
     """t as a (rows, cols) view with unit column stride (any row stride), copying only when there is none: a
     transposed or stepped last dimension, or leading dimensions that do not merge, cost one extra read and write."""

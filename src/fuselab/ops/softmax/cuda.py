@@ -101,6 +101,13 @@ def configure(index: int, rules: Mapping[str, int], ext: ModuleType | None = Non
         raise ValueError(f"softmax cuda: the binding refused span rules {dict(rules)} (softmax_plan.h's valid_rules)")
 
 
+@tuning.on_table_written
+def _configure_again() -> None:
+    """A written plan table's span rules, handed to the loaded extension on every GPU (a later load reads them)."""
+    for index in range(torch.cuda.device_count()) if _EXTENSION else ():
+        configure(index, span_rules(index), _EXTENSION[0])
+
+
 def launch_forward(x: torch.Tensor, y: torch.Tensor) -> None:
     extension().forward(x, y)
 

@@ -76,6 +76,10 @@ def backward_plan(width: int, dtype: torch.dtype, device: torch.device | None = 
     return plans.choose_backward(width, dtype.itemsize, params(device or torch.device("cpu")), reads)
 
 
+for _cached in (params, forward_plan, backward_plan):  # made from the plan table: made again when one is written
+    tuning.on_table_written(_cached.cache_clear)
+
+
 def vector(t: torch.Tensor) -> int:
     """Elements in a 16-byte vector of t's dtype."""
     return 16 // t.element_size()
