@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -86,16 +86,24 @@ def params(defaults: Mapping[str, object], folder: Path, key: str | None) -> dic
     return {**defaults, **tuned}
 
 
+_ON_WRITE: list[Callable[[], None]] = []
+
+
+def on_table_written(forget: Callable[[], None]) -> Callable[[], None]:
+    """Register `forget`, called whenever a plan table is written, so that what a module made from a table (cached
+    rules and plans, rules handed to an extension) is made again from the new one. Returns `forget` (a decorator)."""
+    _ON_WRITE.append(forget)
+    return forget
+
+
 class Prepared:
     """Launches an op prepared once per layout (the key its eager path reads off its tensors: shape, strides, dtype,
     device, alignment, options), so that a call repeats none of the plan's choosing. Every instance starts over when
     a plan table is written (the plans it holds may have changed), and when it holds `limit` layouts."""
 
-    _every: ClassVar[list[Prepared]] = []
-
     def __init__(self, limit: int = 4096) -> None:
         self.limit, self._held = limit, {}
-        Prepared._every.append(self)
+        on_table_written(self._held.clear)
 
     def get(self, key: Hashable, prepare: Callable[[], Any]) -> Any:
         """The launch prepared for `key`, made by `prepare()` the first time."""
@@ -109,31 +117,15 @@ class Prepared:
     def __len__(self) -> int:
         return len(self._held)
 
-    @classmethod
-    def clear_all(cls) -> None:
-        for prepared in cls._every:
-            prepared._held.clear()
-
-
-_ON_WRITE: list[Callable[[], None]] = []
-
-
-def on_table_written(forget: Callable[[], None]) -> Callable[[], None]:
-    """Register `forget`, called whenever a plan table is written, so that what a module made from a table (cached
-    rules and plans, rules handed to an extension) is made again from the new one. Returns `forget` (a decorator)."""
-    _ON_WRITE.append(forget)
-    return forget
-
 
 def write_table(folder: Path, key: str, values: Mapping[str, object], evidence: Mapping[str, object]) -> Path:
     """Write (or replace) the table of GPU `key`: `values` (parameters), `evidence` (what the tuner timed). The
-    process's launches then follow it: prepared launches start over, and every `on_table_written` callback runs."""
+    process's launches then follow it: every `on_table_written` callback runs (`Prepared` launches start over)."""
     path = table_path(folder, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"version": TABLE_VERSION, "device": key, "params": dict(values), "evidence": dict(evidence)}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     load_table.cache_clear()
-    Prepared.clear_all()
     for forget in _ON_WRITE:
         forget()
     return path

@@ -265,13 +265,13 @@ def launch_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None = None, r
     if plan is None and type(x) is torch.Tensor and type(y) is torch.Tensor:  # eager: prepared once per layout
         launch = _READY.get(_layout("forward", x, y), lambda: _prepare_forward(x, y, None))
     else:
-        launch = _prepare_forward(x, y, plan, rules if plan is not None else None)
+        launch = _prepare_forward(x, y, plan, rules)
     with on_device(x):
         launch(x, y)
 
 
 def _prepare_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None, rules: dict | None = None) -> Launch:
-    p = rules or params(x.device)
+    p = rules if plan is not None and rules is not None else params(x.device)  # rules go with a plan given
     if plan is None:  # a symbolic width (torch.compile) is fixed here
         read = reads(x, y, min_bytes=p["edge_min_bytes"])
         plan = forward_plan(int(x.shape[1]), x.dtype, x.device, read)

@@ -94,6 +94,7 @@ def tune_shape(
     y = torch.empty_like(x)
     base = launch.params(device)  # this GPU's table over the defaults: a candidate changes it, never drops it
     by_candidate = {name: launched_plan(x, y, candidate_params(o, base), sms) for name, o in CANDIDATES.items()}
+    # each launch with the rules of the first candidate that makes it (reversed: the first one written last wins)
     rules = {launched: candidate_params(CANDIDATES[name], base) for name, launched in reversed(by_candidate.items())}
     calls: dict[object, Callable[[], object]] = {}
     results: dict[object, object] = {}
@@ -237,9 +238,10 @@ def combine(measurements: Sequence[dict], scores: dict[str, float]) -> list[str]
 def combined_score(measurements: Sequence[dict], chosen: Sequence[str]) -> float:
     """The geometric mean over the cases of the combination's time over the best there: at each case the launch of
     the chosen candidate that changed it (`combine` lets at most one), else the defaults'."""
+    changed = {name: _changed(measurements, name) for name in chosen}
     logs = []
     for i, m in enumerate(measurements):
-        name = next((n for n in chosen if i in _changed(measurements, n)), "defaults")
+        name = next((n for n in chosen if i in changed[n]), "defaults")
         ms = m["plans"].get(m["by_candidate"][name])
         timed = [v for v in m["plans"].values() if isinstance(v, float)] + list(m["peers"].values())
         logs.append(math.log(ms / min(timed) if isinstance(ms, float) else tuning.FAILED_RATIO))
