@@ -87,6 +87,30 @@ def test_tune_reports_a_failed_case_and_chooses_from_the_rest(capsys) -> None:
     assert "every case failed" in capsys.readouterr().err
 
 
+def test_tune_journal_resumes_a_run_cut_short_and_chooses_as_one_run(tmp_path, monkeypatch, capsys) -> None:
+    measured = tmp_path / "measured.jsonl"
+    monkeypatch.setenv("TOY_TUNER_LOG", str(measured))
+    journal = tmp_path / "tune.jsonl"
+    shapes = ["--shape", "10", "--shape", "13", "--shape", "3000", "--shape", "700"]
+    assert main(["tune", TOY, *shapes, "--dry-run"]) == 1
+    whole = capsys.readouterr().out
+    # a run killed after two cases: its journal holds them, the second one's line cut short
+    assert main(["tune", TOY, "--shape", "10", "--shape", "3000", "--dry-run", "--journal", str(journal)]) == 0
+    lines = journal.read_text().splitlines()
+    assert [json.loads(line)["case"]["shape"] for line in lines] == [[10], [3000]]
+    journal.write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])
+    capsys.readouterr()
+    measured.write_text("")
+    assert main(["tune", TOY, *shapes, "--dry-run", "--journal", str(journal)]) == 1  # the shape of 13 still fails
+    out = capsys.readouterr().out
+    assert f"1 of 4 case(s) taken from {journal}" in out
+    again = [json.loads(line)["case"]["shape"] for line in measured.read_text().splitlines()]
+    assert again == [[3000], [700]]  # not 10 (kept), 13 raised before its measure logged
+    assert out.split("winner: ")[1] == whole.split("winner: ")[1]  # the same scores, winner and table
+    assert main(["tune", TOY, "--shape", "10", "--journal", str(tmp_path / "tune.json")]) == 2
+    assert "tune.json: give FILE.jsonl" in capsys.readouterr().err
+
+
 def test_tune_finds_tuners_by_op_and_names_those_that_have_one(capsys) -> None:
     with_tuner = tuning.tuner_ops()
     assert with_tuner and all(importlib.util.find_spec(get_op(name).tuner) for name in with_tuner)

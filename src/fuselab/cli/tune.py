@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from fuselab.bench import distributed
 from fuselab.bench.dtypes import parse_dtype
@@ -32,10 +33,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-compile", action="store_true", help="do not time torch.compile beside (faster)")
     p.add_argument("--dry-run", action="store_true", help="print the table instead of writing it")
+    p.add_argument(
+        "--journal", type=Path, metavar="FILE.jsonl", help="each case's measurement, appended; what it holds is kept"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.journal and args.journal.suffix != ".jsonl":
+        raise ValueError(f"--journal {args.journal}: give FILE.jsonl")
     tuner = tuning.load_tuner(args.op)
     device = tuning.tuner_device(tuner)
     dtypes = [parse_dtype(d) for d in split(args.dtype) or getattr(tuner, "default_dtypes", ("fp32", "bf16"))]
@@ -49,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
     spread = f", spread over {distributed.world_size()} ranks" if distributed.active() else ""
     if distributed.is_main():
         print(f"tuning {args.op}: {len(cases)} case(s) on {device}{spread}", flush=True)
-    tuned = tuning.tune(tuner, cases, device, args.quick, not args.no_compile, log=lambda line: print(line, flush=True))
+    tuned = tuning.tune(
+        tuner, cases, device, args.quick, not args.no_compile, log=lambda line: print(line, flush=True),
+        journal=args.journal,
+    )  # fmt: skip
     if tuned is None:  # not rank 0: it measured its share; rank 0 chooses and writes
         return 0
     if tuned.failed:  # each was logged where it failed; the count (and, from other ranks, which) here

@@ -238,6 +238,26 @@ class Tuned:
     ranks: list[int] = field(default_factory=list)  # per case, the rank that measured it
 
 
+def _case_key(case: object) -> str:
+    return json.dumps(case, sort_keys=True)
+
+
+def read_journal(path: Path, device_name: str) -> dict[str, dict]:
+    """The measurements a tuning journal holds for `device_name`, by case (the last line of a case wins); a missing
+    file holds none, and a line cut short by a killed run is skipped."""
+    kept: dict[str, dict] = {}
+    if not path.exists():
+        return kept
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("device") == device_name and "measurement" in entry:
+            kept[_case_key(entry["case"])] = {k: entry[k] for k in ("case", "rank", "measurement")}
+    return kept
+
+
 def tune(
     tuner: object,
     cases: Sequence[object],
@@ -245,16 +265,23 @@ def tune(
     quick: bool,
     compile_peer: bool,
     log: Callable[[str], None] = print,
+    journal: Path | None = None,
 ) -> Tuned | None:
     """Measure every case and choose. Under torchrun (bench.distributed active) the cases are split over the ranks
     by the tuner's cost, each rank measures its share on its own GPU, and rank 0 gathers every measurement and
     chooses from them in the cases' order, as one process would; the other ranks return None. A case whose measure
     raises is logged and listed in `failed` (and the evidence), not fatal to the rest. Without a group: every case
-    here, in order."""
+    here, in order. `journal` (FILE.jsonl): each case's measurement is appended as it is made, and the cases it
+    already holds measured on this device are taken from it, not measured again (a run cut short resumes)."""
     from fuselab.bench import distributed
 
     tag = f"[rank {distributed.rank()}] " if distributed.active() else ""
     cost = getattr(tuner, "cost", None)
+    device_name = device_key(device.index) if device.type == "cuda" else device.type
+    kept = read_journal(journal, device_name) if journal else {}
+    todo = [case for case in cases if _case_key(case) not in kept]
+    if kept and distributed.is_main():
+        log(f"{len(cases) - len(todo)} of {len(cases)} case(s) taken from {journal}")
 
     def work(i: int, case: object) -> dict:
         label = describe(tuner, case)
@@ -267,11 +294,17 @@ def tune(
             return {"case": case, "rank": distributed.rank(), "error": error}
         line = tuner.summary(measured) if callable(getattr(tuner, "summary", None)) else "done"
         log(f"{tag}{label}: {line} ({time.perf_counter() - start:.1f} s)")
-        return {"case": case, "rank": distributed.rank(), "measurement": measured}
+        result = {"case": case, "rank": distributed.rank(), "measurement": measured}
+        if journal:
+            with journal.open("a") as f:  # one write per line: ranks append to one file without mixing lines
+                f.write(json.dumps({"device": device_name, **result}) + "\n")
+        return result
 
-    results = distributed.spread(list(cases), work, cost=cost)
-    if results is None:
+    measured = distributed.spread(todo, work, cost=cost)
+    if measured is None:
         return None
+    by_key = {**kept, **{_case_key(r["case"]): r for r in measured}}
+    results = [by_key[_case_key(case)] for case in cases]
     failed = [{k: r[k] for k in ("case", "rank", "error")} for r in results if "error" in r]
     measurements = [r["measurement"] for r in results if "error" not in r]
     ranks = [r["rank"] for r in results]
