@@ -327,7 +327,7 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
     assert st.forward_plan(128, f32, cpu) == st.Plan("rows", 128, rows=8, num_warps=1)
     assert st.forward_plan(128, bf16, cpu) == st.Plan("rows", 128, rows=16, num_warps=4)
-    assert st.forward_plan(1, f32, cpu) == st.Plan("rows", 1, rows=st.TILE_BYTES // 4, num_warps=1)
+    assert st.forward_plan(1, f32, cpu) == st.Plan("rows", 1, rows=st.TILE_BYTES["4"] // 4, num_warps=1)
     assert st.forward_plan(129, f32, cpu) == st.Plan("rows", 256, rows=4, num_warps=1)
     assert st.forward_plan(1024, f32, cpu) == st.Plan("rows", 1024, rows=1, num_warps=1)
     assert st.forward_plan(2048, f32, cpu) == st.Plan("rows", 2048, rows=1, num_warps=4)
@@ -346,7 +346,7 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     def on_h200(width: int, dtype: torch.dtype) -> st.Plan:
         return plans.choose_forward(width, dtype.itemsize, dtype == bf16, None, h200)
 
-    assert on_h200(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)  # maxnreg
+    assert on_h200(512, bf16) == st.Plan("rows", 512, rows=2, num_warps=4, maxnreg=32)  # maxnreg, 2 KiB tiles
     assert on_h200(16384, bf16) == st.Plan("rows", 16384, 1, 16, maxnreg=40, hold=True)  # held_bf16
     assert on_h200(16384, f16) == st.Plan("rows", 16384, rows=1, num_warps=16, maxnreg=40)  # maxnreg
     assert st.backward_plan(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4)  # no caps backward
@@ -379,13 +379,14 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     def on_h200(width: int, itemsize: int, reads: str) -> st.Plan:
         return plans.choose_forward(width, itemsize, itemsize == 2, 132, h200, reads)
 
-    assert on_h200(512, 2, "vectors") == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)
-    assert on_h200(325, 2, "edges") == st.Plan("rows", 512, rows=4, num_warps=1)
-    assert on_h200(524, 2, "edges") == st.Plan("rows", 1024, rows=2, num_warps=1)
+    assert on_h200(512, 2, "vectors") == st.Plan("rows", 512, rows=2, num_warps=4, maxnreg=32)
+    assert on_h200(325, 2, "edges") == st.Plan("rows", 512, rows=2, num_warps=1)
+    assert on_h200(524, 2, "edges") == st.Plan("rows", 1024, rows=1, num_warps=4)  # a row as long as a tile
     assert on_h200(1697, 2, "edges") == st.Plan("rows", 2048, rows=1, num_warps=4)  # a row as long as a tile
     assert on_h200(13995, 2, "edges").hold  # held rows were fitted with edges among them
-    assert on_h200(25, 4, "scalars") == st.Plan("rows", 32, rows=16, num_warps=4)
+    assert on_h200(25, 4, "scalars") == st.Plan("rows", 32, rows=16, num_warps=1)  # padded to 32: scalar_wide
     assert on_h200(53, 2, "scalars") == st.Plan("rows", 64, rows=8, num_warps=1)  # padded to 64: one warp a tile
+    assert on_h200(13, 4, "scalars") == st.Plan("rows", 16, rows=32, num_warps=4)
     assert on_h200(1, 2, "scalars") == st.Plan("rows", 1, rows=512, num_warps=4)
     assert on_h200(16385, 2, "vectors") == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
     assert on_h200(16386, 2, "edges").hold  # held bf16 rows have an edges path
@@ -906,9 +907,9 @@ def test_tuner_scores_candidates_and_writes_parameters(tmp_path, monkeypatch: py
     assert all(v >= 1.0 for v in evidence["scores"].values())
     assert evidence["winner"] == (" + ".join(evidence["chosen"]) or "defaults")
     assert all(name in tune.CANDIDATES for name in evidence["chosen"])
-    path = tuning.write_table(tmp_path, "test-gpu-sm90", {**params, "tile_bytes": 2048}, evidence)
+    path = tuning.write_table(tmp_path, "test-gpu-sm90", {**params, "tile_bytes": {"4": 2048, "2": 2048}}, evidence)
     assert path == tmp_path / "plans" / "test-gpu-sm90.json"
-    assert tuning.params(plans.DEFAULTS, tmp_path, "test-gpu-sm90")["tile_bytes"] == 2048
+    assert tuning.params(plans.DEFAULTS, tmp_path, "test-gpu-sm90")["tile_bytes"] == {"4": 2048, "2": 2048}
     assert tuning.params(plans.DEFAULTS, tmp_path, "never-tuned-sm80") == plans.DEFAULTS
     tuning.write_table(tmp_path, "bad-sm90", {"block_for_width_50257": 7}, {})
     with pytest.raises(ValueError, match="unknown parameters"):
@@ -991,12 +992,13 @@ def test_plan_rules_are_pure_and_take_parameters() -> None:
     assert plans.choose_forward(50258, 2, True, 132, p).kernel == "split_pairs"
     assert plans.choose_forward(50257, 2, True, None, p).kernel == "looped"  # cannot wait: looped
     assert plans.choose_forward(2**20, 4, False, 32, p).kernel == "looped"  # 64 spans > 32 SMs
-    wide = {**p, "tile_bytes": 8192}
+    wide = {**p, "tile_bytes": {"4": 8192, "2": 4096}}
     for width in (100, 129, 200, 255):
         assert (
             plans.choose_forward(width, 4, False, 132, wide).rows
             == 2 * plans.choose_forward(width, 4, False, 132, p).rows
         )
+        assert plans.choose_forward(width, 2, True, 132, wide) == plans.choose_forward(width, 2, True, 132, p)
     assert plans.choose_backward(16385, 4, p).kernel == "looped" and plans.choose_backward(16384, 4, p).kernel == "rows"
 
 

@@ -27,7 +27,7 @@ FOLDER = Path(__file__).parent
 DEFAULTS: dict[str, object] = {
     "row_max": 32768,  # widest padded row held whole by one program (forward)
     "backward_row_max": 16384,  # the backward holds y and dy
-    "tile_bytes": 4096,  # short rows: rows per program so that a tile moves about this many bytes
+    "tile_bytes": {"4": 4096, "2": 4096},  # short rows: rows per program so that a tile moves about this many bytes
     "short_warps": {"4": 1, "2": 4},  # warps for a tile of tile_bytes, by element size
     "mid_bytes": 8192,  # tiles up to this: mid_warps
     "mid_warps": 4,
@@ -103,7 +103,7 @@ def next_power_of_2(n: int) -> int:
 def warps(elements: int, itemsize: int, p: dict) -> int:
     """Warps for a program holding `elements` values of `itemsize` bytes."""
     nbytes = elements * itemsize
-    if nbytes <= p["tile_bytes"]:
+    if nbytes <= p["tile_bytes"][str(itemsize)]:
         return p["short_warps"][str(itemsize)]
     if nbytes <= p["mid_bytes"]:
         return p["mid_warps"]
@@ -112,7 +112,7 @@ def warps(elements: int, itemsize: int, p: dict) -> int:
 
 
 def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Plan:
-    """Whole rows of padded width `block`, several to a program up to a tile of tile_bytes; where `reads` is
+    """Whole rows of padded width `block`, several to a program up to a tile of tile_bytes[itemsize]; where `reads` is
     "scalars", a tile of scalar_tile's elements and warps (four elements a thread: on the H200 as fast as torch's
     or faster at widths 1-52, where tiles of 4 KiB on one warp took up to 1.6x its time). Rows read with "edges"
     that are shorter than a tile run on at most one warp per edge_warp_bytes of tile (a tile of several such rows
@@ -123,7 +123,7 @@ def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Pla
         elements, num_warps = p["scalar_tile"]
         wide_block, wide_warps = p["scalar_wide"]
         return Plan("rows", block, max(1, elements // block), wide_warps if block >= wide_block else num_warps)
-    tile = p["tile_bytes"]
+    tile = p["tile_bytes"][str(itemsize)]
     rows = max(1, tile // (block * itemsize))
     num_warps = warps(block * rows, itemsize, p)
     if reads == "edges" and block * itemsize < tile:

@@ -35,7 +35,7 @@ from fuselab.ops.softmax.spec import SOFTMAX
 
 ROW_MAX = DEFAULTS["row_max"]
 BACKWARD_ROW_MAX = DEFAULTS["backward_row_max"]
-TILE_BYTES = DEFAULTS["tile_bytes"]
+TILE_BYTES = DEFAULTS["tile_bytes"]  # by element size
 LOOP_BLOCK = DEFAULTS["loop"][0]
 
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)

@@ -36,8 +36,9 @@ H200 = tuning.load_table(plans.FOLDER, tuning.key_of("NVIDIA H200", 9, 0))  # re
 CANDIDATES: dict[str, dict] = {
     "defaults": {},
     "the H200's table": dict(H200),
-    "tile 2 KiB": {"tile_bytes": 2048},
-    "tile 8 KiB": {"tile_bytes": 8192},
+    "tile 2 KiB": {"tile_bytes": {"4": 2048, "2": 2048}},
+    "tile 8 KiB": {"tile_bytes": {"4": 8192, "2": 8192}},
+    "tile 2 KiB 16-bit": {"tile_bytes": {"4": 4096, "2": 2048}},
     "short warps x2": {"short_warps": {"4": 2, "2": 8}},
     "short warps /2": {"short_warps": {"4": 1, "2": 2}},
     "mid 8 warps": {"mid_warps": 8},
@@ -200,10 +201,12 @@ def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
     if len(chosen) > 1:
         scores[" + ".join(chosen)] = combined_score(measurements, chosen)
     shapes = dict.fromkeys(tuple(m["case"]["shape"]) for m in measurements)
+    slower = {n: slowdown(measurements, n) for n in scores if n in CANDIDATES and scores[n] < scores["defaults"]}
     evidence = {
         "scores": scores,
         "winner": " + ".join(chosen) or "defaults",
         "chosen": chosen,
+        "not_taken_slower": {n: {"ratio": r, "case": c} for n, (r, c) in slower.items() if r > SLOWER_AT_MOST},
         "shapes": [list(s) for s in shapes],
         "dtypes": list(dict.fromkeys(m["case"]["dtype"] for m in measurements)),
     }
@@ -217,17 +220,33 @@ def _changed(measurements: Sequence[dict], name: str) -> set[int]:
     return {i for i, m in enumerate(measurements) if m["by_candidate"][name] != m["by_candidate"]["defaults"]}
 
 
+SLOWER_AT_MOST = 1.05  # a candidate slower than the rules as they stand by more than this at any case is not taken
+
+
+def slowdown(measurements: Sequence[dict], name: str) -> tuple[float, dict | None]:
+    """The most candidate `name` slows a case down against the defaults (its time over theirs; a failed plan counts
+    as tuning.FAILED_RATIO), and that case (None where it changes none)."""
+    worst: tuple[float, dict | None] = (1.0, None)
+    for i in _changed(measurements, name):
+        m = measurements[i]
+        ms, base = (m["plans"].get(m["by_candidate"][n]) for n in (name, "defaults"))
+        ratio = ms / base if isinstance(ms, float) and isinstance(base, float) else tuning.FAILED_RATIO
+        worst = max(worst, (ratio, m["case"]), key=lambda w: w[0])
+    return worst
+
+
 def combine(measurements: Sequence[dict], scores: dict[str, float]) -> list[str]:
-    """Candidates scoring below the defaults, best first, each taken unless it sets a parameter a candidate taken
-    before sets or changes the launch at a case one taken before changed: each rule has its own regime (scalar
-    tiles the rows read element by element, `widest_fp32` wide fp32 rows...), so one tuning run fixes every cliff it
-    finds, and at every case the combination runs a launch that was timed there."""
+    """Candidates scoring below the defaults, best first, each taken unless it makes any case more than
+    SLOWER_AT_MOST slower than the defaults (a gain on some shapes never pays for a loss on others), sets a parameter
+    a candidate taken before sets, or changes the launch at a case one taken before changed: each rule has its own
+    regime (scalar tiles the rows read element by element, `widest_fp32` wide fp32 rows...), so one tuning run fixes
+    every cliff it finds, and at every case the combination runs a launch that was timed there."""
     chosen: list[str] = []
     keys: set[str] = set()
     touched: set[int] = set()
     for name in sorted((n for n in scores if n != "defaults" and scores[n] < scores["defaults"]), key=scores.get):
         changed = _changed(measurements, name)
-        if keys & set(CANDIDATES[name]) or changed & touched:
+        if keys & set(CANDIDATES[name]) or changed & touched or slowdown(measurements, name)[0] > SLOWER_AT_MOST:
             continue
         chosen.append(name)
         keys |= set(CANDIDATES[name])
