@@ -346,7 +346,7 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     def on_h200(width: int, dtype: torch.dtype) -> st.Plan:
         return plans.choose_forward(width, dtype.itemsize, dtype == bf16, None, h200)
 
-    assert on_h200(512, bf16) == st.Plan("rows", 512, rows=2, num_warps=4, maxnreg=32)  # maxnreg, 2 KiB tiles
+    assert on_h200(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)  # maxnreg
     assert on_h200(16384, bf16) == st.Plan("rows", 16384, 1, 16, maxnreg=40, hold=True)  # held_bf16
     assert on_h200(16384, f16) == st.Plan("rows", 16384, rows=1, num_warps=16, maxnreg=40)  # maxnreg
     assert st.backward_plan(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4)  # no caps backward
@@ -379,9 +379,9 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     def on_h200(width: int, itemsize: int, reads: str) -> st.Plan:
         return plans.choose_forward(width, itemsize, itemsize == 2, 132, h200, reads)
 
-    assert on_h200(512, 2, "vectors") == st.Plan("rows", 512, rows=2, num_warps=4, maxnreg=32)
-    assert on_h200(325, 2, "edges") == st.Plan("rows", 512, rows=2, num_warps=1)
-    assert on_h200(524, 2, "edges") == st.Plan("rows", 1024, rows=1, num_warps=4)  # a row as long as a tile
+    assert on_h200(512, 2, "vectors") == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)
+    assert on_h200(325, 2, "edges") == st.Plan("rows", 512, rows=4, num_warps=1)
+    assert on_h200(524, 2, "edges") == st.Plan("rows", 1024, rows=2, num_warps=1)
     assert on_h200(1697, 2, "edges") == st.Plan("rows", 2048, rows=1, num_warps=4)  # a row as long as a tile
     assert on_h200(13995, 2, "edges").hold  # held rows were fitted with edges among them
     assert on_h200(25, 4, "scalars") == st.Plan("rows", 32, rows=16, num_warps=1)  # padded to 32: scalar_wide
@@ -394,7 +394,7 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     assert fp16.kernel == "rows_ahead"  # one row ahead: vectors only (it has no edges path)
     assert plans.choose_forward(16385, 2, False, 132, h200, "edges") == st.Plan("rows", 32768, rows=1, num_warps=16)
     assert on_h200(25, 4, "vectors") == st.Plan("rows", 32, rows=32, num_warps=1)
-    assert plans.choose_backward(325, 2, h200, "edges") == st.Plan("rows", 512, rows=2, num_warps=1)
+    assert plans.choose_backward(325, 2, h200, "edges") == st.Plan("rows", 512, rows=4, num_warps=1)
     assert plans.choose_backward(10725, 4, h200, "edges").kernel == "rows"  # up to 16384 held whole
     assert set(plans.READS) == {"vectors", "edges", "scalars"}
     # The rows of real tensors: how the launchers see them.
