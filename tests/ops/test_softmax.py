@@ -383,6 +383,10 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     assert on_h200(325, 2, "edges") == st.Plan("rows", 512, rows=4, num_warps=1)
     assert on_h200(524, 2, "edges") == st.Plan("rows", 1024, rows=2, num_warps=1)
     assert on_h200(1697, 2, "edges") == st.Plan("rows", 2048, rows=1, num_warps=4)  # a row as long as a tile
+    small = {**h200, "tile_bytes": {"4": 4096, "2": 2048}}  # a row of 1024 fills a tile alone: still one warp
+    assert plans.choose_forward(524, 2, True, 132, small, "edges") == st.Plan("rows", 1024, rows=1, num_warps=1)
+    assert plans.choose_forward(325, 2, True, 132, small, "edges") == st.Plan("rows", 512, rows=2, num_warps=1)
+    assert plans.choose_forward(1697, 2, True, 132, small, "edges") == st.Plan("rows", 2048, rows=1, num_warps=4)
     assert on_h200(13995, 2, "edges").hold  # held rows were fitted with edges among them
     assert on_h200(25, 4, "scalars") == st.Plan("rows", 32, rows=16, num_warps=1)  # padded to 32: scalar_wide
     assert on_h200(53, 2, "scalars") == st.Plan("rows", 64, rows=8, num_warps=1)  # padded to 64: one warp a tile

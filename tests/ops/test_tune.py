@@ -107,6 +107,11 @@ def test_tune_journal_resumes_a_run_cut_short_and_chooses_as_one_run(tmp_path, m
     again = [json.loads(line)["case"]["shape"] for line in measured.read_text().splitlines()]
     assert again == [[3000], [700]]  # not 10 (kept), 13 raised before its measure logged
     assert out.split("winner: ")[1] == whole.split("winner: ")[1]  # the same scores, winner and table
+    monkeypatch.setattr(toy_tuner, "CANDIDATES", (*toy_tuner.CANDIDATES, "new"))  # other candidates: measured again
+    monkeypatch.setattr(tuning, "load_tuner", lambda spec: toy_tuner)
+    measured.write_text("")
+    assert main(["tune", TOY, "--shape", "10", "--dry-run", "--journal", str(journal)]) == 0
+    assert [json.loads(line)["case"]["shape"] for line in measured.read_text().splitlines()] == [[10]]
     assert main(["tune", TOY, "--shape", "10", "--journal", str(tmp_path / "tune.json")]) == 2
     assert "tune.json: give FILE.jsonl" in capsys.readouterr().err
 

@@ -24,6 +24,7 @@ summary(measurement) (one line each, for progress), table_key(device) and write(
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -242,9 +243,15 @@ def _case_key(case: object) -> str:
     return json.dumps(case, sort_keys=True)
 
 
-def read_journal(path: Path, device_name: str) -> dict[str, dict]:
-    """The measurements a tuning journal holds for `device_name`, by case (the last line of a case wins); a missing
-    file holds none, and a line cut short by a killed run is skipped."""
+def candidates_digest(tuner: object) -> str:
+    """A digest of the tuner's CANDIDATES (names and what each sets; "" for a tuner without them): a journal's
+    measurement holds only the candidates it was made with."""
+    return hashlib.sha256(repr(getattr(tuner, "CANDIDATES", "")).encode()).hexdigest()[:16]
+
+
+def read_journal(path: Path, device_name: str, candidates: str) -> dict[str, dict]:
+    """The measurements a tuning journal holds for `device_name` and the tuner's `candidates_digest`, by case (the
+    last line of a case wins); a missing file holds none, and a line cut short by a killed run is skipped."""
     kept: dict[str, dict] = {}
     if not path.exists():
         return kept
@@ -253,7 +260,7 @@ def read_journal(path: Path, device_name: str) -> dict[str, dict]:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if entry.get("device") == device_name and "measurement" in entry:
+        if (entry.get("device"), entry.get("candidates")) == (device_name, candidates) and "measurement" in entry:
             kept[_case_key(entry["case"])] = {k: entry[k] for k in ("case", "rank", "measurement")}
     return kept
 
@@ -272,13 +279,15 @@ def tune(
     chooses from them in the cases' order, as one process would; the other ranks return None. A case whose measure
     raises is logged and listed in `failed` (and the evidence), not fatal to the rest. Without a group: every case
     here, in order. `journal` (FILE.jsonl): each case's measurement is appended as it is made, and the cases it
-    already holds measured on this device are taken from it, not measured again (a run cut short resumes)."""
+    already holds measured on this device by this tuner's candidates are taken from it, not measured again (a run
+    cut short resumes; a journal of other candidates is measured again)."""
     from fuselab.bench import distributed
 
     tag = f"[rank {distributed.rank()}] " if distributed.active() else ""
     cost = getattr(tuner, "cost", None)
     device_name = device_key(device.index) if device.type == "cuda" else device.type
-    kept = read_journal(journal, device_name) if journal else {}
+    candidates = candidates_digest(tuner)
+    kept = read_journal(journal, device_name, candidates) if journal else {}
     todo = [case for case in cases if _case_key(case) not in kept]
     if kept and distributed.is_main():
         log(f"{len(cases) - len(todo)} of {len(cases)} case(s) taken from {journal}")
@@ -297,7 +306,7 @@ def tune(
         result = {"case": case, "rank": distributed.rank(), "measurement": measured}
         if journal:
             with journal.open("a") as f:  # one write per line: ranks append to one file without mixing lines
-                f.write(json.dumps({"device": device_name, **result}) + "\n")
+                f.write(json.dumps({"device": device_name, "candidates": candidates, **result}) + "\n")
         return result
 
     measured = distributed.spread(todo, work, cost=cost)

@@ -115,8 +115,9 @@ def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Pla
     """Whole rows of padded width `block`, several to a program up to a tile of tile_bytes[itemsize]; where `reads` is
     "scalars", a tile of scalar_tile's elements and warps (four elements a thread: on the H200 as fast as torch's
     or faster at widths 1-52, where tiles of 4 KiB on one warp took up to 1.6x its time). Rows read with "edges"
-    that are shorter than a tile run on at most one warp per edge_warp_bytes of tile (a tile of several such rows
-    took up to 4x as long on four warps as on one); rows read element by element and padded to at least
+    that are shorter than edge_warp_bytes run on at most one warp per edge_warp_bytes of tile, whatever the tile
+    (a tile of several such rows took up to 4x as long on four warps as on one; a 16-bit row of 524-999 alone in a
+    2 KiB tile 1.7-2.7x); rows read element by element and padded to at least
     scalar_wide[0] columns (16-bit rows of 33-63) on scalar_wide[1] warps (half the time of four at 39-55 columns).
     docs/ops/softmax.md has the figures."""
     if reads == "scalars":
@@ -126,7 +127,7 @@ def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Pla
     tile = p["tile_bytes"][str(itemsize)]
     rows = max(1, tile // (block * itemsize))
     num_warps = warps(block * rows, itemsize, p)
-    if reads == "edges" and block * itemsize < tile:
+    if reads == "edges" and block * itemsize < p["edge_warp_bytes"]:
         num_warps = min(num_warps, max(1, block * rows * itemsize // p["edge_warp_bytes"]))
     return Plan("rows", block, rows, num_warps)
 

@@ -38,6 +38,7 @@ CANDIDATES: dict[str, dict] = {
     "the H200's table": dict(H200),
     "tile 2 KiB": {"tile_bytes": {"4": 2048, "2": 2048}},
     "tile 8 KiB": {"tile_bytes": {"4": 8192, "2": 8192}},
+    "tile 2 KiB 16-bit": {"tile_bytes": {"4": 4096, "2": 2048}},
     "short warps x2": {"short_warps": {"4": 2, "2": 8}},
     "short warps /2": {"short_warps": {"4": 1, "2": 2}},
     "mid 8 warps": {"mid_warps": 8},
