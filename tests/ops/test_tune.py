@@ -102,10 +102,12 @@ def test_tune_journal_resumes_a_run_cut_short_and_chooses_as_one_run(tmp_path, m
     capsys.readouterr()
     measured.write_text("")
     assert main(["tune", TOY, *shapes, "--dry-run", "--journal", str(journal)]) == 1  # the shape of 13 still fails
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "its last line was cut short" in err  # removed, so the appends start lines of their own
     assert f"1 of 4 case(s) taken from {journal}" in out
     again = [json.loads(line)["case"]["shape"] for line in measured.read_text().splitlines()]
     assert again == [[3000], [700]]  # not 10 (kept), 13 raised before its measure logged
+    assert [json.loads(line)["case"]["shape"] for line in journal.read_text().splitlines()] == [[10], [3000], [700]]
     assert out.split("winner: ")[1] == whole.split("winner: ")[1]  # the same scores, winner and table
     monkeypatch.setattr(toy_tuner, "CANDIDATES", (*toy_tuner.CANDIDATES, "new"))  # other candidates: measured again
     monkeypatch.setattr(tuning, "load_tuner", lambda spec: toy_tuner)

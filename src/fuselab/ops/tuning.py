@@ -239,10 +239,6 @@ class Tuned:
     ranks: list[int] = field(default_factory=list)  # per case, the rank that measured it
 
 
-def _case_key(case: object) -> str:
-    return json.dumps(case, sort_keys=True)
-
-
 def candidates_digest(tuner: object) -> str:
     """A digest of the tuner's CANDIDATES (names and what each sets; "" for a tuner without them): a journal's
     measurement holds only the candidates it was made with."""
@@ -250,19 +246,16 @@ def candidates_digest(tuner: object) -> str:
 
 
 def read_journal(path: Path, device_name: str, candidates: str) -> dict[str, dict]:
-    """The measurements a tuning journal holds for `device_name` and the tuner's `candidates_digest`, by case (the
-    last line of a case wins); a missing file holds none, and a line cut short by a killed run is skipped."""
-    kept: dict[str, dict] = {}
-    if not path.exists():
-        return kept
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if (entry.get("device"), entry.get("candidates")) == (device_name, candidates) and "measurement" in entry:
-            kept[_case_key(entry["case"])] = {k: entry[k] for k in ("case", "rank", "measurement")}
-    return kept
+    """The measurements a tuning journal (a results log, bench.log) holds for `device_name` and the tuner's
+    `candidates_digest`, by case_key (the last line of a case wins); a missing file holds none, and a line cut short
+    by a killed run is left out."""
+    from fuselab.bench.log import case_key, load_records
+
+    return {
+        case_key(entry["case"]): {k: entry[k] for k in ("case", "rank", "measurement")}
+        for entry in load_records(path)
+        if (entry.get("device"), entry.get("candidates")) == (device_name, candidates) and "measurement" in entry
+    }
 
 
 def tune(
@@ -282,13 +275,16 @@ def tune(
     already holds measured on this device by this tuner's candidates are taken from it, not measured again (a run
     cut short resumes; a journal of other candidates is measured again)."""
     from fuselab.bench import distributed
+    from fuselab.bench.log import append_record, case_key, repair_log
 
     tag = f"[rank {distributed.rank()}] " if distributed.active() else ""
     cost = getattr(tuner, "cost", None)
     device_name = device_key(device.index) if device.type == "cuda" else device.type
     candidates = candidates_digest(tuner)
+    if journal and distributed.is_main():
+        repair_log(journal)  # a line cut short by a killed run goes, so the next append starts a line of its own
     kept = read_journal(journal, device_name, candidates) if journal else {}
-    todo = [case for case in cases if _case_key(case) not in kept]
+    todo = [case for case in cases if case_key(case) not in kept]
     if kept and distributed.is_main():
         log(f"{len(cases) - len(todo)} of {len(cases)} case(s) taken from {journal}")
 
@@ -304,16 +300,15 @@ def tune(
         line = tuner.summary(measured) if callable(getattr(tuner, "summary", None)) else "done"
         log(f"{tag}{label}: {line} ({time.perf_counter() - start:.1f} s)")
         result = {"case": case, "rank": distributed.rank(), "measurement": measured}
-        if journal:
-            with journal.open("a") as f:  # one write per line: ranks append to one file without mixing lines
-                f.write(json.dumps({"device": device_name, "candidates": candidates, **result}) + "\n")
+        if journal:  # one write per line: ranks append to one file without mixing lines
+            append_record(journal, {"device": device_name, "candidates": candidates, **result})
         return result
 
     measured = distributed.spread(todo, work, cost=cost)
     if measured is None:
         return None
-    by_key = {**kept, **{_case_key(r["case"]): r for r in measured}}
-    results = [by_key[_case_key(case)] for case in cases]
+    by_key = {**kept, **{case_key(r["case"]): r for r in measured}}
+    results = [by_key[case_key(case)] for case in cases]
     failed = [{k: r[k] for k in ("case", "rank", "error")} for r in results if "error" in r]
     measurements = [r["measurement"] for r in results if "error" not in r]
     ranks = [r["rank"] for r in results]
