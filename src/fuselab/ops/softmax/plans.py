@@ -31,7 +31,7 @@ DEFAULTS: dict[str, object] = {
     "short_warps": {"4": 1, "2": 4},  # warps for a tile of tile_bytes, by element size
     "mid_bytes": 8192,  # tiles up to this: mid_warps
     "mid_warps": 4,
-    "wide_warps": 16,  # tiles above mid_bytes
+    "wide_warps": {"4": 16, "2": 16},  # tiles above mid_bytes, by element size
     "widest_fp32": [16384, 32],  # fp32 rows of at least this many columns: these warps
     "split": {"4": [16384, 16], "2": [8192, 8]},  # (columns, warps) per program of a split row, by element size
     "split_pairs": [8192, 4],  # bf16 rows of even width held as int32 pairs
@@ -108,7 +108,7 @@ def warps(elements: int, itemsize: int, p: dict) -> int:
     if nbytes <= p["mid_bytes"]:
         return p["mid_warps"]
     widest, widest_warps = p["widest_fp32"]
-    return widest_warps if itemsize == 4 and elements >= widest else p["wide_warps"]
+    return widest_warps if itemsize == 4 and elements >= widest else p["wide_warps"][str(itemsize)]
 
 
 def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Plan:
