@@ -349,6 +349,10 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     assert on_h200(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)  # maxnreg
     assert on_h200(16384, bf16) == st.Plan("rows", 16384, 1, 16, maxnreg=40, hold=True)  # held_bf16
     assert on_h200(16384, f16) == st.Plan("rows", 16384, rows=1, num_warps=16, maxnreg=40)  # maxnreg
+    # A cap holds for the warps it was fitted at: fp16 rows of 16 384 on 8 warps under the cap of 16 spilled (3.16x)
+    on_8 = {**h200, "wide_warps": {"4": 8, "2": 8}}
+    assert plans.choose_forward(16384, 2, False, None, on_8) == st.Plan("rows", 16384, rows=1, num_warps=8)
+    assert plans.choose_forward(512, 2, False, None, {**on_8, "short_warps": {"4": 1, "2": 2}}).maxnreg is None
     assert st.backward_plan(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4)  # no caps backward
     assert on_h200(16385, bf16) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
     assert on_h200(32768, bf16) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)

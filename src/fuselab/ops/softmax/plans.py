@@ -38,7 +38,9 @@ DEFAULTS: dict[str, object] = {
     "loop": [4096, 8],  # looped kernel: (columns per step, warps)
     # Fitted to one GPU's registers and SMs, so none by default (plans/nvidia-h200-sm90.json has the H200's):
     "ahead": {},  # {"itemsize": [padded width, warps]}: fp16 rows from that width run persistent, a row ahead
-    "maxnreg": {},  # {"itemsize:padded width": registers}: a cap on the forward rows kernel's registers per thread
+    # {"itemsize:padded width": [registers, warps]}: a cap on the forward rows kernel's registers per thread, for plans
+    # on the warps it was fitted at (on fewer, each thread holds more values and spills: 3.16x on the H200)
+    "maxnreg": {},
     "held_bf16": {},  # {"padded width": [warps, cap or None]}: bf16 rows held in bf16 between the passes
     "edge_min_bytes": 128,  # misaligned rows at least this long: an aligned bulk of 16-byte vectors + edges
     "edge_warp_bytes": 4096,  # rows read with edges, shorter than a tile: at most one warp per this many tile bytes
@@ -136,7 +138,8 @@ def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: di
     """The forward plan for rows of `width` elements of `itemsize` bytes (bf16: bfloat16 storage). sms: the GPU's
     SM count where programs can wait for each other (split rows), None where they cannot (the interpreter). reads:
     how the rows are read (READS); the register caps (`maxnreg`) and rows one ahead (`ahead`, which has no edges
-    path: it would read a misaligned row element by element) hold for rows read in vectors only."""
+    path: it would read a misaligned row element by element) hold for rows read in vectors only, and a cap for the
+    warps it was fitted at only."""
     block = next_power_of_2(width)
     if block <= p["row_max"]:
         if bf16 and str(block) in p["held_bf16"]:
@@ -145,8 +148,9 @@ def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: di
         ahead = p["ahead"].get(str(itemsize)) if not bf16 and reads == "vectors" else None
         if ahead and block >= ahead[0]:
             return Plan("rows_ahead", block, 1, ahead[1])
+        plan = rows_plan(block, itemsize, p, reads)
         cap = p["maxnreg"].get(f"{itemsize}:{block}") if reads == "vectors" else None
-        return replace(rows_plan(block, itemsize, p, reads), maxnreg=cap)
+        return replace(plan, maxnreg=cap[0] if cap and cap[1] == plan.num_warps else None)
     if bf16 and width % 2 == 0:
         kernel, (chunk, num_warps) = "split_pairs", p["split_pairs"]
     else:
