@@ -1024,6 +1024,46 @@ def test_small_tensors_get_fewer_rows_a_program() -> None:
         assert got == rows or -(-n_rows // (2 * got)) * warps < least <= -(-n_rows // got) * warps or got == 1
 
 
+def test_split_rows_of_few_rows_get_finer_spans() -> None:
+    """A split plan's spans are halved, down to split_fill[1] columns, while the grid holds fewer than split_fill[0]
+    programs per SM, and never into more spans than SMs; split_fill[0] = 0 (the default) never halves; the tuner times
+    the spans the launcher makes."""
+    from fuselab.ops.softmax import tune
+
+    p = {**plans.DEFAULTS, "split_fill": [3, 4096]}
+    assert plans.split_chunk(16384, 104, 36799, 132, plans.DEFAULTS) == 16384
+    assert plans.split_chunk(16384, 104, 36799, 132, p) == 8192  # 312 programs -> 520 (3 per SM: 396)
+    assert plans.split_chunk(16384, 591, 43468, 132, p) == 16384  # 1773 programs already
+    assert plans.split_chunk(16384, 1, 2**20, 132, p) == 8192  # 128 spans; 256 would not fit at once
+    assert plans.split_chunk(8192, 1, 40000, 132, p) == 4096  # down to split_fill[1] at most
+    for rows, width, chunk in itertools.product((1, 7, 100, 500, 5000), (32769, 50257, 151936, 10**6), (8192, 16384)):
+        got = plans.split_chunk(chunk, rows, width, 132, p)
+        assert 4096 <= got <= chunk and chunk % got == 0 and -(-width // got) <= max(132, -(-width // chunk))
+        assert plans.split_chunk(got, rows, width, 132, p) == got  # the launcher applies it to the tuner's plan again
+    x = torch.empty(104, 36799)
+    assert tune.launched_plan(x, torch.empty_like(x), p, 132).plan == plans.Plan("split", 8192, 1, 16)
+    assert tune.launched_plan(x, torch.empty_like(x), plans.DEFAULTS, 132).plan == plans.Plan("split", 16384, 1, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_split_rows_in_finer_spans_stay_right(dtype: torch.dtype) -> None:
+    """Few wide rows split finer (split_fill), one by one, in pairs (bf16 of even width) and with edges (x[:, 1:]):
+    against the reference, into NaN-poisoned outputs, with the rules that halve the spans and without."""
+    base = launch.params(torch.device("cuda"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tol = SOFTMAX.tolerance[dtype]
+    for (rows, width), offset in itertools.product(((104, 36799), (3, 50258), (1, 151937), (40, 65536)), (0, 1)):
+        x, _ = _rows_at_offset(rows, width, offset, dtype, seed=43)
+        read = launch.reads(x, x, min_bytes=base["edge_min_bytes"])
+        for rules in (base, {**base, "split_fill": [6, 2048]}):
+            plan = plans.choose_forward(width, x.element_size(), dtype == torch.bfloat16, sms, rules, read)
+            assert plan.kernel.startswith("split"), plan
+            y = torch.full_like(x, float("nan"))
+            st.launch_forward(x, y, plan, rules)
+            assert rel_err(y, reference(x)) <= tol, f"{plan} {rules['split_fill']} {dtype} {rows}x{width}+{offset}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_small_tensors_in_smaller_tiles_stay_right(dtype: torch.dtype) -> None:

@@ -201,24 +201,34 @@ def _rows_ahead(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch
 def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     n_cols = int(x.shape[1])
     pairs = plan.kernel == "split_pairs" and in_pairs(x, y)  # else one by one
-    # spans: multiples of 16 elements (16-byte vectors, and Triton sees the span argument divisible by 16)
-    split, span, chunk = plans.split_spans(n_cols // 2 if pairs else n_cols, plan.block // (2 if pairs else 1), 16)
-    if x.is_cuda and split > sm_count(x.device.index):  # all chunks of a row must fit on the GPU at once
-        raise ValueError(f"softmax triton: {split} chunks of {span} per row > {sm_count(x.device.index)} SMs")
-    meta = {"SPLIT": split, "SPLIT_P2": triton.next_power_of_2(split), "CHUNK": chunk, "PTX": not interpreted()}
-    meta["num_warps"] = plan.num_warps
+    sms = sm_count(x.device.index) if x.is_cuda else None
     if pairs:
         kernel, fixed = _forward_split_pairs_kernel, (n_cols // 2, x.stride(0) // 2, y.stride(0) // 2)
+        edge_meta = {}
     else:
-        kernel, fixed = _forward_split_kernel, (n_cols, x.stride(0), y.stride(0), span)
-        meta.update(EDGES=edges(x, y, min_bytes=p["edge_min_bytes"]), VEC=vector(x))
+        kernel, fixed = _forward_split_kernel, (n_cols, x.stride(0), y.stride(0))
+        edge_meta = {"EDGES": edges(x, y, min_bytes=p["edge_min_bytes"]), "VEC": vector(x)}
+
+    @functools.cache
+    def spans(chunk: int) -> tuple[int, tuple, dict]:
+        """(programs per row, the kernel's fixed arguments, its meta) for spans of at most `chunk` columns."""
+        # multiples of 16 elements (16-byte vectors, and Triton sees the span argument divisible by 16)
+        split, span, padded = plans.split_spans(n_cols // 2 if pairs else n_cols, chunk // (2 if pairs else 1), 16)
+        if sms is not None and split > sms:  # all chunks of a row must fit on the GPU at once
+            raise ValueError(f"softmax triton: {split} chunks of {span} per row > {sms} SMs")
+        meta = {"SPLIT": split, "SPLIT_P2": triton.next_power_of_2(split), "CHUNK": padded, "PTX": not interpreted()}
+        return split, fixed if pairs else (*fixed, span), {**meta, **edge_meta, "num_warps": plan.num_warps}
+
+    spans(plan.block)  # refuses a plan whose spans do not fit, at once
 
     def launch(x: torch.Tensor, y: torch.Tensor) -> None:
         # kept from call to call (no allocation, no memset: the kernel leaves its counters zeros), so a call replays
         n_rows = x.shape[0]
+        fill = sms is not None and isinstance(n_rows, int)  # a symbolic row count (torch.compile) keeps the plan's
+        split, args, meta = spans(plans.split_chunk(plan.block, n_rows, n_cols, sms, p) if fill else plan.block)
         stats = launcher.workspace("softmax split stats", 2 * n_rows * split, torch.float32, x.device)
         sync = launcher.workspace("softmax split sync", 1 + n_rows, torch.int32, x.device)
-        wrap_triton(kernel)[(n_rows * split,)](x, y, stats[: n_rows * split], stats[n_rows * split :], sync, *fixed,
+        wrap_triton(kernel)[(n_rows * split,)](x, y, stats[: n_rows * split], stats[n_rows * split :], sync, *args,
                                                **meta)  # fmt: skip
 
     return launch

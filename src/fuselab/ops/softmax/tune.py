@@ -55,6 +55,8 @@ CANDIDATES: dict[str, dict] = {
     "split 16-bit 16384": {"split": {"4": [16384, 16], "2": [16384, 16]}},
     "split pairs 8 warps": {"split_pairs": [8192, 8]},
     "split pairs 16384": {"split_pairs": [16384, 8]},
+    "split fill 3 per SM": {"split_fill": [3, 4096]},
+    "split fill 6 per SM": {"split_fill": [6, 4096]},
     "loop 8192": {"loop": [8192, 16]},
     "no edges": {"edge_min_bytes": 2**40},
     # Where the committed draw (docs/ops/softmax.md) lost: rows read element by element (millions of rows of 5-12),
@@ -131,7 +133,8 @@ def tune_shape(
 @dataclass(frozen=True)
 class Launched:
     """What a candidate's rules make the launcher run on one tensor: the plan (rows per program as launched, after
-    `plans.fill_rows`), how rows are read (plans.READS: "edges" turns on the kernel's edge path)."""
+    `plans.fill_rows`; a split row's spans after `plans.split_chunk`), how rows are read (plans.READS: "edges" turns
+    on the kernel's edge path)."""
 
     plan: plans.Plan
     reads: str
@@ -147,6 +150,8 @@ def launched_plan(x: torch.Tensor, y: torch.Tensor, p: dict, sms: int | None) ->
     plan = plans.choose_forward(int(x.shape[1]), x.element_size(), x.dtype == torch.bfloat16, sms, p, read)
     if plan.kernel == "rows" and sms is not None:
         plan = replace(plan, rows=plans.fill_rows(plan.rows, plan.num_warps, int(x.shape[0]), sms, p))
+    if plan.kernel in ("split", "split_pairs") and sms is not None:
+        plan = replace(plan, block=plans.split_chunk(plan.block, int(x.shape[0]), int(x.shape[1]), sms, p))
     return Launched(plan, read)
 
 
