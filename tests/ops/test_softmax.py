@@ -901,7 +901,8 @@ def test_tuner_scores_candidates_and_writes_parameters(tmp_path, monkeypatch: py
     """The tuner at tiny sizes on the CPU, its cases measured and chosen from as `fuselab tune` does: each
     candidate's plan is checked and timed beside torch.softmax, every candidate gets a score (>= 1: time over the
     best; the chosen ones together too, where more than one), and the table it would write holds rule parameters
-    (the keys of plans.DEFAULTS), which launchers read back through tuning.params."""
+    (the keys of plans.DEFAULTS), which launchers read back through tuning.params; a held-out check times the
+    candidates it names beside the defaults only."""
     from fuselab.ops import tuning
     from fuselab.ops.softmax import plans, tune
 
@@ -922,6 +923,13 @@ def test_tuner_scores_candidates_and_writes_parameters(tmp_path, monkeypatch: py
     tuning.write_table(tmp_path, "bad-sm90", {"block_for_width_50257": 7}, {})
     with pytest.raises(ValueError, match="unknown parameters"):
         tuning.params(plans.DEFAULTS, tmp_path, "bad-sm90")
+    # A held-out check (`fuselab tune --check`) times the named candidates alone beside the rules as they stand
+    (held,) = tune.cases([(5, 300)], [torch.float32])
+    checked = tune.measure(held, torch.device("cpu"), True, False, only=["tile 8 KiB"])
+    assert set(checked["by_candidate"]) == {"defaults", "tile 8 KiB"}
+    assert checked["plans"] and all(isinstance(ms, float) for ms in checked["plans"].values())
+    with pytest.raises(ValueError, match="no candidate nothing"):
+        tune.measure(held, torch.device("cpu"), True, False, only=["nothing"])
 
 
 @pytest.mark.gpu

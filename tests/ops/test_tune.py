@@ -118,6 +118,52 @@ def test_tune_journal_resumes_a_run_cut_short_and_chooses_as_one_run(tmp_path, m
     assert "tune.json: give FILE.jsonl" in capsys.readouterr().err
 
 
+def test_tune_check_times_the_choice_on_held_out_shapes_and_drops_it_where_it_slows_one(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """--check: the winner of the tuning cases ("fragile", small shapes) is timed alone beside the rules as they stand
+    ("middle") at the held-out shapes; it fails its check at 20 000 elements, which drops it. The held-out
+    measurements go to the journal apart (a resumed run takes both from it), a held-out case that fails is counted
+    apart, and a tuner that cannot check is refused."""
+    measured = tmp_path / "measured.jsonl"
+    monkeypatch.setenv("TOY_TUNER_LOG", str(measured))
+    journal = tmp_path / "tune.jsonl"
+    args = ["tune", TOY, "--shape", "10", "--shape", "30", "--dry-run", "--journal", str(journal)]
+    assert main([*args, "--check", "20000,50"]) == 0
+    out = capsys.readouterr().out
+    assert "checking fragile on 2 held-out case(s)" in out
+    assert re.search(
+        r"held out: fragile: at most 10\.000x the rules as they stand \(toy float32 \(20000,\)\): dropped", out
+    )
+    assert "'params': {'candidate': 'middle'}" in out
+    calls = [json.loads(line) for line in measured.read_text().splitlines()]
+    assert [(c["case"]["shape"], c["only"]) for c in calls] == [
+        ([10], []),
+        ([30], []),
+        ([20000], ["fragile"]),
+        ([50], ["fragile"]),
+    ]
+    assert [json.loads(line).get("only") for line in journal.read_text().splitlines()] == [
+        None,
+        None,
+        ["fragile"],
+        ["fragile"],
+    ]
+    measured.write_text("")
+    assert main([*args, "--check", "20000,50"]) == 0
+    again = capsys.readouterr().out
+    assert "2 of 2 case(s) taken from" in again and again.count("taken from") == 2 and not measured.read_text()
+    assert again.split("held out: ")[1] == out.split("held out: ")[1]
+    assert main([*args, "--check", "50,40"]) == 0  # it holds at small held-out shapes: kept
+    assert re.search(r"held out: fragile: at most 0\.\d+x .*: kept", capsys.readouterr().out)
+    assert main([*args, "--check", "50,13"]) == 1
+    assert "0 of 2 and 1 of 2 held-out case(s) failed to measure" in capsys.readouterr().err
+    monkeypatch.setattr(toy_tuner, "choose", lambda measurements: ({}, {}))  # no held_out: cannot check
+    monkeypatch.setattr(tuning, "load_tuner", lambda spec: toy_tuner)
+    assert main([*args, "--check", "random:3"]) == 2
+    assert "cannot check its choice on held-out shapes (--check)" in capsys.readouterr().err
+
+
 def test_tune_finds_tuners_by_op_and_names_those_that_have_one(capsys) -> None:
     with_tuner = tuning.tuner_ops()
     assert with_tuner and all(importlib.util.find_spec(get_op(name).tuner) for name in with_tuner)
@@ -289,6 +335,23 @@ def test_softmax_a_candidate_that_slows_any_case_down_is_not_taken_however_much_
     measurements[2]["by_candidate"]["scalar wide from 32"] = "S2"
     measurements[2]["plans"]["S2"] = 1.03
     assert tune.choose(measurements)[1]["chosen"] == ["scalar wide from 32", "widest fp32 from 32768"]
+    # Held out (measure's `only`: the chosen beside the defaults): 1.2x at a case not tuned on drops "widest fp32
+    # from 32768", and its overrides go with it; "scalar wide from 32", changing no held-out launch, stays
+    held_cases = tune.cases([(2451, 8831), (600, 7777)], [torch.float32])
+    held_out = [
+        {"case": case, "plans": {"D": 1.0, "W": ms}, "peers": {"torch": 2.0}, "base": plans.DEFAULTS,
+         "by_candidate": {"defaults": "D", "widest fp32 from 32768": "W", "scalar wide from 32": "D"}}
+        for case, ms in zip(held_cases, (0.7, 1.2), strict=True)
+    ]  # fmt: skip
+    params, evidence = tune.choose(measurements, held_out=held_out)
+    assert evidence["chosen"] == ["scalar wide from 32"] and evidence["winner"] == "scalar wide from 32"
+    assert params["widest_fp32"] == plans.DEFAULTS["widest_fp32"] and params["scalar_wide"] == [32, 1]
+    assert evidence["checked"]["dropped"] == ["widest fp32 from 32768"]
+    assert evidence["checked"]["slowest"] == {
+        "widest fp32 from 32768": {"ratio": pytest.approx(1.2), "case": held_cases[1]},
+        "scalar wide from 32": {"ratio": 1.0, "case": None},
+    }
+    assert evidence["checked"]["shapes"] == [[2451, 8831], [600, 7777]]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on -inf - -inf

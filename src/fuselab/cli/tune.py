@@ -29,6 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--shapes", metavar="random:N", help="else N random shapes (default: the tuner's shapes, else random:12)"
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the random draw (check on another seed)")
+    p.add_argument(
+        "--check", metavar="random:N|SHAPE,...",
+        help="held-out shapes (a draw of --check-seed, or a list): the chosen candidates are timed there too, and any "
+        "that slows one of them down is dropped",
+    )  # fmt: skip
+    p.add_argument("--check-seed", type=int, help="seed of the held-out draw (default: --seed + 1)")
     p.add_argument("--part", action="append", help="tune only these parts of the op's plans (attention: fwd, dkdv, dq)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-compile", action="store_true", help="do not time torch.compile beside (faster)")
@@ -52,24 +58,38 @@ def run(args: argparse.Namespace) -> int:
     cases = distributed.broadcast(tuner.cases(_shapes(args, tuner), dtypes, **extra))  # rank 0's, on every rank
     if not cases:
         raise ValueError(f"the tuner of {args.op} made no cases of these shapes and dtypes")
+    check_cases: list = []
+    if args.check:
+        if not tuning.checks_held_out(tuner):
+            raise ValueError(f"the tuner of {args.op} cannot check its choice on held-out shapes (--check)")
+        seed = args.seed + 1 if args.check_seed is None else args.check_seed
+        held_out = _check_shapes(args.check, seed, args, tuner)
+        check_cases = distributed.broadcast(tuner.cases(held_out, dtypes, **extra))
     spread = f", spread over {distributed.world_size()} ranks" if distributed.active() else ""
     if distributed.is_main():
         print(f"tuning {args.op}: {len(cases)} case(s) on {device}{spread}", flush=True)
     tuned = tuning.tune(
         tuner, cases, device, args.quick, not args.no_compile, log=lambda line: print(line, flush=True),
-        journal=args.journal,
+        journal=args.journal, check_cases=check_cases,
     )  # fmt: skip
     if tuned is None:  # not rank 0: it measured its share; rank 0 chooses and writes
         return 0
     if tuned.failed:  # each was logged where it failed; the count (and, from other ranks, which) here
-        print(f"{len(tuned.failed)} of {len(cases)} case(s) failed to measure", file=sys.stderr)
+        held_out = sum(1 for failure in tuned.failed if failure.get("held_out"))
+        also = f" and {held_out} of {len(check_cases)} held-out" if held_out else ""
+        print(f"{len(tuned.failed) - held_out} of {len(cases)}{also} case(s) failed to measure", file=sys.stderr)
         for failure in tuned.failed if distributed.active() else ():
             label = tuning.describe(tuner, failure["case"])
             print(f"  {label} (rank {failure['rank']}): {failure['error']}", file=sys.stderr)
-    if len(tuned.failed) == len(cases):
+    if not tuned.params and not tuned.evidence:
         print(f"fuselab tune: every case failed ({len(cases)}); no table written", file=sys.stderr)
         return 1
     evidence = tuned.evidence
+    checked = evidence.get("checked", {})
+    for name, worst in checked.get("slowest", {}).items():
+        where = tuning.describe(tuner, worst["case"]) if worst["case"] else "no held-out launch changed"
+        verdict = "dropped" if name in checked["dropped"] else "kept"
+        print(f"held out: {name}: at most {worst['ratio']:.3f}x the rules as they stand ({where}): {verdict}")
     if "winner" in evidence:
         scores = sorted(evidence.get("scores", {}).items(), key=lambda kv: kv[1])
         print(f"winner: {evidence['winner']}; scores (geomean time / best): "
@@ -99,3 +119,10 @@ def _shapes(args: argparse.Namespace, tuner: object) -> list[Shape]:
     if n is None or random_shape is None:
         raise ValueError("give --shape, or --shapes random:N for an op with a random_shape")
     return draw_shapes(random_shape, n, args.seed)
+
+
+def _check_shapes(spec: str, seed: int, args: argparse.Namespace, tuner: object) -> list[Shape]:
+    """--check: "random:N" (a draw of `seed`, as --shapes draws) or shapes separated by commas."""
+    if spec.startswith("random:"):
+        return _shapes(argparse.Namespace(**{**vars(args), "shape": None, "shapes": spec, "seed": seed}), tuner)
+    return [parse_shape(s) for s in spec.split(",") if s.strip()]

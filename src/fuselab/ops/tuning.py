@@ -15,6 +15,12 @@ them over the ranks of a torchrun group (bench.distributed) and still choose exa
     choose(measurements) -> (params, evidence)  the table's parameters from every case's measurement, in the cases'
                                                    order; evidence holds 'winner' and 'scores' where there is one
 
+A tuner that can check its choice on cases it was not tuned on (`fuselab tune --check`: a held-out draw) also takes
+
+    measure(..., only=[name, ...])              the named candidates alone, beside the rules as they stand
+    choose(measurements, held_out=[...])        the choice again, without the chosen candidates (evidence
+                                                   'chosen') that slow a held-out case down
+
 and optionally: devices (the device types it can time on; default ("cuda",)), default_dtypes, default_shapes (used
 when no --shape/--shapes is given), cost(case) (estimated seconds, for the split), describe(case) and
 summary(measurement) (one line each, for progress), table_key(device) and write(params, evidence, device) -> path
@@ -245,16 +251,27 @@ def candidates_digest(tuner: object) -> str:
     return hashlib.sha256(repr(getattr(tuner, "CANDIDATES", "")).encode()).hexdigest()[:16]
 
 
-def read_journal(path: Path, device_name: str, candidates: str) -> dict[str, dict]:
-    """The measurements a tuning journal (a results log, bench.log) holds for `device_name` and the tuner's
-    `candidates_digest`, by case_key (the last line of a case wins); a missing file holds none, and a line cut short
-    by a killed run is left out."""
+def checks_held_out(tuner: object) -> bool:
+    """True for a tuner whose measure takes `only` and choose `held_out` (it can check its choice on held-out cases)."""
+    import inspect
+
+    return all(
+        callable(getattr(tuner, f, None)) and arg in inspect.signature(getattr(tuner, f)).parameters
+        for f, arg in (("measure", "only"), ("choose", "held_out"))
+    )
+
+
+def read_journal(path: Path, device_name: str, candidates: str, only: list[str] | None = None) -> dict[str, dict]:
+    """The measurements a tuning journal (a results log, bench.log) holds for `device_name`, the tuner's
+    `candidates_digest` and the candidates measured (`only`: a held-out check's; None: all), by case_key (the last
+    line of a case wins); a missing file holds none, and a line cut short by a killed run is left out."""
     from fuselab.bench.log import case_key, load_records
 
     return {
         case_key(entry["case"]): {k: entry[k] for k in ("case", "rank", "measurement")}
         for entry in load_records(path)
-        if (entry.get("device"), entry.get("candidates")) == (device_name, candidates) and "measurement" in entry
+        if (entry.get("device"), entry.get("candidates"), entry.get("only")) == (device_name, candidates, only)
+        and "measurement" in entry
     }
 
 
@@ -266,6 +283,7 @@ def tune(
     compile_peer: bool,
     log: Callable[[str], None] = print,
     journal: Path | None = None,
+    check_cases: Sequence[object] = (),
 ) -> Tuned | None:
     """Measure every case and choose. Under torchrun (bench.distributed active) the cases are split over the ranks
     by the tuner's cost, each rank measures its share on its own GPU, and rank 0 gathers every measurement and
@@ -273,7 +291,10 @@ def tune(
     raises is logged and listed in `failed` (and the evidence), not fatal to the rest. Without a group: every case
     here, in order. `journal` (FILE.jsonl): each case's measurement is appended as it is made, and the cases it
     already holds measured on this device by this tuner's candidates are taken from it, not measured again (a run
-    cut short resumes; a journal of other candidates is measured again)."""
+    cut short resumes; a journal of other candidates is measured again). `check_cases` (held-out cases, for a tuner
+    that `checks_held_out`): the chosen candidates (evidence "chosen") are measured there too, alone beside the rules
+    as they stand, and choose is asked again with those measurements; a held-out case that fails is listed in
+    `failed` with "held_out": True."""
     from fuselab.bench import distributed
     from fuselab.bench.log import append_record, case_key, repair_log
 
@@ -283,16 +304,12 @@ def tune(
     candidates = candidates_digest(tuner)
     if journal and distributed.is_main():
         repair_log(journal)  # a line cut short by a killed run goes, so the next append starts a line of its own
-    kept = read_journal(journal, device_name, candidates) if journal else {}
-    todo = [case for case in cases if case_key(case) not in kept]
-    if kept and distributed.is_main():
-        log(f"{len(cases) - len(todo)} of {len(cases)} case(s) taken from {journal}")
 
-    def work(i: int, case: object) -> dict:
+    def work(i: int, case: object, only: list[str] | None = None) -> dict:
         label = describe(tuner, case)
         start = time.perf_counter()
         try:
-            measured = tuner.measure(case, device, quick, compile_peer)
+            measured = tuner.measure(case, device, quick, compile_peer, **({"only": only} if only else {}))
         except Exception as exc:  # a case that cannot run here (a compile error): reported, not fatal
             error = f"{type(exc).__name__}: {exc}"[:300]
             log(f"{tag}{label}: failed: {error}")
@@ -301,20 +318,45 @@ def tune(
         log(f"{tag}{label}: {line} ({time.perf_counter() - start:.1f} s)")
         result = {"case": case, "rank": distributed.rank(), "measurement": measured}
         if journal:  # one write per line: ranks append to one file without mixing lines
-            append_record(journal, {"device": device_name, "candidates": candidates, **result})
+            append_record(journal, {"device": device_name, "candidates": candidates, **result,
+                                    **({"only": only} if only else {})})  # fmt: skip
         return result
 
-    measured = distributed.spread(todo, work, cost=cost)
-    if measured is None:
-        return None
-    by_key = {**kept, **{case_key(r["case"]): r for r in measured}}
-    results = [by_key[case_key(case)] for case in cases]
+    def run(some: Sequence[object], only: list[str] | None) -> list[dict] | None:
+        """Every case's result in order (rank 0; None elsewhere), those in the journal taken from it."""
+        kept = read_journal(journal, device_name, candidates, only) if journal else {}
+        todo = [case for case in some if case_key(case) not in kept]
+        if kept and distributed.is_main():
+            log(f"{len(some) - len(todo)} of {len(some)} case(s) taken from {journal}")
+        measured = distributed.spread(todo, functools.partial(work, only=only), cost=cost)
+        if measured is None:
+            return None
+        by_key = {**kept, **{case_key(r["case"]): r for r in measured}}
+        return [by_key[case_key(case)] for case in some]
+
+    results = run(cases, None)
+    tuned = None if results is None else _choose(tuner, results)
+    if check_cases:  # every rank measures its share of the held-out cases: rank 0 says which candidates
+        only = distributed.broadcast(list(tuned.evidence.get("chosen", ())) if tuned else None)
+        if only:
+            if distributed.is_main():
+                log(f"checking {' + '.join(only)} on {len(check_cases)} held-out case(s)")
+            checked = run(check_cases, only)
+            if checked is not None and tuned is not None:
+                tuned = _choose(tuner, results, checked)
+    return tuned
+
+
+def _choose(tuner: object, results: Sequence[dict], checked: Sequence[dict] = ()) -> Tuned:
+    """The tuner's choice from the cases' results (and the held-out cases' `checked`, if any), with the failures."""
     failed = [{k: r[k] for k in ("case", "rank", "error")} for r in results if "error" in r]
+    failed += [{**{k: r[k] for k in ("case", "rank", "error")}, "held_out": True} for r in checked if "error" in r]
     measurements = [r["measurement"] for r in results if "error" not in r]
     ranks = [r["rank"] for r in results]
     if not measurements:
         return Tuned({}, {}, failed, ranks)
-    params, evidence = tuner.choose(measurements)
+    held_out = [r["measurement"] for r in checked if "error" not in r]
+    params, evidence = tuner.choose(measurements, held_out=held_out) if checked else tuner.choose(measurements)
     evidence = dict(evidence)
     if failed:
         evidence["failed"] = failed

@@ -83,10 +83,16 @@ def candidate_params(overrides: dict, base: dict | None = None) -> dict:
 
 
 def tune_shape(
-    shape: Shape, dtype: torch.dtype, device: torch.device, compile_peer: bool, timing: dict
+    shape: Shape,
+    dtype: torch.dtype,
+    device: torch.device,
+    compile_peer: bool,
+    timing: dict,
+    names: Sequence[str] | None = None,
 ) -> dict[str, object]:
-    """Time the distinct plans of every candidate at `shape` beside the peers; returns {"plans": {plan: ms or
-    error}, "by_candidate": {name: plan}, "peers": {name: ms}}, each plan named by its repr."""
+    """Time the distinct plans of every candidate (or of `names`, with "defaults") at `shape` beside the peers;
+    returns {"plans": {plan: ms or error}, "by_candidate": {name: plan}, "peers": {name: ms}}, each plan named by its
+    repr."""
     from fuselab.bench.compiled import WatchedCompile
     from fuselab.bench.timer import benchmark_side_by_side
 
@@ -97,7 +103,8 @@ def tune_shape(
     sms = launch.sm_count(device.index) if launch.can_wait(device) else None
     y = torch.empty_like(x)
     base = launch.params(device)  # this GPU's table over the defaults: a candidate changes it, never drops it
-    by_candidate = {name: launched_plan(x, y, candidate_params(o, base), sms) for name, o in CANDIDATES.items()}
+    named = CANDIDATES if names is None else {n: CANDIDATES[n] for n in dict.fromkeys(["defaults", *names])}
+    by_candidate = {name: launched_plan(x, y, candidate_params(o, base), sms) for name, o in named.items()}
     # each launch with the rules of the first candidate that makes it (reversed: the first one written last wins)
     rules = {launched: candidate_params(CANDIDATES[name], base) for name, launched in reversed(by_candidate.items())}
     calls: dict[object, Callable[[], object]] = {}
@@ -185,11 +192,17 @@ def cost(case: dict) -> float:
     return case_cost(impls=calls, nbytes=calls * nbytes)
 
 
-def measure(case: dict, device: torch.device, quick: bool, compile_peer: bool) -> dict:
-    """`tune_shape` at one case: {"case": case, "plans", "by_candidate", "peers"} (JSON-able)."""
+def measure(
+    case: dict, device: torch.device, quick: bool, compile_peer: bool, only: Sequence[str] | None = None
+) -> dict:
+    """`tune_shape` at one case: {"case": case, "plans", "by_candidate", "peers"} (JSON-able); `only`: those
+    candidates beside the defaults (a held-out check of a choice)."""
     timing = {"warmup_ms": 10, "rep_ms": 20, "min_reps": 3} if quick else {"warmup_ms": 30, "rep_ms": 100}
     shape, dtype = tuple(case["shape"]), parse_dtype(case["dtype"])
-    return {"case": case, **tune_shape(shape, dtype, device, compile_peer, timing)}
+    unknown = set(only or ()) - set(CANDIDATES)
+    if unknown:
+        raise ValueError(f"softmax tuner: no candidate {', '.join(sorted(unknown))}")
+    return {"case": case, **tune_shape(shape, dtype, device, compile_peer, timing, only)}
 
 
 def summary(measured: dict) -> str:
@@ -197,13 +210,17 @@ def summary(measured: dict) -> str:
     return f"best plan {best:.4f} ms, peers {measured['peers']}"
 
 
-def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
+def choose(measurements: Sequence[dict], held_out: Sequence[dict] = ()) -> tuple[dict, dict]:
     """The candidates that beat the rules as they stand (`score`), taken together where they do not meet
     (`combine`): (the rules with their overrides, evidence: scores, the winner (the chosen names joined by " + ",
     or "defaults"), chosen, the shapes and dtypes). The rules the cases were timed on (`base`: this GPU's table) stay
-    where no chosen candidate overrides them."""
+    where no chosen candidate overrides them. `held_out`: measurements of the chosen candidates at cases not tuned
+    on (measure's `only`); a candidate that slows one of them more than SLOWER_AT_MOST is dropped (evidence
+    "checked": those cases, and each candidate's worst ratio there)."""
     scores = score(measurements)
     chosen = combine(measurements, scores)
+    checked = {n: slowdown(held_out, n) for n in chosen if held_out}
+    chosen = [n for n in chosen if checked.get(n, (1.0,))[0] <= SLOWER_AT_MOST]
     if len(chosen) > 1:
         scores[" + ".join(chosen)] = combined_score(measurements, chosen)
     shapes = dict.fromkeys(tuple(m["case"]["shape"]) for m in measurements)
@@ -216,6 +233,13 @@ def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
         "shapes": [list(s) for s in shapes],
         "dtypes": list(dict.fromkeys(m["case"]["dtype"] for m in measurements)),
     }
+    if held_out:
+        evidence["checked"] = {
+            "shapes": [list(s) for s in dict.fromkeys(tuple(m["case"]["shape"]) for m in held_out)],
+            "dtypes": list(dict.fromkeys(m["case"]["dtype"] for m in held_out)),
+            "slowest": {n: {"ratio": r, "case": c} for n, (r, c) in checked.items()},
+            "dropped": [n for n, (r, _) in checked.items() if r > SLOWER_AT_MOST],
+        }
     base = measurements[0].get("base") if measurements else None
     overrides = {k: v for name in chosen for k, v in CANDIDATES[name].items()}
     return candidate_params(overrides, base), evidence
