@@ -282,7 +282,7 @@ def test_softmax_candidates_that_fix_different_cases_are_taken_together_over_the
     timed on (`base`, the GPU's table) stay under the overrides; the combination's score is its launches' times."""
     from fuselab.ops.softmax import plans, tune
 
-    base = {**plans.DEFAULTS, "maxnreg": {"2:512": [32, 4]}}
+    base = {**plans.DEFAULTS, "maxnreg": {"2:512": [4, 32]}}
     cases = tune.cases([(9, 5), (3, 9000), (5, 700)], [torch.float32])
     names = ("scalar tile 1024 x 8", "widest fp32 from 32768", "tile 2 KiB")
     launches = [  # the launch of each named candidate at each case; every other candidate launches "D"

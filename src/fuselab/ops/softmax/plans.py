@@ -41,7 +41,7 @@ DEFAULTS: dict[str, object] = {
     "loop": [4096, 8],  # looped kernel: (columns per step, warps)
     # Fitted to one GPU's registers and SMs, so none by default (plans/nvidia-h200-sm90.json has the H200's):
     "ahead": {},  # {"itemsize": [padded width, warps]}: fp16 rows from that width run persistent, a row ahead
-    # {"itemsize:padded width": [registers, warps]}: a cap on the forward rows kernel's registers per thread, for plans
+    # {"itemsize:padded width": [warps, registers]}: a cap on the forward rows kernel's registers per thread, for plans
     # on the warps it was fitted at (on fewer, each thread holds more values and spills: 3.16x on the H200)
     "maxnreg": {},
     "held_bf16": {},  # {"padded width": [warps, cap or None]}: bf16 rows held in bf16 between the passes
@@ -153,7 +153,7 @@ def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: di
             return Plan("rows_ahead", block, 1, ahead[1])
         plan = rows_plan(block, itemsize, p, reads)
         cap = p["maxnreg"].get(f"{itemsize}:{block}") if reads == "vectors" else None
-        return replace(plan, maxnreg=cap[0] if cap and cap[1] == plan.num_warps else None)
+        return replace(plan, maxnreg=cap[1] if cap and cap[0] == plan.num_warps else None)
     if bf16 and width % 2 == 0:
         kernel, (chunk, num_warps) = "split_pairs", p["split_pairs"]
     else:

@@ -46,7 +46,7 @@ CANDIDATES: dict[str, dict] = {
     "wide fp32 8 warps": {"wide_warps": {"4": 8, "2": 16}, "widest_fp32": [16384, 16]},
     "wide 32 warps": {"wide_warps": {"4": 32, "2": 32}},
     "the H200's register caps": {"maxnreg": H200["maxnreg"]},
-    "caps at 48": {"maxnreg": {key: [48, warps] for key, (_, warps) in H200["maxnreg"].items()}},
+    "caps at 48": {"maxnreg": {key: [warps, 48] for key, (warps, _) in H200["maxnreg"].items()}},
     "the H200's held bf16": {"held_bf16": H200["held_bf16"]},
     "held bf16 from 8192": {"held_bf16": {**H200["held_bf16"], "8192": [8, None]}},
     "the H200's fp16 row ahead": {"ahead": H200["ahead"]},
