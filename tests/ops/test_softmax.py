@@ -346,13 +346,19 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     def on_h200(width: int, dtype: torch.dtype) -> st.Plan:
         return plans.choose_forward(width, dtype.itemsize, dtype == bf16, None, h200)
 
-    assert on_h200(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)  # maxnreg
+    assert on_h200(512, bf16) == st.Plan("rows", 512, rows=2, num_warps=4, maxnreg=32)  # maxnreg, 2 KiB tiles
     assert on_h200(16384, bf16) == st.Plan("rows", 16384, 1, 16, maxnreg=40, hold=True)  # held_bf16
     assert on_h200(16384, f16) == st.Plan("rows", 16384, rows=1, num_warps=16, maxnreg=40)  # maxnreg
-    # A cap holds for the warps it was fitted at: fp16 rows of 16 384 on 8 warps under the cap of 16 spilled (3.16x)
-    on_8 = {**h200, "wide_warps": {"4": 8, "2": 8}}
-    assert plans.choose_forward(16384, 2, False, None, on_8) == st.Plan("rows", 16384, rows=1, num_warps=8)
-    assert plans.choose_forward(512, 2, False, None, {**on_8, "short_warps": {"4": 1, "2": 2}}).maxnreg is None
+    # A cap brings the warps it was fitted at (on 8 warps fp16 rows of 16 384 under the cap of 16 spilled, 3.16x);
+    # rows read with edges have no cap and take the rules' warps
+    on_8 = {**h200, "wide_warps": {"4": 8, "2": 8}, "short_warps": {"4": 1, "2": 2}}
+    assert plans.choose_forward(16384, 2, False, None, on_8) == st.Plan("rows", 16384, 1, num_warps=16, maxnreg=40)
+    assert plans.choose_forward(16384, 2, False, None, on_8, "edges") == st.Plan("rows", 16384, 1, num_warps=8)
+    assert plans.choose_forward(512, 2, False, None, on_8).num_warps == 4
+    # Tiles of short rows: tile_bytes, but at least least_rows rows where one fits (16-bit rows of 1024 two to a tile)
+    small = {**h200, "tile_bytes": {"4": 4096, "2": 2048}, "least_rows": {"4": 1, "2": 2}}
+    assert [plans.rows_plan(b, 2, small).rows for b in (128, 256, 512, 1024, 2048)] == [8, 4, 2, 2, 1]
+    assert [plans.rows_plan(b, 4, small).rows for b in (256, 1024, 2048)] == [4, 1, 1]
     assert st.backward_plan(512, bf16) == st.Plan("rows", 512, rows=4, num_warps=4)  # no caps backward
     assert on_h200(16385, bf16) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
     assert on_h200(32768, bf16) == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
@@ -383,11 +389,11 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     def on_h200(width: int, itemsize: int, reads: str) -> st.Plan:
         return plans.choose_forward(width, itemsize, itemsize == 2, 132, h200, reads)
 
-    assert on_h200(512, 2, "vectors") == st.Plan("rows", 512, rows=4, num_warps=4, maxnreg=32)
-    assert on_h200(325, 2, "edges") == st.Plan("rows", 512, rows=4, num_warps=1)
-    assert on_h200(524, 2, "edges") == st.Plan("rows", 1024, rows=2, num_warps=1)
+    assert on_h200(512, 2, "vectors") == st.Plan("rows", 512, rows=2, num_warps=4, maxnreg=32)
+    assert on_h200(325, 2, "edges") == st.Plan("rows", 512, rows=2, num_warps=1)
+    assert on_h200(524, 2, "edges") == st.Plan("rows", 1024, rows=2, num_warps=1)  # least_rows: two to a tile
     assert on_h200(1697, 2, "edges") == st.Plan("rows", 2048, rows=1, num_warps=4)  # a row as long as a tile
-    small = {**h200, "tile_bytes": {"4": 4096, "2": 2048}}  # a row of 1024 fills a tile alone: still one warp
+    small = {**h200, "least_rows": {"4": 1, "2": 1}}  # a row of 1024 fills a tile alone: still one warp
     assert plans.choose_forward(524, 2, True, 132, small, "edges") == st.Plan("rows", 1024, rows=1, num_warps=1)
     assert plans.choose_forward(325, 2, True, 132, small, "edges") == st.Plan("rows", 512, rows=2, num_warps=1)
     assert plans.choose_forward(1697, 2, True, 132, small, "edges") == st.Plan("rows", 2048, rows=1, num_warps=4)
@@ -400,9 +406,9 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     assert on_h200(16386, 2, "edges").hold  # held bf16 rows have an edges path
     fp16 = plans.choose_forward(16386, 2, False, 132, h200, "vectors")
     assert fp16.kernel == "rows_ahead"  # one row ahead: vectors only (it has no edges path)
-    assert plans.choose_forward(16385, 2, False, 132, h200, "edges") == st.Plan("rows", 32768, rows=1, num_warps=16)
+    assert plans.choose_forward(16385, 2, False, 132, h200, "edges") == st.Plan("rows", 32768, rows=1, num_warps=8)
     assert on_h200(25, 4, "vectors") == st.Plan("rows", 32, rows=32, num_warps=1)
-    assert plans.choose_backward(325, 2, h200, "edges") == st.Plan("rows", 512, rows=4, num_warps=1)
+    assert plans.choose_backward(325, 2, h200, "edges") == st.Plan("rows", 512, rows=2, num_warps=1)
     assert plans.choose_backward(10725, 4, h200, "edges").kernel == "rows"  # up to 16384 held whole
     assert set(plans.READS) == {"vectors", "edges", "scalars"}
     # The rows of real tensors: how the launchers see them.

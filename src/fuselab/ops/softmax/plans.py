@@ -28,6 +28,7 @@ DEFAULTS: dict[str, object] = {
     "row_max": 32768,  # widest padded row held whole by one program (forward)
     "backward_row_max": 16384,  # the backward holds y and dy
     "tile_bytes": {"4": 4096, "2": 4096},  # short rows: rows per program so that a tile moves about this many bytes
+    "least_rows": {"4": 1, "2": 1},  # ... and at least this many rows of at most tile_bytes to a tile, by element size
     "short_warps": {"4": 1, "2": 4},  # warps for a tile of tile_bytes, by element size
     "mid_bytes": 8192,  # tiles up to this: mid_warps
     "mid_warps": 4,
@@ -41,8 +42,8 @@ DEFAULTS: dict[str, object] = {
     "loop": [4096, 8],  # looped kernel: (columns per step, warps)
     # Fitted to one GPU's registers and SMs, so none by default (plans/nvidia-h200-sm90.json has the H200's):
     "ahead": {},  # {"itemsize": [padded width, warps]}: fp16 rows from that width run persistent, a row ahead
-    # {"itemsize:padded width": [warps, registers]}: a cap on the forward rows kernel's registers per thread, for plans
-    # on the warps it was fitted at (on fewer, each thread holds more values and spills: 3.16x on the H200)
+    # {"itemsize:padded width": [warps, registers]}: the forward rows kernel's warps and cap on registers per thread,
+    # fitted together (the cap on fewer warps, each thread holding more values, spilled: 3.16x on the H200)
     "maxnreg": {},
     "held_bf16": {},  # {"padded width": [warps, cap or None]}: bf16 rows held in bf16 between the passes
     "edge_min_bytes": 128,  # misaligned rows at least this long: an aligned bulk of 16-byte vectors + edges
@@ -117,7 +118,9 @@ def warps(elements: int, itemsize: int, p: dict) -> int:
 
 
 def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Plan:
-    """Whole rows of padded width `block`, several to a program up to a tile of tile_bytes[itemsize]; where `reads` is
+    """Whole rows of padded width `block`, several to a program up to a tile of tile_bytes[itemsize], and at least
+    least_rows[itemsize] where a row fits in a tile (16-bit rows of 524-601 alone in a 2 KiB tile took 1.05-1.14x the
+    time of two in 4 KiB on the H200, where rows of 129-325 took 0.76-0.94x in 2 KiB tiles); where `reads` is
     "scalars", a tile of scalar_tile's elements and warps (four elements a thread: on the H200 as fast as torch's
     or faster at widths 1-52, where tiles of 4 KiB on one warp took up to 1.6x its time). Rows read with "edges"
     that are shorter than edge_warp_bytes run on at most one warp per edge_warp_bytes of tile, whatever the tile
@@ -129,8 +132,8 @@ def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Pla
         elements, num_warps = p["scalar_tile"]
         wide_block, wide_warps = p["scalar_wide"]
         return Plan("rows", block, max(1, elements // block), wide_warps if block >= wide_block else num_warps)
-    tile = p["tile_bytes"][str(itemsize)]
-    rows = max(1, tile // (block * itemsize))
+    tile, row_bytes = p["tile_bytes"][str(itemsize)], block * itemsize
+    rows = max(tile // row_bytes, p["least_rows"][str(itemsize)]) if row_bytes <= tile else 1
     num_warps = warps(block * rows, itemsize, p)
     if reads == "edges" and block * itemsize < p["edge_warp_bytes"]:
         num_warps = min(num_warps, max(1, block * rows * itemsize // p["edge_warp_bytes"]))
@@ -141,8 +144,8 @@ def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: di
     """The forward plan for rows of `width` elements of `itemsize` bytes (bf16: bfloat16 storage). sms: the GPU's
     SM count where programs can wait for each other (split rows), None where they cannot (the interpreter). reads:
     how the rows are read (READS); the register caps (`maxnreg`) and rows one ahead (`ahead`, which has no edges
-    path: it would read a misaligned row element by element) hold for rows read in vectors only, and a cap for the
-    warps it was fitted at only."""
+    path: it would read a misaligned row element by element) hold for rows read in vectors only; a cap brings the
+    warps it was fitted at."""
     block = next_power_of_2(width)
     if block <= p["row_max"]:
         if bf16 and str(block) in p["held_bf16"]:
@@ -153,7 +156,7 @@ def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: di
             return Plan("rows_ahead", block, 1, ahead[1])
         plan = rows_plan(block, itemsize, p, reads)
         cap = p["maxnreg"].get(f"{itemsize}:{block}") if reads == "vectors" else None
-        return replace(plan, maxnreg=cap[1] if cap and cap[0] == plan.num_warps else None)
+        return replace(plan, num_warps=cap[0], maxnreg=cap[1]) if cap else plan
     if bf16 and width % 2 == 0:
         kernel, (chunk, num_warps) = "split_pairs", p["split_pairs"]
     else:
