@@ -2,7 +2,8 @@
 # A softmax plan table checked on shapes it was not tuned on (issue 27; docs/ops/softmax.md): for each dtype, the
 # SHAPES whose launches (forward, or backward) differ between the table before (BEFORE: a plans JSON file) and the
 # tree's table are benched with each table in turn, torch beside (and Liger-Kernel's softmax with the tree's table,
-# where LIGER names its unzipped wheel), forward and forward + backward, CUDA-graph replays. Everything it writes goes
+# where LIGER names its unzipped wheel), forward and forward + backward, CUDA-graph replays; the second run compares
+# itself with the first (`--compare`), and the cases past 5% slower are printed. Everything it writes goes
 # into one file, $OUT/table_check.tgz (the device machine sends back at most 8 files). Give each bench time: on a
 # machine just started one took over 40 s (compiles, ceilings). BEFORE in the tree's table format (`git show
 # <rev>:src/fuselab/ops/softmax/plans/<key>.json`, into a folder `carry` takes along). Made of the two hand-run
@@ -47,12 +48,14 @@ COMMON=(--cuda-graph --backward --rep-ms "${REP_MS:-5}" --warmup-ms 2 --rounds "
 while read -r dtype shapes; do
   [ -z "$shapes" ] && continue
   args=(); for s in $shapes; do args+=(--shape "$s"); done
-  for which in after before; do
+  for which in before after; do  # after against before: `fuselab bench --compare`, case by case (torch: the noise)
     cp "$WORK/$which.json" "$TABLE"
-    impls=torch,triton; [ "$which" = after ] && [ -n "${LIGER:-}" ] && impls=torch,triton,liger
-    timeout "$T_BENCH" python3 -m fuselab bench softmax "${args[@]}" --dtype "$dtype" --impl "$impls" "${COMMON[@]}" \
+    extra=(--impl torch,triton)
+    [ "$which" = after ] && extra=(--impl "torch,triton${LIGER:+,liger}" --compare "$WORK/before_$dtype.json")
+    timeout "$T_BENCH" python3 -m fuselab bench softmax "${args[@]}" --dtype "$dtype" "${extra[@]}" "${COMMON[@]}" \
       --out "$WORK/${which}_$dtype.json" > "$WORK/${which}_$dtype.log" 2>&1
-    echo "$which $dtype rc=$?"
+    echo "$which $dtype rc=$? (after: 1 when a case regressed)"
   done
+  grep -E "regressed" "$WORK/after_$dtype.log"
 done < "$WORK/changed.txt"
 tar czf "$OUT/table_check.tgz" -C "$WORK" .
