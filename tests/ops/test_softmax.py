@@ -685,6 +685,39 @@ def test_gpu_cuda_spans_forward_and_backward(dtype: torch.dtype) -> None:
         assert torch.equal(dx, fl.softmax_cuda_backward(y_in, dy)), f"backward repeat {rows}x{width}"
 
 
+# Short rows the CUDA impl stages through shared memory (softmax_plan.h's staged_plan): contiguous rows of no whole
+# number of 16-byte packs up to 2 KiB, from one row to more than a block's rows many times over (blocks of 8-4096
+# rows), a group of 1-32 threads a row.
+CUDA_STAGED_SHAPES = ((1, 1), (1, 12), (3, 1), (7, 5), (1553, 12), (100003, 5), (70001, 22), (5001, 577), (2049, 511),
+                      (4099, 1023), (333, 301), (65537, 3))  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_cuda_staged_rows_forward_and_backward(dtype: torch.dtype) -> None:
+    """Short rows staged through shared memory (contiguous, offset 0) and the same rows off 16-byte boundaries and
+    strided (x[:, 1:], the warp and span kernels), forward and backward into NaN-poisoned outputs, against float64;
+    a row holding -inf gives 0 there, a row all -inf gives NaN, as torch.softmax does."""
+    fl = torch.ops.fuselab
+    tol = SOFTMAX.tolerance[dtype]
+    for (rows, width), offset in itertools.product(CUDA_STAGED_SHAPES, (0, 1)):
+        x, dy = _rows_at_offset(rows, width, offset, dtype, seed=41)
+        y = fl.softmax_cuda(x)
+        assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows}x{width} offset {offset}"
+        y_in = torch.empty((rows, width + offset), dtype=dtype, device="cuda")[:, offset:].copy_(y)
+        poison_allocator(x.numel() * x.element_size(), "cuda")
+        dx = fl.softmax_cuda_backward(y_in, dy)
+        assert rel_err(dx, _exact_backward(y, dy)) <= tol, f"backward {dtype} {rows}x{width} offset {offset}"
+    (x,) = SOFTMAX.make_inputs((1000, 13), dtype, "cuda", 42)
+    x[5, 3] = float("-inf")
+    x[7] = float("-inf")
+    y = fl.softmax_cuda(x)
+    assert y[5, 3] == 0 and torch.isnan(y[7]).all() and not torch.isnan(torch.cat([y[:7], y[8:]])).any()
+    keep = torch.ones(1000, dtype=torch.bool, device="cuda")
+    keep[7] = False
+    assert rel_err(y[keep], reference(x)[keep]) <= tol
+
+
 @pytest.mark.gpu
 def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
     """Rows cut into spans meet through a scratch buffer kept per stream: a side stream gets its own, and a CUDA graph
@@ -714,20 +747,23 @@ def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
 @pytest.mark.gpu
 def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() -> None:
     """`cuda.configure` hands other span rules to the launchers without a rebuild: blocks of 128 threads holding 8
-    values, rows cut from 16 KiB into spans down to 4 KiB, one block per SM; then blocks of 1024 threads and rows
-    read one element at a time leaving the warp kernels past 256 columns. Every span shape stays right forward and
-    backward under them, rows on and off 16-byte boundaries, fp32 and bf16. Rules beyond the kernels' limits are a
-    ValueError naming them (raised in Python before the binding is called); the table's rules are put back at the
-    end."""
+    values, rows cut from 16 KiB into spans down to 4 KiB, one block per SM, no rows staged; then blocks of 1024
+    threads, rows read one element at a time leaving the warp kernels past 256 columns, and rows staged up to 2 KiB
+    in tiles of 16 KiB (bf16 3001 x 900: 57 600 bytes of shared memory a backward block). Every span shape stays
+    right forward and backward under them, rows on and off 16-byte boundaries, fp32 and bf16. Rules beyond the
+    kernels' limits are a ValueError naming them (raised in Python before the binding is called); the table's rules
+    are put back at the end."""
     fl = torch.ops.fuselab
     index = torch.cuda.current_device()
     table = cuda.span_rules(index)
     assert set(table) == set(cuda.SPAN_RULES)
     small = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
-             "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024}  # fmt: skip
-    wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256}
+             "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024,
+             "staged_row_bytes": 0, "staged_tile_bytes": 256}  # fmt: skip
+    wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
+            "staged_row_bytes": 2048, "staged_tile_bytes": 16384}  # fmt: skip
     shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
-              (3, 1100001))  # fmt: skip
+              (3, 1100001), (3001, 900), (20001, 7))  # fmt: skip
     try:
         for rules, dtype, (rows, width), offset in itertools.product(
             (small, wide), (torch.float32, torch.bfloat16), shapes, (0, 1)
@@ -1099,7 +1135,9 @@ CXX = shutil.which("c++") or shutil.which("g++")
 CUDA_PLAN_SHIM = """
 #include "softmax_plan.h"
 using namespace fuselab::softmax_plan;
-SpanRules rules_of(const int64_t* r) { return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7]}; }
+SpanRules rules_of(const int64_t* r) {
+  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]};
+}
 extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
                      int64_t* out) {
   const SpanPlan p = backward ? backward_plan(rows, width, vec, itemsize, sms, rules_of(r))
@@ -1112,6 +1150,10 @@ extern "C" void scratch(int64_t rows, int64_t width, int itemsize, int sms, int 
   out[0] = e.counters; out[1] = e.partials;
 }
 extern "C" int valid(const int64_t* r) { return valid_rules(rules_of(r)); }
+extern "C" void staged(int64_t width, int itemsize, int backward, const int64_t* r, int64_t* out) {
+  const StagedPlan p = staged_plan(width, itemsize, rules_of(r));
+  out[0] = p.rows; out[1] = p.group; out[2] = staged_smem_bytes(p, width, itemsize, backward != 0);
+}
 extern "C" int warp(int64_t width, int itemsize, int vectorized, int backward, const int64_t* r) {
   return warp_rows(width, itemsize, vectorized != 0, backward != 0, rules_of(r));
 }
@@ -1121,7 +1163,7 @@ DEFAULT_SPAN_RULES = plans.DEFAULTS["cuda_spans"]
 
 @pytest.fixture(scope="module")
 def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
-    """(plan, scratch, valid, warp): the CUDA plan rules as Python functions (see CUDA_PLAN_SHIM), under
+    """(plan, scratch, valid, warp, staged): the CUDA plan rules as Python functions (see CUDA_PLAN_SHIM), under
     the span rules `rules` (a mapping of cuda.SPAN_RULES; default: plans.DEFAULTS["cuda_spans"])."""
     if CXX is None:
         pytest.skip("no C++ compiler to build softmax_plan.h")
@@ -1155,7 +1197,12 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
     def warp(width: int, itemsize: int, vectorized: bool, backward: bool, rules: dict | None = None) -> bool:
         return bool(shim.warp(i64(width), itemsize, int(vectorized), int(backward), packed(rules)))
 
-    return plan, scratch, valid, warp
+    def staged(width: int, itemsize: int, backward: bool, rules: dict | None = None) -> tuple[int, int, int]:
+        out = (i64 * 3)()
+        shim.staged(i64(width), itemsize, int(backward), packed(rules), out)
+        return tuple(out)
+
+    return plan, scratch, valid, warp, staged
 
 
 def wide_hold(vec: int, itemsize: int, backward: bool) -> int:
@@ -1170,7 +1217,7 @@ def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans, threads: in
     (fewer in blocks past 512 threads, whose kernels have 64 registers a thread: such blocks only hold rows whole,
     cut rows go to blocks of up to 512), a row's spans fit on the GPU at once (at most SMs of them), rows too wide
     for that go looped (parts 0), and many rows are cut only as far as they must be."""
-    plan, _, _, _ = cuda_plans
+    plan, *_ = cuda_plans
     rules = {"threads": threads}
     for sms, backward, (itemsize, vec) in itertools.product((132, 78, 16), (False, True), ((4, 4), (2, 8), (4, 1))):
         hold = 16 if backward else 32
@@ -1196,7 +1243,7 @@ def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans, threads: in
 
 
 def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cuda_plans) -> None:
-    plan, scratch, _, _ = cuda_plans
+    plan, scratch, *_ = cuda_plans
     r512 = {"threads": 512}
     assert plan(2, 694237, 4, 4, 132, False)[0] == 132  # two rows fill the GPU: 2 x 132 blocks
     assert plan(1, 1_048_576, 4, 4, 132, False)[0] == 132  # one row: as many spans as SMs, never more (nor looped)
@@ -1230,7 +1277,7 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     22 KB that the defaults leave whole. Rules beyond what the kernels are compiled for (blocks over 1024 threads or
     not a power of 2, holds over 32 forward or 16 backward, warp kernels past 1024 columns) are refused by the
     header's check, which the binding applies."""
-    plan, scratch, valid, warp = cuda_plans
+    plan, scratch, valid, warp, _ = cuda_plans
     assert set(DEFAULT_SPAN_RULES) == set(cuda.SPAN_RULES) and valid(DEFAULT_SPAN_RULES)
     assert plan(613, 22711, 4, 4, 132, False, {"threads": 256})[0] == 3  # 256 x 32 values a block: 3 spans
     assert plan(6, 5500, 4, 4, 132, False, {"split_row_bytes": 16384}) == (2, 2752, 128, 6)
@@ -1238,7 +1285,8 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     assert plan(2, 694237, 4, 4, 132, False, {"blocks_per_sm": 1})[0] == 66  # two rows on one block per SM
     for bad in ({"threads": 2048}, {"threads": 384}, {"threads": 64}, {"hold": 33}, {"backward_hold": 17},
                 {"hold": 0}, {"min_span_bytes": 8}, {"blocks_per_sm": 0}, {"scalar_warp_width_fp32": 0},
-                {"scalar_warp_width_16bit": 1025}):  # fmt: skip
+                {"scalar_warp_width_16bit": 1025}, {"staged_row_bytes": -1}, {"staged_row_bytes": 2049},
+                {"staged_tile_bytes": 255}, {"staged_tile_bytes": 16385}):  # fmt: skip
         assert not valid({**DEFAULT_SPAN_RULES, **bad}), bad
     # rows read one element at a time leave the warp kernels past the scalar warp width of their element size (the
     # defaults: 1024 fp32, 512 16-bit); rows read in packs do not
@@ -1248,7 +1296,7 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     assert not warp(400, 2, False, True, {"scalar_warp_width_16bit": 256})
     # Python's limits (cuda.refusal, checked before the binding is called) are the header's
     rng = random.Random(5)
-    values = (0, 1, 8, 16, 17, 32, 33, 64, 128, 384, 512, 1024, 1025, 2048)
+    values = (-1, 0, 1, 8, 16, 17, 32, 33, 64, 128, 255, 256, 384, 512, 1024, 1025, 2048, 2049, 16384, 16385)
     for _ in range(300):
         rules = {**DEFAULT_SPAN_RULES, **{name: rng.choice(values) for name in rng.sample(cuda.SPAN_RULES, 2)}}
         assert valid(rules) == (cuda.refusal(rules) is None), rules
@@ -1256,3 +1304,32 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     assert "threads 384 (a power of 2)" in cuda.refusal({**DEFAULT_SPAN_RULES, "threads": 384})
     with pytest.raises(ValueError, match=r"missing \['blocks_per_sm'\], unknown \['block'\]"):
         cuda.configure(0, {**{k: v for k, v in DEFAULT_SPAN_RULES.items() if k != "blocks_per_sm"}, "block": 1})
+
+
+def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_memory_they_may_use(cuda_plans) -> None:
+    """Rows of no whole number of 16-byte packs, up to staged_row_bytes, are staged: a block's rows are a multiple of
+    8 (so each block starts on a 16-byte boundary), enough for every thread (kStagedThreads 256) and about
+    staged_tile_bytes of each tensor; a group of up to 32 threads a row, about 4 values each. Rows of whole packs
+    (the warp kernels read those in packs), longer rows, and every row under staged_row_bytes 0 are not staged. The
+    shared memory a block takes stays within 32 KiB forward and 64 KiB backward (what the launcher allows)."""
+    *_, staged = cuda_plans
+    assert staged(12, 2, False) == (344, 4, 344 * 24)  # 8192 / 24 = 341 rows, up to a multiple of 8
+    assert staged(5, 4, True) == (416, 2, 2 * 416 * 20)
+    assert staged(1, 2, False) == (4096, 1, 8192)
+    assert staged(577, 2, False) == (8, 32, 8 * 1154)  # 7 rows of 1154 bytes in 8 KiB; 8 rows for 256 threads
+    assert staged(101, 4, False) == (24, 32, 24 * 404)
+    for width, itemsize in ((8, 2), (4, 4), (100, 4), (1024, 2), (1025, 2), (513, 4)):  # whole packs, or too long
+        assert staged(width, itemsize, False)[0] == 0, (width, itemsize)
+    assert staged(12, 2, False, {"staged_row_bytes": 0}) == (0, 0, 0)
+    assert staged(577, 2, False, {"staged_row_bytes": 1024})[0] == 0
+    for itemsize, tile, backward in itertools.product((2, 4), (256, 8192, 16384), (False, True)):
+        for width in range(1, 2048 // itemsize + 1):
+            rows, group, smem = staged(width, itemsize, backward, {"staged_tile_bytes": tile})
+            if width * itemsize % 16 == 0:
+                assert rows == 0, (width, itemsize)
+                continue
+            assert rows % 8 == 0 and rows * group >= 256 and group in (1, 2, 4, 8, 16, 32), (width, rows, group)
+            assert (group == 32 or width <= 4 * group) and (group == 1 or width > 2 * group), (width, group)
+            assert rows * width * itemsize >= min(tile, width * itemsize), (width, rows)
+            assert (rows - 8) * width * itemsize < max(tile, 256 // group * width * itemsize), (width, rows)
+            assert smem <= (2 if backward else 1) * 32768, (width, itemsize, tile, smem)

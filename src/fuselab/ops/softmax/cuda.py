@@ -5,9 +5,9 @@ fuselab::softmax_cuda_backward: schemas and fakes in Python, CUDA and AutogradCU
 (TORCH_LIBRARY_IMPL in softmax_binding.cpp) when the extension loads. In eager mode a call goes to the binding's C++
 entry (`fast`) first.
 
-The kernels (a warp or fewer threads per short row; a block per span of a wider row, the spans of one row meeting
-through a scratch buffer the binding keeps per stream; a looped online softmax past that; see softmax.cu) need no
-torch headers, so
+The kernels (short rows staged through shared memory in 16-byte packs; a warp or fewer threads per short row; a
+block per span of a wider row, the spans of one row meeting through a scratch buffer the binding keeps per stream; a
+looped online softmax past that; see softmax.cu) need no torch headers, so
 `nvcc -arch=sm_90 -c softmax.cu` checks them anywhere. The extension is built once per machine and cached in
 ~/.cache/fuselab/ext/fuselab_softmax (FUSELAB_EXT_DIR overrides); the first call takes a minute or so.
 """
@@ -39,6 +39,8 @@ SPAN_RULES = (
     "blocks_per_sm",
     "scalar_warp_width_fp32",
     "scalar_warp_width_16bit",
+    "staged_row_bytes",
+    "staged_tile_bytes",
 )
 
 
@@ -53,6 +55,8 @@ SPAN_LIMITS: dict[str, tuple[int, int | None]] = {
     "blocks_per_sm": (1, None),
     "scalar_warp_width_fp32": (1, 1024),
     "scalar_warp_width_16bit": (1, 1024),
+    "staged_row_bytes": (0, 2048),
+    "staged_tile_bytes": (256, 16384),
 }
 
 

@@ -61,8 +61,10 @@ DEFAULTS: dict[str, object] = {
     # or at least `split_row_bytes` long, finer, down to spans of `min_span_bytes`, until about `blocks_per_sm`
     # blocks per SM run. Blocks of up to 512 threads cut rows; one of more (fewer values a thread: softmax_plan.h's
     # wide_hold, 64 registers) is used where it holds a row whole. Rows read one element at a time go to the warp
-    # kernels up to `scalar_warp_width_fp32` / `_16bit` columns. The kernels are compiled for threads <= 1024,
-    # hold <= 32, backward_hold <= 16 and scalar warp widths <= 1024.
+    # kernels up to `scalar_warp_width_fp32` / `_16bit` columns. Contiguous rows of no whole number of 16-byte
+    # packs, up to `staged_row_bytes` long (0: none), are staged: a block copies about `staged_tile_bytes` of each
+    # tensor's rows into shared memory in packs and back. The kernels are compiled for threads <= 1024, hold <= 32,
+    # backward_hold <= 16, scalar warp widths <= 1024, staged rows <= 2048 bytes and staged tiles of 256-16384 bytes.
     "cuda_spans": {
         "threads": 1024,
         "hold": 32,
@@ -72,6 +74,8 @@ DEFAULTS: dict[str, object] = {
         "blocks_per_sm": 2,
         "scalar_warp_width_fp32": 1024,
         "scalar_warp_width_16bit": 512,
+        "staged_row_bytes": 2048,
+        "staged_tile_bytes": 8192,
     },
 }
 

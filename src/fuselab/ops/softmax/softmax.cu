@@ -1,6 +1,9 @@
 // Softmax over rows in CUDA C++ (no torch headers: `nvcc -arch=sm_90 -c softmax.cu` checks it anywhere).
 //
 // Forward kernels, chosen in `forward_typed`:
+//   short rows, staged    softmax_staged_kernel: contiguous rows of no whole number of 16-byte packs, up to the rules'
+//                         staged_row_bytes (`staged_plan`): a block copies its rows into shared memory in 16-byte packs,
+//                         a group of threads per row does the math there, and the block copies them out.
 //   width <= 1024         softmax_warp_kernel: a group of GROUP <= 32 threads per row (a sub-warp for tiny rows),
 //                         the row in registers, warp-shuffle reductions; rows a thread holds in one 16-byte pack
 //                         (<= 128 fp32, <= 256 fp16/bf16 columns) go two per group. Rows read one element at a
@@ -12,7 +15,7 @@
 //                         row's others, combines them in a fixed order), so few wide rows still fill the GPU.
 //   wider than SMs spans  softmax_looped_kernel: one block per row; one pass for max and sum together (online
 //                         softmax), then a pass that writes, from the end of the row back (that part is still in L2).
-// The backward has the same three: softmax_backward_warp_kernel (rows up to 512 columns, y and dy in registers),
+// The backward has the same four: softmax_backward_staged_kernel, softmax_backward_warp_kernel (rows up to 512 columns, y and dy in registers),
 // softmax_backward_span_kernel (the spans' partial sums of y * dy meet as the forward's do), and the looped
 // softmax_backward_kernel. Span plans are rules over rows, width, element size and the SM count (`span_plan`), whose
 // parameters (`SpanRules`) come from the op's plan table through the binding.
@@ -437,6 +440,98 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
   }
 }
 
+// ---- short rows staged in shared memory ----
+
+// Copies n elements between 16-byte aligned addresses, 16 bytes a thread at a time, kCopyBatch packs a thread in
+// flight (then the last few elements one by one).
+constexpr int kCopyBatch = 4;
+
+template <typename T>
+__device__ __forceinline__ void copy_block(const T* __restrict__ from, T* __restrict__ to, int n) {
+  constexpr int V = 16 / sizeof(T);
+  const int packs = n / V;
+  const uint4* src = reinterpret_cast<const uint4*>(from);
+  uint4* dst = reinterpret_cast<uint4*>(to);
+  for (int first = threadIdx.x; first < packs; first += kCopyBatch * blockDim.x) {
+    uint4 batch[kCopyBatch];
+#pragma unroll
+    for (int k = 0; k < kCopyBatch; ++k) {
+      const int i = first + k * blockDim.x;
+      if (i < packs) batch[k] = src[i];
+    }
+#pragma unroll
+    for (int k = 0; k < kCopyBatch; ++k) {
+      const int i = first + k * blockDim.x;
+      if (i < packs) dst[i] = batch[k];
+    }
+  }
+  for (int i = packs * V + (int)threadIdx.x; i < n; i += blockDim.x) to[i] = from[i];
+}
+
+// Contiguous rows whose width is no whole number of 16-byte packs (staged_plan): a block copies `block_rows` rows
+// (contiguous, starting on a 16-byte boundary) into shared memory in packs, GROUP threads a row do the math there,
+// and the block copies the rows out the same way. Block: kStagedThreads; dynamic shared memory block_rows * width.
+template <typename T, int GROUP>
+__global__ void __launch_bounds__(kStagedThreads)
+    softmax_staged_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int width, int block_rows) {
+  extern __shared__ uint4 staged_smem[];
+  T* tile = reinterpret_cast<T*>(staged_smem);
+  const int lane = threadIdx.x % GROUP;
+  for (int64_t first = (int64_t)blockIdx.x * block_rows; first < rows; first += (int64_t)gridDim.x * block_rows) {
+    const int count = (int)(rows - first < block_rows ? rows - first : block_rows);
+    copy_block<T>(x + first * width, tile, count * width);
+    __syncthreads();
+    // every lane of a warp joins every shuffle: the loop bounds are the block's, rows past `count` do no memory work
+    for (int base = 0; base < count; base += kStagedThreads / GROUP) {
+      const int r = base + (int)threadIdx.x / GROUP;
+      T* row = tile + (int64_t)(r < count ? r : 0) * width;
+      const int end = r < count ? width : 0;
+      float mx = kNegInf;
+      for (int c = lane; c < end; c += GROUP) mx = fmaxf(mx, to_float(row[c]));
+      mx = warp_reduce<GROUP>(mx, Max{});
+      float sum = 0.f;
+      for (int c = lane; c < end; c += GROUP) sum += __expf(to_float(row[c]) - mx);
+      const float inv = 1.f / warp_reduce<GROUP>(sum, Sum{});
+      for (int c = lane; c < end; c += GROUP) row[c] = from_float<T>(__expf(to_float(row[c]) - mx) * inv);
+    }
+    __syncthreads();
+    copy_block<T>(tile, y + first * width, count * width);
+    __syncthreads();  // the tile is read out before the next rows come in
+  }
+}
+
+// The backward of staged rows: y's and dy's rows side by side in shared memory (2 * block_rows * width), dx written
+// over y's.
+template <typename T, int GROUP>
+__global__ void __launch_bounds__(kStagedThreads)
+    softmax_backward_staged_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                                   int64_t rows, int width, int block_rows) {
+  extern __shared__ uint4 staged_smem[];
+  T* y_tile = reinterpret_cast<T*>(staged_smem);
+  T* dy_tile = y_tile + block_rows * width;
+  const int lane = threadIdx.x % GROUP;
+  for (int64_t first = (int64_t)blockIdx.x * block_rows; first < rows; first += (int64_t)gridDim.x * block_rows) {
+    const int count = (int)(rows - first < block_rows ? rows - first : block_rows);
+    copy_block<T>(y + first * width, y_tile, count * width);
+    copy_block<T>(dy + first * width, dy_tile, count * width);
+    __syncthreads();
+    for (int base = 0; base < count; base += kStagedThreads / GROUP) {
+      const int r = base + (int)threadIdx.x / GROUP;
+      const int64_t at = (int64_t)(r < count ? r : 0) * width;
+      const int end = r < count ? width : 0;
+      float dot = 0.f;
+      for (int c = lane; c < end; c += GROUP) dot += to_float(y_tile[at + c]) * to_float(dy_tile[at + c]);
+      dot = warp_reduce<GROUP>(dot, Sum{});
+      for (int c = lane; c < end; c += GROUP) {
+        y_tile[at + c] = from_float<T>(to_float(y_tile[at + c]) * (to_float(dy_tile[at + c]) - dot));
+      }
+    }
+    __syncthreads();
+    copy_block<T>(y_tile, dx + first * width, count * width);
+    __syncthreads();
+  }
+}
+
 // One block per row (grid-stride). Each thread keeps a running max m and sum s of exp(x - m) over its columns,
 // kUnroll packs a step; the block then merges them and writes the row from its end back.
 template <typename T, int VEC>
@@ -611,12 +706,34 @@ cudaError_t forward_spans(const T* x, T* y, int64_t rows, int64_t width, int64_t
   });
 }
 
+// Whether the staged kernels take rows x width of these tensors: staged_plan's rows, contiguous (a single row, or
+// strides equal to the width) and 16-byte aligned.
+bool staged(const StagedPlan& p, std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides,
+            int64_t rows, int64_t width) {
+  bool ok = p.rows > 0;
+  for (const void* q : ptrs) ok = ok && aligned16(q);
+  for (int64_t s : strides) ok = ok && (rows == 1 || s == width);
+  return ok;
+}
+
+template <typename T>
+cudaError_t forward_staged(const T* x, T* y, int64_t rows, int64_t width, const StagedPlan& p, cudaStream_t stream) {
+  const int64_t smem = staged_smem_bytes(p, width, sizeof(T), false);
+  return with_pow2(p.group, [&](auto group) {
+    softmax_staged_kernel<T, decltype(group)::value><<<grid_for(ceil_div(rows, p.rows)), kStagedThreads, smem, stream>>>(
+        x, y, rows, (int)width, p.rows);
+    return cudaGetLastError();
+  });
+}
+
 template <typename T>
 cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, int sms,
                           const SpanRules& rules, SoftmaxScratch scratch, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
   const T* xt = static_cast<const T*>(x);
   T* yt = static_cast<T*>(y);
+  const StagedPlan staging = staged_plan(width, sizeof(T), rules);
+  if (staged(staging, {x, y}, {xs, ys}, rows, width)) return forward_staged<T>(xt, yt, rows, width, staging, stream);
   const bool vec = vectorizable<T>({x, y}, {xs, ys}, width);
   if (warp_rows(width, sizeof(T), vec, false, rules)) {
     return vec ? forward_warp<T, V>(xt, yt, rows, width, xs, ys, stream)
@@ -679,6 +796,32 @@ cudaError_t backward_spans(const T* y, const T* dy, T* dx, int64_t rows, int64_t
   });
 }
 
+// Staged backward blocks take up to 2 x 32 KiB of shared memory (staged_plan's bounds): past the 48 KiB a launch
+// gets unasked, the kernel is allowed more once.
+template <typename T, int GROUP>
+cudaError_t allow_staged_smem() {
+  static const cudaError_t allowed = cudaFuncSetAttribute(softmax_backward_staged_kernel<T, GROUP>,
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          (int)(4 * kStagedMaxTileBytes));
+  return allowed;
+}
+
+template <typename T>
+cudaError_t backward_staged(const T* y, const T* dy, T* dx, int64_t rows, int64_t width, const StagedPlan& p,
+                            cudaStream_t stream) {
+  const int64_t smem = staged_smem_bytes(p, width, sizeof(T), true);
+  return with_pow2(p.group, [&](auto group) {
+    constexpr int GROUP = decltype(group)::value;
+    if (smem > 48 * 1024) {
+      const cudaError_t allowed = allow_staged_smem<T, GROUP>();
+      if (allowed != cudaSuccess) return allowed;
+    }
+    softmax_backward_staged_kernel<T, GROUP><<<grid_for(ceil_div(rows, p.rows)), kStagedThreads, smem, stream>>>(
+        y, dy, dx, rows, (int)width, p.rows);
+    return cudaGetLastError();
+  });
+}
+
 template <typename T>
 cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows, int64_t width, int64_t ys,
                            int64_t dys, int64_t dxs, int sms, const SpanRules& rules, SoftmaxScratch scratch,
@@ -687,6 +830,10 @@ cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows
   const T* yt = static_cast<const T*>(y);
   const T* dyt = static_cast<const T*>(dy);
   T* dxt = static_cast<T*>(dx);
+  const StagedPlan staging = staged_plan(width, sizeof(T), rules);
+  if (staged(staging, {y, dy, dx}, {ys, dys, dxs}, rows, width)) {
+    return backward_staged<T>(yt, dyt, dxt, rows, width, staging, stream);
+  }
   const bool vec = vectorizable<T>({y, dy, dx}, {ys, dys, dxs}, width);
   if (warp_rows(width, sizeof(T), vec, true, rules)) {
     return vec ? backward_warp<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream)

@@ -18,6 +18,10 @@ constexpr int kMaxElemsPerThread = 32;            // forward: fp32 values a thre
 constexpr int kBackwardMaxElemsPerThread = 16;    // backward: values of y (and as many of dy) a thread holds at most
 constexpr int64_t kWarpMaxWidth = 1024;           // forward rows up to this: the warp kernel
 constexpr int64_t kBackwardWarpMaxWidth = 512;    // backward rows up to this: its warp kernel
+constexpr int kStagedThreads = 256;               // threads of a staged kernel's block
+constexpr int64_t kStagedMaxRowBytes = 2048;      // staged rows are at most this long (the warp kernels' widths)
+constexpr int64_t kStagedMinTileBytes = 256;      // the rules' staged_tile_bytes: within these bounds
+constexpr int64_t kStagedMaxTileBytes = 16384;
 
 // Values a thread of a block of more than kFullHoldThreads threads holds at most: such kernels are compiled for
 // 1024 threads, 64 registers a thread, and these are the most they keep without spilling at sm_90 (ptxas -v): packs
@@ -36,6 +40,8 @@ struct SpanRules {
   int64_t blocks_per_sm;            // few rows: cut into spans until about this many blocks run per SM
   int64_t scalar_warp_width_fp32;   // fp32 rows read one element at a time: the warp kernels up to this width
   int64_t scalar_warp_width_16bit;  // fp16 and bf16 rows read one element at a time: the same
+  int64_t staged_row_bytes;         // contiguous rows up to this long, no whole number of 16-byte packs: staged (0: none)
+  int64_t staged_tile_bytes;        // ... about this many bytes of each tensor's rows a block
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -103,6 +109,31 @@ inline bool warp_rows(int64_t width, int itemsize, bool vectorized, bool backwar
   return width <= (vectorized ? limit : std::min(limit, scalar));
 }
 
+// A staged launch: `rows` rows a block (a multiple of 8, so every block's rows start on a 16-byte boundary), `group`
+// threads a row in the math (a power of 2 <= 32, about 4 values a thread); rows 0: not staged.
+struct StagedPlan {
+  int rows;
+  int group;
+};
+
+// Whether rows of `width` go through shared memory (the staged kernels): rows of no whole number of 16-byte packs,
+// which the warp kernels would read one element at a time, up to r.staged_row_bytes long. A block copies its rows,
+// contiguous in memory, in 16-byte packs into shared memory (about r.staged_tile_bytes of each tensor, and rows enough
+// for every thread), does the math there, and copies them out the same way. The launcher also asks for contiguous
+// rows of 16-byte aligned tensors.
+inline StagedPlan staged_plan(int64_t width, int itemsize, const SpanRules& r) {
+  const int64_t row_bytes = width * itemsize;
+  if (width < 1 || row_bytes > std::min(r.staged_row_bytes, kStagedMaxRowBytes) || row_bytes % 16 == 0) return {0, 0};
+  const int group = std::min<int>(32, next_pow2(ceil_div(width, 4)));
+  const int64_t rows = std::max<int64_t>(r.staged_tile_bytes / row_bytes, kStagedThreads / group);
+  return {(int)(ceil_div(rows, 8) * 8), group};
+}
+
+// Shared memory bytes a staged block takes: its rows of x (backward: of y and of dy).
+inline int64_t staged_smem_bytes(const StagedPlan& p, int64_t width, int itemsize, bool backward) {
+  return (backward ? 2 : 1) * (int64_t)p.rows * width * itemsize;
+}
+
 // Whether `r` is within what the kernels are compiled for (the binding refuses rules that are not).
 inline bool valid_rules(const SpanRules& r) {
   const bool pow2 = r.threads > 0 && (r.threads & (r.threads - 1)) == 0;
@@ -110,7 +141,9 @@ inline bool valid_rules(const SpanRules& r) {
          r.backward_hold >= 1 && r.backward_hold <= kBackwardMaxElemsPerThread && r.min_span_bytes >= 16 &&
          r.split_row_bytes >= 1 && r.blocks_per_sm >= 1 && r.scalar_warp_width_fp32 >= 1 &&
          r.scalar_warp_width_fp32 <= kWarpMaxWidth && r.scalar_warp_width_16bit >= 1 &&
-         r.scalar_warp_width_16bit <= kWarpMaxWidth;
+         r.scalar_warp_width_16bit <= kWarpMaxWidth && r.staged_row_bytes >= 0 &&
+         r.staged_row_bytes <= kStagedMaxRowBytes && r.staged_tile_bytes >= kStagedMinTileBytes &&
+         r.staged_tile_bytes <= kStagedMaxTileBytes;
 }
 
 // Scratch elements a launch needs: {int32 counters, float partials}; {0, 0} where rows are not cut.
