@@ -759,11 +759,11 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
     assert set(table) == set(cuda.SPAN_RULES)
     small = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
              "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024,
-             "staged_row_bytes": 0, "staged_tile_bytes": 256}  # fmt: skip
+             "staged_row_bytes": 0, "staged_packed_row_bytes": 0, "staged_tile_bytes": 256}  # fmt: skip
     wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
-            "staged_row_bytes": 2048, "staged_tile_bytes": 16384}  # fmt: skip
+            "staged_row_bytes": 2048, "staged_packed_row_bytes": 2048, "staged_tile_bytes": 16384}  # fmt: skip
     shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
-              (3, 1100001), (3001, 900), (20001, 7))  # fmt: skip
+              (3, 1100001), (3001, 900), (20001, 7), (4001, 8))  # fmt: skip
     try:
         for rules, dtype, (rows, width), offset in itertools.product(
             (small, wide), (torch.float32, torch.bfloat16), shapes, (0, 1)
@@ -1136,7 +1136,7 @@ CUDA_PLAN_SHIM = """
 #include "softmax_plan.h"
 using namespace fuselab::softmax_plan;
 SpanRules rules_of(const int64_t* r) {
-  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]};
+  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]};
 }
 extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
                      int64_t* out) {
@@ -1286,7 +1286,8 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     for bad in ({"threads": 2048}, {"threads": 384}, {"threads": 64}, {"hold": 33}, {"backward_hold": 17},
                 {"hold": 0}, {"min_span_bytes": 8}, {"blocks_per_sm": 0}, {"scalar_warp_width_fp32": 0},
                 {"scalar_warp_width_16bit": 1025}, {"staged_row_bytes": -1}, {"staged_row_bytes": 2049},
-                {"staged_tile_bytes": 255}, {"staged_tile_bytes": 16385}):  # fmt: skip
+                {"staged_tile_bytes": 255}, {"staged_tile_bytes": 16385},
+                {"staged_packed_row_bytes": 2049}):  # fmt: skip
         assert not valid({**DEFAULT_SPAN_RULES, **bad}), bad
     # rows read one element at a time leave the warp kernels past the scalar warp width of their element size (the
     # defaults: 1024 fp32, 512 16-bit); rows read in packs do not
@@ -1310,7 +1311,8 @@ def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_me
     """Rows of no whole number of 16-byte packs, up to staged_row_bytes, are staged: a block's rows are a multiple of
     8 (so each block starts on a 16-byte boundary), enough for every thread (kStagedThreads 256) and about
     staged_tile_bytes of each tensor; a group of up to 32 threads a row, about 4 values each. Rows of whole packs
-    (the warp kernels read those in packs), longer rows, and every row under staged_row_bytes 0 are not staged. The
+    (the warp kernels read those in packs) unless staged_packed_row_bytes says, longer rows, and every row under
+    staged_row_bytes 0 are not staged. The
     shared memory a block takes stays within 32 KiB forward and 64 KiB backward (what the launcher allows)."""
     *_, staged = cuda_plans
     assert staged(12, 2, False) == (344, 4, 344 * 24)  # 8192 / 24 = 341 rows, up to a multiple of 8
@@ -1321,11 +1323,14 @@ def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_me
     for width, itemsize in ((8, 2), (4, 4), (100, 4), (1024, 2), (1025, 2), (513, 4)):  # whole packs, or too long
         assert staged(width, itemsize, False)[0] == 0, (width, itemsize)
     assert staged(12, 2, False, {"staged_row_bytes": 0}) == (0, 0, 0)
+    assert staged(8, 2, False, {"staged_packed_row_bytes": 16}) == (512, 2, 8192)  # whole packs, when asked
+    assert staged(12, 2, False, {"staged_packed_row_bytes": 2048, "staged_row_bytes": 0})[0] == 0
     assert staged(577, 2, False, {"staged_row_bytes": 1024})[0] == 0
     for itemsize, tile, backward in itertools.product((2, 4), (256, 8192, 16384), (False, True)):
         for width in range(1, 2048 // itemsize + 1):
-            rows, group, smem = staged(width, itemsize, backward, {"staged_tile_bytes": tile})
-            if width * itemsize % 16 == 0:
+            rules = {"staged_tile_bytes": tile, "staged_packed_row_bytes": 2048 if tile == 256 else 0}
+            rows, group, smem = staged(width, itemsize, backward, rules)
+            if width * itemsize % 16 == 0 and tile != 256:
                 assert rows == 0, (width, itemsize)
                 continue
             assert rows % 8 == 0 and rows * group >= 256 and group in (1, 2, 4, 8, 16, 32), (width, rows, group)

@@ -40,6 +40,7 @@ SPAN_RULES = (
     "scalar_warp_width_fp32",
     "scalar_warp_width_16bit",
     "staged_row_bytes",
+    "staged_packed_row_bytes",
     "staged_tile_bytes",
 )
 
@@ -56,6 +57,7 @@ SPAN_LIMITS: dict[str, tuple[int, int | None]] = {
     "scalar_warp_width_fp32": (1, 1024),
     "scalar_warp_width_16bit": (1, 1024),
     "staged_row_bytes": (0, 2048),
+    "staged_packed_row_bytes": (0, 2048),
     "staged_tile_bytes": (256, 16384),
 }
 

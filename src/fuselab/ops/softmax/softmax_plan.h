@@ -41,7 +41,8 @@ struct SpanRules {
   int64_t scalar_warp_width_fp32;   // fp32 rows read one element at a time: the warp kernels up to this width
   int64_t scalar_warp_width_16bit;  // fp16 and bf16 rows read one element at a time: the same
   int64_t staged_row_bytes;         // contiguous rows up to this long, no whole number of 16-byte packs: staged (0: none)
-  int64_t staged_tile_bytes;        // ... about this many bytes of each tensor's rows a block
+  int64_t staged_packed_row_bytes;  // ... rows of whole packs up to this long: staged too (0: none)
+  int64_t staged_tile_bytes;        // about this many bytes of each tensor's rows a staged block
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -117,13 +118,16 @@ struct StagedPlan {
 };
 
 // Whether rows of `width` go through shared memory (the staged kernels): rows of no whole number of 16-byte packs,
-// which the warp kernels would read one element at a time, up to r.staged_row_bytes long. A block copies its rows,
+// which the warp kernels would read one element at a time, up to r.staged_row_bytes long, and rows of whole packs up
+// to r.staged_packed_row_bytes (the warp kernels read those in packs, but a row of one or two packs is little work
+// for a thread). A block copies its rows,
 // contiguous in memory, in 16-byte packs into shared memory (about r.staged_tile_bytes of each tensor, and rows enough
 // for every thread), does the math there, and copies them out the same way. The launcher also asks for contiguous
 // rows of 16-byte aligned tensors.
 inline StagedPlan staged_plan(int64_t width, int itemsize, const SpanRules& r) {
   const int64_t row_bytes = width * itemsize;
-  if (width < 1 || row_bytes > std::min(r.staged_row_bytes, kStagedMaxRowBytes) || row_bytes % 16 == 0) return {0, 0};
+  const int64_t most = row_bytes % 16 == 0 ? r.staged_packed_row_bytes : r.staged_row_bytes;
+  if (width < 1 || row_bytes > std::min(most, kStagedMaxRowBytes)) return {0, 0};
   const int group = std::min<int>(32, next_pow2(ceil_div(width, 4)));
   const int64_t rows = std::max<int64_t>(r.staged_tile_bytes / row_bytes, kStagedThreads / group);
   return {(int)(ceil_div(rows, 8) * 8), group};
@@ -142,7 +146,8 @@ inline bool valid_rules(const SpanRules& r) {
          r.split_row_bytes >= 1 && r.blocks_per_sm >= 1 && r.scalar_warp_width_fp32 >= 1 &&
          r.scalar_warp_width_fp32 <= kWarpMaxWidth && r.scalar_warp_width_16bit >= 1 &&
          r.scalar_warp_width_16bit <= kWarpMaxWidth && r.staged_row_bytes >= 0 &&
-         r.staged_row_bytes <= kStagedMaxRowBytes && r.staged_tile_bytes >= kStagedMinTileBytes &&
+         r.staged_row_bytes <= kStagedMaxRowBytes && r.staged_packed_row_bytes >= 0 &&
+         r.staged_packed_row_bytes <= kStagedMaxRowBytes && r.staged_tile_bytes >= kStagedMinTileBytes &&
          r.staged_tile_bytes <= kStagedMaxTileBytes;
 }
 

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The CUDA softmax's span rules (plan-table data, "cuda_spans") tried side by side on a GPU: for each VARIANTS entry
+# "name:{json overrides of cuda_spans}", the tree's table with those overrides is written in place and
+# `fuselab bench softmax` runs IMPLS at SHAPES (forward and forward + backward, CUDA-graph replays), comparing itself
+# with the first variant (`--compare`: the cases past 5% slower are printed). The tree's table is put back whatever
+# happens; everything goes into one file, $OUT/cuda_variants.tgz (the device machine sends back at most 8 files), and
+# a table of the cuda impl's median µs per variant to stdout. LIGER: an unzipped Liger-Kernel wheel (impl liger).
+#   FUSELAB_REVISION=<commit> SHAPES="1553741x12 48449x577" \
+#   VARIANTS='off:{"staged_row_bytes":0} on:{}' OUT=$OUT bash scripts/softmax_cuda_variants.sh
+set -u
+: "${SHAPES:?shapes, e.g. 1553741x12 48449x577}" "${VARIANTS:?name:{overrides} ..., the first the baseline}"
+OUT=${OUT:-/tmp/cuda_variants}; DTYPES=${DTYPES:-fp32 bf16 fp16}; IMPLS=${IMPLS:-torch,cuda}; T_BENCH=${T_BENCH:-120}
+export PYTHONPATH="src${LIGER:+:$LIGER}"
+TABLE=${TABLE:-src/fuselab/ops/softmax/plans/$(python3 -c "from fuselab.ops import tuning; print(tuning.device_key(0))").json}
+WORK=$(mktemp -d); mkdir -p "$OUT"; cp "$TABLE" "$WORK/tree.json"
+trap 'cp "$WORK/tree.json" "$TABLE"' EXIT
+args=(); for s in $SHAPES; do args+=(--shape "$s"); done
+for d in $DTYPES; do args+=(--dtype "$d"); done
+first=
+for variant in $VARIANTS; do
+  name=${variant%%:*}; overrides=${variant#*:}
+  python3 - "$WORK/tree.json" "$TABLE" "$overrides" <<'PY' || exit 1
+import json, sys
+table = json.load(open(sys.argv[1]))
+table["params"]["cuda_spans"].update(json.loads(sys.argv[3]))
+json.dump(table, open(sys.argv[2], "w"), indent=2, sort_keys=True)
+PY
+  extra=(); [ -n "$first" ] && extra=(--compare "$WORK/$first.json")
+  timeout "$T_BENCH" python3 -m fuselab bench softmax "${args[@]}" --impl "$IMPLS" --cuda-graph --backward \
+    --rep-ms "${REP_MS:-5}" --warmup-ms 2 --rounds "${ROUNDS:-1}" --call-cost-ms 0 "${extra[@]}" \
+    --out "$WORK/$name.json" > "$WORK/$name.log" 2>&1
+  echo "$name rc=$? (1 when a case regressed against $first)"
+  grep -E "regressed" "$WORK/$name.log"
+  first=${first:-$name}
+done
+python3 - "$WORK" $VARIANTS <<'PY'
+"""The cuda impl's median µs per (dtype, shape, pass) and variant, torch's (of the first variant's run) beside."""
+import json, sys
+work, names = sys.argv[1], [v.split(":", 1)[0] for v in sys.argv[2:]]
+times = {}
+for name in names:
+    try:
+        records = json.load(open(f"{work}/{name}.json"))["records"]
+    except (OSError, ValueError):
+        continue
+    for r in records:
+        if r["status"] == "ok" and r["impl"] in ("cuda", "torch"):
+            key = (r["dtype"], "x".join(map(str, r["shape"])), r["pass"])
+            times.setdefault(key, {}).setdefault(r["impl"] if r["impl"] == "torch" else name, r["median_ms"] * 1e3)
+print("dtype shape pass torch " + " ".join(names))
+for (dtype, shape, pass_), t in sorted(times.items()):
+    print(dtype, shape, pass_, *(f"{t[n]:.1f}" if n in t else "-" for n in ["torch", *names]))
+PY
+tar czf "$OUT/cuda_variants.tgz" -C "$WORK" .
