@@ -759,7 +759,8 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
     assert set(table) == set(cuda.SPAN_RULES)
     small = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
              "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024,
-             "staged_row_bytes": 0, "staged_packed_row_bytes": 0, "staged_tile_bytes": 256}  # fmt: skip
+             "staged_row_bytes": 0, "staged_packed_row_bytes": 0, "staged_tile_bytes": 256,
+             "staged_blocks_per_sm": 1}  # fmt: skip
     wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
             "staged_row_bytes": 2048, "staged_packed_row_bytes": 2048, "staged_tile_bytes": 16384}  # fmt: skip
     shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
@@ -1136,7 +1137,7 @@ CUDA_PLAN_SHIM = """
 #include "softmax_plan.h"
 using namespace fuselab::softmax_plan;
 SpanRules rules_of(const int64_t* r) {
-  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]};
+  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11]};
 }
 extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
                      int64_t* out) {
@@ -1150,9 +1151,10 @@ extern "C" void scratch(int64_t rows, int64_t width, int itemsize, int sms, int 
   out[0] = e.counters; out[1] = e.partials;
 }
 extern "C" int valid(const int64_t* r) { return valid_rules(rules_of(r)); }
-extern "C" void staged(int64_t width, int itemsize, int backward, const int64_t* r, int64_t* out) {
-  const StagedPlan p = staged_plan(width, itemsize, rules_of(r));
-  out[0] = p.rows; out[1] = p.group; out[2] = staged_smem_bytes(p, width, itemsize, backward != 0);
+extern "C" void staged(int64_t rows, int64_t width, int itemsize, int sms, int backward, const int64_t* r,
+                       int64_t* out) {
+  const StagedPlan p = staged_plan(rows, width, itemsize, sms, rules_of(r));
+  out[0] = p.rows; out[1] = p.group; out[2] = p.items; out[3] = staged_smem_bytes(p, width, itemsize, backward != 0);
 }
 extern "C" int warp(int64_t width, int itemsize, int vectorized, int backward, const int64_t* r) {
   return warp_rows(width, itemsize, vectorized != 0, backward != 0, rules_of(r));
@@ -1197,9 +1199,9 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
     def warp(width: int, itemsize: int, vectorized: bool, backward: bool, rules: dict | None = None) -> bool:
         return bool(shim.warp(i64(width), itemsize, int(vectorized), int(backward), packed(rules)))
 
-    def staged(width: int, itemsize: int, backward: bool, rules: dict | None = None) -> tuple[int, int, int]:
-        out = (i64 * 3)()
-        shim.staged(i64(width), itemsize, int(backward), packed(rules), out)
+    def staged(rows: int, width: int, itemsize: int, backward: bool, rules: dict | None = None, sms: int = 132):
+        out = (i64 * 4)()
+        shim.staged(i64(rows), i64(width), itemsize, sms, int(backward), packed(rules), out)
         return tuple(out)
 
     return plan, scratch, valid, warp, staged
@@ -1309,32 +1311,41 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
 
 def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_memory_they_may_use(cuda_plans) -> None:
     """Rows of no whole number of 16-byte packs, up to staged_row_bytes, are staged: a block's rows are a multiple of
-    8 (so each block starts on a 16-byte boundary), enough for every thread (kStagedThreads 256) and about
-    staged_tile_bytes of each tensor; a group of up to 32 threads a row, about 4 values each. Rows of whole packs
-    (the warp kernels read those in packs) unless staged_packed_row_bytes says, longer rows, and every row under
-    staged_row_bytes 0 are not staged. The
-    shared memory a block takes stays within 32 KiB forward and 64 KiB backward (what the launcher allows)."""
+    8 (so each block starts on a 16-byte boundary), enough for every thread (kStagedThreads 256), about
+    staged_tile_bytes of each tensor, fewer for a tensor of few rows (about staged_blocks_per_sm blocks per SM); a
+    group of up to 32 threads a row, at most 4 values a thread below a warp. Rows of whole packs (the warp kernels read
+    those in packs) unless staged_packed_row_bytes says, longer rows, and every row under staged_row_bytes 0 are not
+    staged. The shared memory a block takes stays within 32 KiB forward and 64 KiB backward (what the launcher
+    allows)."""
     *_, staged = cuda_plans
-    assert staged(12, 2, False) == (344, 4, 344 * 24)  # 8192 / 24 = 341 rows, up to a multiple of 8
-    assert staged(5, 4, True) == (416, 2, 2 * 416 * 20)
-    assert staged(1, 2, False) == (4096, 1, 8192)
-    assert staged(577, 2, False) == (8, 32, 8 * 1154)  # 7 rows of 1154 bytes in 8 KiB; 8 rows for 256 threads
-    assert staged(101, 4, False) == (24, 32, 24 * 404)
+    many = 10**7
+    assert staged(many, 12, 2, False) == (344, 4, 4, 344 * 24)  # 8192 / 24 = 341 rows, up to a multiple of 8
+    assert staged(many, 5, 4, True) == (416, 2, 4, 2 * 416 * 20)
+    assert staged(many, 1, 2, False) == (4096, 1, 1, 8192)
+    assert staged(many, 577, 2, False) == (8, 32, 32, 8 * 1154)  # 7 rows of 1154 bytes in 8 KiB; 8 for 256 threads
+    assert staged(many, 101, 4, False) == (24, 32, 4, 24 * 404)
+    assert staged(100003, 7, 2, False)[:2] == (192, 2)  # 100 003 rows / (132 SMs x 4): 190, not 8192 / 14 = 585
+    assert staged(22470, 53, 2, False)[:2] == (48, 16)  # 43 rows a block; 16 at least (256 threads, 16 a row)
+    assert staged(100003, 7, 2, False, {"staged_blocks_per_sm": 1})[0] == 592  # 758 a block would fill: 8 KiB
     for width, itemsize in ((8, 2), (4, 4), (100, 4), (1024, 2), (1025, 2), (513, 4)):  # whole packs, or too long
-        assert staged(width, itemsize, False)[0] == 0, (width, itemsize)
-    assert staged(12, 2, False, {"staged_row_bytes": 0}) == (0, 0, 0)
-    assert staged(8, 2, False, {"staged_packed_row_bytes": 16}) == (512, 2, 8192)  # whole packs, when asked
-    assert staged(12, 2, False, {"staged_packed_row_bytes": 2048, "staged_row_bytes": 0})[0] == 0
-    assert staged(577, 2, False, {"staged_row_bytes": 1024})[0] == 0
-    for itemsize, tile, backward in itertools.product((2, 4), (256, 8192, 16384), (False, True)):
+        assert staged(many, width, itemsize, False)[0] == 0, (width, itemsize)
+    assert staged(many, 12, 2, False, {"staged_row_bytes": 0}) == (0, 0, 0, 0)
+    assert staged(many, 8, 2, False, {"staged_packed_row_bytes": 16}) == (512, 2, 4, 8192)  # whole packs, when asked
+    assert staged(many, 12, 2, False, {"staged_packed_row_bytes": 2048, "staged_row_bytes": 0})[0] == 0
+    assert staged(many, 577, 2, False, {"staged_row_bytes": 1024})[0] == 0
+    for itemsize, tile, backward, rows in itertools.product((2, 4), (256, 8192, 16384), (False, True), (1, 999, many)):
         for width in range(1, 2048 // itemsize + 1):
             rules = {"staged_tile_bytes": tile, "staged_packed_row_bytes": 2048 if tile == 256 else 0}
-            rows, group, smem = staged(width, itemsize, backward, rules)
+            block, group, items, smem = staged(rows, width, itemsize, backward, rules)
             if width * itemsize % 16 == 0 and tile != 256:
-                assert rows == 0, (width, itemsize)
+                assert block == 0, (width, itemsize)
                 continue
-            assert rows % 8 == 0 and rows * group >= 256 and group in (1, 2, 4, 8, 16, 32), (width, rows, group)
-            assert (group == 32 or width <= 4 * group) and (group == 1 or width > 2 * group), (width, group)
-            assert rows * width * itemsize >= min(tile, width * itemsize), (width, rows)
-            assert (rows - 8) * width * itemsize < max(tile, 256 // group * width * itemsize), (width, rows)
-            assert smem <= (2 if backward else 1) * 32768, (width, itemsize, tile, smem)
+            case = (rows, width, itemsize, tile, block, group, items)
+            assert block % 8 == 0 and block * group >= 256 and group in (1, 2, 4, 8, 16, 32), case
+            assert (group == 32 or width <= 4 * group) and (group == 1 or width > 2 * group), case
+            assert group * items >= width and (items == 1 or group * items < 2 * width), case
+            assert items <= (4 if group < 32 else 32), case
+            assert (block - 8) * width * itemsize < max(tile, 256 // group * width * itemsize), case
+            if rows == many:
+                assert block * width * itemsize >= min(tile, width * itemsize), case
+            assert smem <= (2 if backward else 1) * 32768, case

@@ -42,6 +42,7 @@ SPAN_RULES = (
     "staged_row_bytes",
     "staged_packed_row_bytes",
     "staged_tile_bytes",
+    "staged_blocks_per_sm",
 )
 
 
@@ -59,6 +60,7 @@ SPAN_LIMITS: dict[str, tuple[int, int | None]] = {
     "staged_row_bytes": (0, 2048),
     "staged_packed_row_bytes": (0, 2048),
     "staged_tile_bytes": (256, 16384),
+    "staged_blocks_per_sm": (1, None),
 }
 
 

@@ -3,7 +3,8 @@
 // Forward kernels, chosen in `forward_typed`:
 //   short rows, staged    softmax_staged_kernel: contiguous rows of no whole number of 16-byte packs, up to the rules'
 //                         staged_row_bytes (`staged_plan`): a block copies its rows into shared memory in 16-byte packs,
-//                         a group of threads per row does the math there, and the block copies them out.
+//                         a group of threads per row does the math (the row in registers) and writes it back there,
+//                         and the block copies the rows out.
 //   width <= 1024         softmax_warp_kernel: a group of GROUP <= 32 threads per row (a sub-warp for tiny rows),
 //                         the row in registers, warp-shuffle reductions; rows a thread holds in one 16-byte pack
 //                         (<= 128 fp32, <= 256 fp16/bf16 columns) go two per group. Rows read one element at a
@@ -15,8 +16,8 @@
 //                         row's others, combines them in a fixed order), so few wide rows still fill the GPU.
 //   wider than SMs spans  softmax_looped_kernel: one block per row; one pass for max and sum together (online
 //                         softmax), then a pass that writes, from the end of the row back (that part is still in L2).
-// The backward has the same four: softmax_backward_staged_kernel, softmax_backward_warp_kernel (rows up to 512 columns, y and dy in registers),
-// softmax_backward_span_kernel (the spans' partial sums of y * dy meet as the forward's do), and the looped
+// The backward has the same four: softmax_backward_staged_kernel, softmax_backward_warp_kernel (rows up to 512
+// columns, y and dy in registers), softmax_backward_span_kernel (the spans' partial sums of y * dy meet as the forward's do), and the looped
 // softmax_backward_kernel. Span plans are rules over rows, width, element size and the SM count (`span_plan`), whose
 // parameters (`SpanRules`) come from the op's plan table through the binding.
 // The warp kernels read 16 bytes at a time where rows are 16-byte aligned, else one element at a time; the span
@@ -468,10 +469,11 @@ __device__ __forceinline__ void copy_block(const T* __restrict__ from, T* __rest
   for (int i = packs * V + (int)threadIdx.x; i < n; i += blockDim.x) to[i] = from[i];
 }
 
-// Contiguous rows whose width is no whole number of 16-byte packs (staged_plan): a block copies `block_rows` rows
-// (contiguous, starting on a 16-byte boundary) into shared memory in packs, GROUP threads a row do the math there,
-// and the block copies the rows out the same way. Block: kStagedThreads; dynamic shared memory block_rows * width.
-template <typename T, int GROUP>
+// Contiguous short rows (staged_plan): a block copies `block_rows` rows (contiguous, starting on a 16-byte boundary)
+// into shared memory in packs, GROUP threads a row take its values into registers (ITEMS each, columns lane +
+// k * GROUP) and write the results back there, and the block copies the rows out the same way. Block:
+// kStagedThreads; dynamic shared memory block_rows * width elements.
+template <typename T, int GROUP, int ITEMS>
 __global__ void __launch_bounds__(kStagedThreads)
     softmax_staged_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int width, int block_rows) {
   extern __shared__ uint4 staged_smem[];
@@ -481,18 +483,21 @@ __global__ void __launch_bounds__(kStagedThreads)
     const int count = (int)(rows - first < block_rows ? rows - first : block_rows);
     copy_block<T>(x + first * width, tile, count * width);
     __syncthreads();
-    // every lane of a warp joins every shuffle: the loop bounds are the block's, rows past `count` do no memory work
+    // every lane of a warp joins every shuffle: the loop bounds are the block's, rows past `count` touch no memory
+#pragma unroll 2
     for (int base = 0; base < count; base += kStagedThreads / GROUP) {
       const int r = base + (int)threadIdx.x / GROUP;
       T* row = tile + (int64_t)(r < count ? r : 0) * width;
       const int end = r < count ? width : 0;
-      float mx = kNegInf;
-      for (int c = lane; c < end; c += GROUP) mx = fmaxf(mx, to_float(row[c]));
-      mx = warp_reduce<GROUP>(mx, Max{});
-      float sum = 0.f;
-      for (int c = lane; c < end; c += GROUP) sum += __expf(to_float(row[c]) - mx);
-      const float inv = 1.f / warp_reduce<GROUP>(sum, Sum{});
-      for (int c = lane; c < end; c += GROUP) row[c] = from_float<T>(__expf(to_float(row[c]) - mx) * inv);
+      float v[ITEMS];
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) v[k] = lane + k * GROUP < end ? to_float(row[lane + k * GROUP]) : kNegInf;
+      const float mx = warp_reduce<GROUP>(max_of<ITEMS>(v), Max{});
+      const float inv = 1.f / warp_reduce<GROUP>(exp_and_sum<ITEMS>(v, mx), Sum{});
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (lane + k * GROUP < end) row[lane + k * GROUP] = from_float<T>(v[k] * inv);
+      }
     }
     __syncthreads();
     copy_block<T>(tile, y + first * width, count * width);
@@ -502,7 +507,7 @@ __global__ void __launch_bounds__(kStagedThreads)
 
 // The backward of staged rows: y's and dy's rows side by side in shared memory (2 * block_rows * width), dx written
 // over y's.
-template <typename T, int GROUP>
+template <typename T, int GROUP, int ITEMS>
 __global__ void __launch_bounds__(kStagedThreads)
     softmax_backward_staged_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
                                    int64_t rows, int width, int block_rows) {
@@ -515,15 +520,24 @@ __global__ void __launch_bounds__(kStagedThreads)
     copy_block<T>(y + first * width, y_tile, count * width);
     copy_block<T>(dy + first * width, dy_tile, count * width);
     __syncthreads();
+#pragma unroll 2
     for (int base = 0; base < count; base += kStagedThreads / GROUP) {
       const int r = base + (int)threadIdx.x / GROUP;
       const int64_t at = (int64_t)(r < count ? r : 0) * width;
       const int end = r < count ? width : 0;
+      float a[ITEMS], g[ITEMS];
       float dot = 0.f;
-      for (int c = lane; c < end; c += GROUP) dot += to_float(y_tile[at + c]) * to_float(dy_tile[at + c]);
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const bool in = lane + k * GROUP < end;
+        a[k] = in ? to_float(y_tile[at + lane + k * GROUP]) : 0.f;
+        g[k] = in ? to_float(dy_tile[at + lane + k * GROUP]) : 0.f;
+        dot += a[k] * g[k];
+      }
       dot = warp_reduce<GROUP>(dot, Sum{});
-      for (int c = lane; c < end; c += GROUP) {
-        y_tile[at + c] = from_float<T>(to_float(y_tile[at + c]) * (to_float(dy_tile[at + c]) - dot));
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (lane + k * GROUP < end) y_tile[at + lane + k * GROUP] = from_float<T>(a[k] * (g[k] - dot));
       }
     }
     __syncthreads();
@@ -716,12 +730,28 @@ bool staged(const StagedPlan& p, std::initializer_list<const void*> ptrs, std::i
   return ok;
 }
 
+// Calls f(group, items) as integral constants for a staged plan's (group, items): items <= 4 below a warp.
+template <typename F>
+cudaError_t with_staged(const StagedPlan& p, F&& f) {
+  return with_pow2(p.group, [&](auto group) {
+    return with_pow2(p.items, [&](auto items) {
+      constexpr int GROUP = decltype(group)::value;
+      constexpr int ITEMS = decltype(items)::value;
+      if constexpr (GROUP < 32 && ITEMS > 4) {
+        return cudaErrorInvalidValue;
+      } else {
+        return f(group, items);
+      }
+    });
+  });
+}
+
 template <typename T>
 cudaError_t forward_staged(const T* x, T* y, int64_t rows, int64_t width, const StagedPlan& p, cudaStream_t stream) {
   const int64_t smem = staged_smem_bytes(p, width, sizeof(T), false);
-  return with_pow2(p.group, [&](auto group) {
-    softmax_staged_kernel<T, decltype(group)::value><<<grid_for(ceil_div(rows, p.rows)), kStagedThreads, smem, stream>>>(
-        x, y, rows, (int)width, p.rows);
+  return with_staged(p, [&](auto group, auto items) {
+    softmax_staged_kernel<T, decltype(group)::value, decltype(items)::value>
+        <<<grid_for(ceil_div(rows, p.rows)), kStagedThreads, smem, stream>>>(x, y, rows, (int)width, p.rows);
     return cudaGetLastError();
   });
 }
@@ -732,7 +762,7 @@ cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, i
   constexpr int V = 16 / sizeof(T);
   const T* xt = static_cast<const T*>(x);
   T* yt = static_cast<T*>(y);
-  const StagedPlan staging = staged_plan(width, sizeof(T), rules);
+  const StagedPlan staging = staged_plan(rows, width, sizeof(T), sms, rules);
   if (staged(staging, {x, y}, {xs, ys}, rows, width)) return forward_staged<T>(xt, yt, rows, width, staging, stream);
   const bool vec = vectorizable<T>({x, y}, {xs, ys}, width);
   if (warp_rows(width, sizeof(T), vec, false, rules)) {
@@ -798,9 +828,9 @@ cudaError_t backward_spans(const T* y, const T* dy, T* dx, int64_t rows, int64_t
 
 // Staged backward blocks take up to 2 x 32 KiB of shared memory (staged_plan's bounds): past the 48 KiB a launch
 // gets unasked, the kernel is allowed more once.
-template <typename T, int GROUP>
+template <typename T, int GROUP, int ITEMS>
 cudaError_t allow_staged_smem() {
-  static const cudaError_t allowed = cudaFuncSetAttribute(softmax_backward_staged_kernel<T, GROUP>,
+  static const cudaError_t allowed = cudaFuncSetAttribute(softmax_backward_staged_kernel<T, GROUP, ITEMS>,
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           (int)(4 * kStagedMaxTileBytes));
   return allowed;
@@ -810,14 +840,15 @@ template <typename T>
 cudaError_t backward_staged(const T* y, const T* dy, T* dx, int64_t rows, int64_t width, const StagedPlan& p,
                             cudaStream_t stream) {
   const int64_t smem = staged_smem_bytes(p, width, sizeof(T), true);
-  return with_pow2(p.group, [&](auto group) {
+  return with_staged(p, [&](auto group, auto items) {
     constexpr int GROUP = decltype(group)::value;
+    constexpr int ITEMS = decltype(items)::value;
     if (smem > 48 * 1024) {
-      const cudaError_t allowed = allow_staged_smem<T, GROUP>();
+      const cudaError_t allowed = allow_staged_smem<T, GROUP, ITEMS>();
       if (allowed != cudaSuccess) return allowed;
     }
-    softmax_backward_staged_kernel<T, GROUP><<<grid_for(ceil_div(rows, p.rows)), kStagedThreads, smem, stream>>>(
-        y, dy, dx, rows, (int)width, p.rows);
+    softmax_backward_staged_kernel<T, GROUP, ITEMS>
+        <<<grid_for(ceil_div(rows, p.rows)), kStagedThreads, smem, stream>>>(y, dy, dx, rows, (int)width, p.rows);
     return cudaGetLastError();
   });
 }
@@ -830,7 +861,7 @@ cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows
   const T* yt = static_cast<const T*>(y);
   const T* dyt = static_cast<const T*>(dy);
   T* dxt = static_cast<T*>(dx);
-  const StagedPlan staging = staged_plan(width, sizeof(T), rules);
+  const StagedPlan staging = staged_plan(rows, width, sizeof(T), sms, rules);
   if (staged(staging, {y, dy, dx}, {ys, dys, dxs}, rows, width)) {
     return backward_staged<T>(yt, dyt, dxt, rows, width, staging, stream);
   }

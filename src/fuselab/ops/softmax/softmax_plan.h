@@ -43,6 +43,7 @@ struct SpanRules {
   int64_t staged_row_bytes;         // contiguous rows up to this long, no whole number of 16-byte packs: staged (0: none)
   int64_t staged_packed_row_bytes;  // ... rows of whole packs up to this long: staged too (0: none)
   int64_t staged_tile_bytes;        // about this many bytes of each tensor's rows a staged block
+  int64_t staged_blocks_per_sm;     // ... fewer for a tensor of few rows, until about this many blocks per SM run
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -111,26 +112,31 @@ inline bool warp_rows(int64_t width, int itemsize, bool vectorized, bool backwar
 }
 
 // A staged launch: `rows` rows a block (a multiple of 8, so every block's rows start on a 16-byte boundary), `group`
-// threads a row in the math (a power of 2 <= 32, about 4 values a thread); rows 0: not staged.
+// threads a row in the math (a power of 2 <= 32), each holding `items` values in registers (a power of 2: <= 4 where
+// group < 32, else <= 32); rows 0: not staged.
 struct StagedPlan {
   int rows;
   int group;
+  int items;
 };
 
 // Whether rows of `width` go through shared memory (the staged kernels): rows of no whole number of 16-byte packs,
 // which the warp kernels would read one element at a time, up to r.staged_row_bytes long, and rows of whole packs up
 // to r.staged_packed_row_bytes (the warp kernels read those in packs, but a row of one or two packs is little work
 // for a thread). A block copies its rows,
-// contiguous in memory, in 16-byte packs into shared memory (about r.staged_tile_bytes of each tensor, and rows enough
-// for every thread), does the math there, and copies them out the same way. The launcher also asks for contiguous
-// rows of 16-byte aligned tensors.
-inline StagedPlan staged_plan(int64_t width, int itemsize, const SpanRules& r) {
+// contiguous in memory, in 16-byte packs into shared memory (about r.staged_tile_bytes of each tensor, fewer where
+// that leaves fewer than about r.staged_blocks_per_sm blocks per SM, and rows enough for every thread), does the math
+// there (a row's values in its group's registers), and copies them out the same way. The launcher also asks for
+// contiguous rows of 16-byte aligned tensors.
+inline StagedPlan staged_plan(int64_t rows, int64_t width, int itemsize, int sms, const SpanRules& r) {
   const int64_t row_bytes = width * itemsize;
   const int64_t most = row_bytes % 16 == 0 ? r.staged_packed_row_bytes : r.staged_row_bytes;
-  if (width < 1 || row_bytes > std::min(most, kStagedMaxRowBytes)) return {0, 0};
+  if (rows < 1 || width < 1 || row_bytes > std::min(most, kStagedMaxRowBytes)) return {0, 0, 0};
   const int group = std::min<int>(32, next_pow2(ceil_div(width, 4)));
-  const int64_t rows = std::max<int64_t>(r.staged_tile_bytes / row_bytes, kStagedThreads / group);
-  return {(int)(ceil_div(rows, 8) * 8), group};
+  const int64_t least = kStagedThreads / group;
+  const int64_t fill = ceil_div(rows, std::max<int64_t>(1, sms * r.staged_blocks_per_sm));
+  const int64_t block = std::max(least, std::min(r.staged_tile_bytes / row_bytes, fill));
+  return {(int)(ceil_div(block, 8) * 8), group, next_pow2(ceil_div(width, group))};
 }
 
 // Shared memory bytes a staged block takes: its rows of x (backward: of y and of dy).
@@ -148,7 +154,7 @@ inline bool valid_rules(const SpanRules& r) {
          r.scalar_warp_width_16bit <= kWarpMaxWidth && r.staged_row_bytes >= 0 &&
          r.staged_row_bytes <= kStagedMaxRowBytes && r.staged_packed_row_bytes >= 0 &&
          r.staged_packed_row_bytes <= kStagedMaxRowBytes && r.staged_tile_bytes >= kStagedMinTileBytes &&
-         r.staged_tile_bytes <= kStagedMaxTileBytes;
+         r.staged_tile_bytes <= kStagedMaxTileBytes && r.staged_blocks_per_sm >= 1;
 }
 
 // Scratch elements a launch needs: {int32 counters, float partials}; {0, 0} where rows are not cut.
