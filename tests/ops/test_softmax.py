@@ -686,8 +686,9 @@ def test_gpu_cuda_spans_forward_and_backward(dtype: torch.dtype) -> None:
 
 
 # Short rows the CUDA impl stages through shared memory (softmax_plan.h's staged_plan): contiguous rows of no whole
-# number of 16-byte packs up to 2 KiB, from one row to more than a block's rows many times over (blocks of 8-4096
-# rows), a group of 1-32 threads a row.
+# number of 16-byte packs (under the plan table's limits, fp32 rows up to 128 bytes and 16-bit up to 768; the others
+# here go to the warp kernels, and to the staged ones in the run-time rules test below, whose limits are 2 KiB), from
+# one row to more than a block's rows many times over (blocks of 8-4096 rows), a group of 1-32 threads a row.
 CUDA_STAGED_SHAPES = ((1, 1), (1, 12), (3, 1), (7, 5), (1553, 12), (100003, 5), (70001, 22), (5001, 577), (2049, 511),
                       (4099, 1023), (333, 301), (65537, 3))  # fmt: skip
 
@@ -759,12 +760,14 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
     assert set(table) == set(cuda.SPAN_RULES)
     small = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
              "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024,
-             "staged_row_bytes": 0, "staged_packed_row_bytes": 0, "staged_tile_bytes": 256,
+             "staged_row_bytes_fp32": 0, "staged_row_bytes_16bit": 0, "staged_packed_row_bytes": 0,
+             "staged_tile_bytes": 256,
              "staged_blocks_per_sm": 1}  # fmt: skip
     wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
-            "staged_row_bytes": 2048, "staged_packed_row_bytes": 2048, "staged_tile_bytes": 16384}  # fmt: skip
+            "staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048, "staged_packed_row_bytes": 2048,
+            "staged_tile_bytes": 16384}  # fmt: skip
     shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
-              (3, 1100001), (3001, 900), (20001, 7), (4001, 8))  # fmt: skip
+              (3, 1100001), (3001, 900), (20001, 7), (4001, 8), (5001, 301))  # fmt: skip
     try:
         for rules, dtype, (rows, width), offset in itertools.product(
             (small, wide), (torch.float32, torch.bfloat16), shapes, (0, 1)
@@ -1137,7 +1140,7 @@ CUDA_PLAN_SHIM = """
 #include "softmax_plan.h"
 using namespace fuselab::softmax_plan;
 SpanRules rules_of(const int64_t* r) {
-  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11]};
+  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12]};
 }
 extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
                      int64_t* out) {
@@ -1287,7 +1290,7 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     assert plan(2, 694237, 4, 4, 132, False, {"blocks_per_sm": 1})[0] == 66  # two rows on one block per SM
     for bad in ({"threads": 2048}, {"threads": 384}, {"threads": 64}, {"hold": 33}, {"backward_hold": 17},
                 {"hold": 0}, {"min_span_bytes": 8}, {"blocks_per_sm": 0}, {"scalar_warp_width_fp32": 0},
-                {"scalar_warp_width_16bit": 1025}, {"staged_row_bytes": -1}, {"staged_row_bytes": 2049},
+                {"scalar_warp_width_16bit": 1025}, {"staged_row_bytes_fp32": -1}, {"staged_row_bytes_16bit": 2049},
                 {"staged_tile_bytes": 255}, {"staged_tile_bytes": 16385},
                 {"staged_packed_row_bytes": 2049}):  # fmt: skip
         assert not valid({**DEFAULT_SPAN_RULES, **bad}), bad
@@ -1310,35 +1313,39 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
 
 
 def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_memory_they_may_use(cuda_plans) -> None:
-    """Rows of no whole number of 16-byte packs, up to staged_row_bytes, are staged: a block's rows are a multiple of
-    8 (so each block starts on a 16-byte boundary), enough for every thread (kStagedThreads 256), about
+    """Rows of no whole number of 16-byte packs, up to staged_row_bytes_fp32 / _16bit, are staged: a block's rows are
+    a multiple of 8 (so each block starts on a 16-byte boundary), enough for every thread (kStagedThreads 256), about
     staged_tile_bytes of each tensor, fewer for a tensor of few rows (about staged_blocks_per_sm blocks per SM); a
     group of up to 32 threads a row, at most 4 values a thread below a warp. Rows of whole packs (the warp kernels read
-    those in packs) unless staged_packed_row_bytes says, longer rows, and every row under staged_row_bytes 0 are not
-    staged. The shared memory a block takes stays within 32 KiB forward and 64 KiB backward (what the launcher
-    allows)."""
+    those in packs) unless staged_packed_row_bytes says, longer rows, tensors of fewer rows than a block has groups,
+    and every row under a row limit of 0 are not staged. The shared memory a block takes stays within 32 KiB forward
+    and 64 KiB backward (what the launcher allows)."""
     *_, staged = cuda_plans
-    many = 10**7
+    many, wide = 10**7, {"staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048}
     assert staged(many, 12, 2, False) == (344, 4, 4, 344 * 24)  # 8192 / 24 = 341 rows, up to a multiple of 8
     assert staged(many, 5, 4, True) == (416, 2, 4, 2 * 416 * 20)
     assert staged(many, 1, 2, False) == (4096, 1, 1, 8192)
-    assert staged(many, 577, 2, False) == (8, 32, 32, 8 * 1154)  # 7 rows of 1154 bytes in 8 KiB; 8 for 256 threads
-    assert staged(many, 101, 4, False) == (24, 32, 4, 24 * 404)
+    assert staged(many, 577, 2, False, wide) == (8, 32, 32, 8 * 1154)  # 7 rows of 1154 bytes in 8 KiB; 8 for 256
+    assert staged(many, 101, 4, False, wide) == (24, 32, 4, 24 * 404)
+    # the defaults' limits: fp32 rows up to 128 bytes, 16-bit up to 768
+    assert staged(many, 31, 4, False)[0] and not staged(many, 33, 4, False)[0] and not staged(many, 101, 4, False)[0]
+    assert staged(many, 383, 2, False)[0] and not staged(many, 385, 2, False)[0]
     assert staged(100003, 7, 2, False)[:2] == (192, 2)  # 100 003 rows / (132 SMs x 4): 190, not 8192 / 14 = 585
     assert staged(22470, 53, 2, False)[:2] == (48, 16)  # 43 rows a block; 16 at least (256 threads, 16 a row)
     assert staged(100003, 7, 2, False, {"staged_blocks_per_sm": 1})[0] == 592  # 758 a block would fill: 8 KiB
+    assert staged(3, 11, 4, False) == (0, 0, 0, 0) and staged(64, 11, 4, False)[0] == 64  # 64 groups of 4 a block
     for width, itemsize in ((8, 2), (4, 4), (100, 4), (1024, 2), (1025, 2), (513, 4)):  # whole packs, or too long
-        assert staged(many, width, itemsize, False)[0] == 0, (width, itemsize)
-    assert staged(many, 12, 2, False, {"staged_row_bytes": 0}) == (0, 0, 0, 0)
+        assert staged(many, width, itemsize, False, wide)[0] == 0, (width, itemsize)
+    assert staged(many, 12, 2, False, {"staged_row_bytes_16bit": 0}) == (0, 0, 0, 0)
+    assert staged(many, 13, 4, False, {"staged_row_bytes_16bit": 0})[0] == 160  # fp32 rows: their own limit
     assert staged(many, 8, 2, False, {"staged_packed_row_bytes": 16}) == (512, 2, 4, 8192)  # whole packs, when asked
-    assert staged(many, 12, 2, False, {"staged_packed_row_bytes": 2048, "staged_row_bytes": 0})[0] == 0
-    assert staged(many, 577, 2, False, {"staged_row_bytes": 1024})[0] == 0
-    for itemsize, tile, backward, rows in itertools.product((2, 4), (256, 8192, 16384), (False, True), (1, 999, many)):
+    assert staged(many, 12, 2, False, {"staged_packed_row_bytes": 2048, "staged_row_bytes_16bit": 0})[0] == 0
+    for itemsize, tile, backward, rows in itertools.product((2, 4), (256, 8192, 16384), (False, True), (999, many)):
         for width in range(1, 2048 // itemsize + 1):
-            rules = {"staged_tile_bytes": tile, "staged_packed_row_bytes": 2048 if tile == 256 else 0}
+            rules = {**wide, "staged_tile_bytes": tile, "staged_packed_row_bytes": 2048 if tile == 256 else 0}
             block, group, items, smem = staged(rows, width, itemsize, backward, rules)
-            if width * itemsize % 16 == 0 and tile != 256:
-                assert block == 0, (width, itemsize)
+            if (width * itemsize % 16 == 0 and tile != 256) or rows < 256 // min(32, next_power_of_2(-(-width // 4))):
+                assert block == 0, (rows, width, itemsize)
                 continue
             case = (rows, width, itemsize, tile, block, group, items)
             assert block % 8 == 0 and block * group >= 256 and group in (1, 2, 4, 8, 16, 32), case

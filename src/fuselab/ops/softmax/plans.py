@@ -62,7 +62,8 @@ DEFAULTS: dict[str, object] = {
     # blocks per SM run. Blocks of up to 512 threads cut rows; one of more (fewer values a thread: softmax_plan.h's
     # wide_hold, 64 registers) is used where it holds a row whole. Rows read one element at a time go to the warp
     # kernels up to `scalar_warp_width_fp32` / `_16bit` columns. Contiguous rows of no whole number of 16-byte
-    # packs, up to `staged_row_bytes` long (0: none), and of whole packs up to `staged_packed_row_bytes`, are
+    # packs, up to `staged_row_bytes_fp32` / `_16bit` long (0: none), and of whole packs up to
+    # `staged_packed_row_bytes`, are
     # staged: a block copies about `staged_tile_bytes` of each tensor's rows (fewer where that leaves fewer than
     # `staged_blocks_per_sm` blocks per SM) into shared memory in packs and back.
     # The kernels are compiled for threads <= 1024, hold <= 32, backward_hold <= 16, scalar warp widths <= 1024,
@@ -76,7 +77,8 @@ DEFAULTS: dict[str, object] = {
         "blocks_per_sm": 2,
         "scalar_warp_width_fp32": 1024,
         "scalar_warp_width_16bit": 512,
-        "staged_row_bytes": 2048,
+        "staged_row_bytes_fp32": 128,
+        "staged_row_bytes_16bit": 768,
         "staged_packed_row_bytes": 0,
         "staged_tile_bytes": 8192,
         "staged_blocks_per_sm": 4,

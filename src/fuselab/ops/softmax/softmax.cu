@@ -2,7 +2,7 @@
 //
 // Forward kernels, chosen in `forward_typed`:
 //   short rows, staged    softmax_staged_kernel: contiguous rows of no whole number of 16-byte packs, up to the rules'
-//                         staged_row_bytes (`staged_plan`): a block copies its rows into shared memory in 16-byte packs,
+//                         staged_row_bytes_fp32 / _16bit (`staged_plan`): a block copies its rows into shared memory in 16-byte packs,
 //                         a group of threads per row does the math (the row in registers) and writes it back there,
 //                         and the block copies the rows out.
 //   width <= 1024         softmax_warp_kernel: a group of GROUP <= 32 threads per row (a sub-warp for tiny rows),

@@ -40,7 +40,8 @@ struct SpanRules {
   int64_t blocks_per_sm;            // few rows: cut into spans until about this many blocks run per SM
   int64_t scalar_warp_width_fp32;   // fp32 rows read one element at a time: the warp kernels up to this width
   int64_t scalar_warp_width_16bit;  // fp16 and bf16 rows read one element at a time: the same
-  int64_t staged_row_bytes;         // contiguous rows up to this long, no whole number of 16-byte packs: staged (0: none)
+  int64_t staged_row_bytes_fp32;    // contiguous fp32 rows up to this long, no whole number of 16-byte packs: staged
+  int64_t staged_row_bytes_16bit;   // ... fp16 and bf16 rows (0: none)
   int64_t staged_packed_row_bytes;  // ... rows of whole packs up to this long: staged too (0: none)
   int64_t staged_tile_bytes;        // about this many bytes of each tensor's rows a staged block
   int64_t staged_blocks_per_sm;     // ... fewer for a tensor of few rows, until about this many blocks per SM run
@@ -121,19 +122,23 @@ struct StagedPlan {
 };
 
 // Whether rows of `width` go through shared memory (the staged kernels): rows of no whole number of 16-byte packs,
-// which the warp kernels would read one element at a time, up to r.staged_row_bytes long, and rows of whole packs up
+// which the warp kernels would read one element at a time, up to r.staged_row_bytes_fp32 / _16bit long (on the H200
+// the staged kernels lost to the warp kernels past about 200 bytes of fp32 and 1 KiB of 16-bit rows, where a thread
+// holds many values: docs/ops/softmax.md), and rows of whole packs up
 // to r.staged_packed_row_bytes (the warp kernels read those in packs, but a row of one or two packs is little work
 // for a thread). A block copies its rows,
 // contiguous in memory, in 16-byte packs into shared memory (about r.staged_tile_bytes of each tensor, fewer where
 // that leaves fewer than about r.staged_blocks_per_sm blocks per SM, and rows enough for every thread), does the math
 // there (a row's values in its group's registers), and copies them out the same way. The launcher also asks for
-// contiguous rows of 16-byte aligned tensors.
+// contiguous rows of 16-byte aligned tensors, and rows enough for a block's groups (fewer gain nothing from staging).
 inline StagedPlan staged_plan(int64_t rows, int64_t width, int itemsize, int sms, const SpanRules& r) {
   const int64_t row_bytes = width * itemsize;
-  const int64_t most = row_bytes % 16 == 0 ? r.staged_packed_row_bytes : r.staged_row_bytes;
-  if (rows < 1 || width < 1 || row_bytes > std::min(most, kStagedMaxRowBytes)) return {0, 0, 0};
+  const int64_t unpacked = itemsize == 4 ? r.staged_row_bytes_fp32 : r.staged_row_bytes_16bit;
+  const int64_t most = row_bytes % 16 == 0 ? r.staged_packed_row_bytes : unpacked;
+  if (width < 1 || row_bytes > std::min(most, kStagedMaxRowBytes)) return {0, 0, 0};
   const int group = std::min<int>(32, next_pow2(ceil_div(width, 4)));
   const int64_t least = kStagedThreads / group;
+  if (rows < least) return {0, 0, 0};
   const int64_t fill = ceil_div(rows, std::max<int64_t>(1, sms * r.staged_blocks_per_sm));
   const int64_t block = std::max(least, std::min(r.staged_tile_bytes / row_bytes, fill));
   return {(int)(ceil_div(block, 8) * 8), group, next_pow2(ceil_div(width, group))};
@@ -151,8 +156,9 @@ inline bool valid_rules(const SpanRules& r) {
          r.backward_hold >= 1 && r.backward_hold <= kBackwardMaxElemsPerThread && r.min_span_bytes >= 16 &&
          r.split_row_bytes >= 1 && r.blocks_per_sm >= 1 && r.scalar_warp_width_fp32 >= 1 &&
          r.scalar_warp_width_fp32 <= kWarpMaxWidth && r.scalar_warp_width_16bit >= 1 &&
-         r.scalar_warp_width_16bit <= kWarpMaxWidth && r.staged_row_bytes >= 0 &&
-         r.staged_row_bytes <= kStagedMaxRowBytes && r.staged_packed_row_bytes >= 0 &&
+         r.scalar_warp_width_16bit <= kWarpMaxWidth && r.staged_row_bytes_fp32 >= 0 &&
+         r.staged_row_bytes_fp32 <= kStagedMaxRowBytes && r.staged_row_bytes_16bit >= 0 &&
+         r.staged_row_bytes_16bit <= kStagedMaxRowBytes && r.staged_packed_row_bytes >= 0 &&
          r.staged_packed_row_bytes <= kStagedMaxRowBytes && r.staged_tile_bytes >= kStagedMinTileBytes &&
          r.staged_tile_bytes <= kStagedMaxTileBytes && r.staged_blocks_per_sm >= 1;
 }
