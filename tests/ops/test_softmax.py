@@ -665,24 +665,30 @@ def _exact_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
 
 
+def _check_cuda_rows(shapes: tuple, dtype: torch.dtype, seed: int, repeat: bool) -> None:
+    """The CUDA impl's forward and backward at each (rows, width) of `shapes`, rows on a 16-byte boundary and off it
+    (offset 1), into NaN-poisoned outputs, against float64; `repeat`: and bitwise the same on a second call."""
+    fl = torch.ops.fuselab
+    tol = SOFTMAX.tolerance[dtype]
+    for (rows, width), offset in itertools.product(shapes, (0, 1)):
+        x, dy = _rows_at_offset(rows, width, offset, dtype, seed=seed)
+        y = fl.softmax_cuda(x)
+        assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows}x{width} offset {offset}"
+        assert not repeat or torch.equal(y, fl.softmax_cuda(x)), f"forward repeat {rows}x{width}"
+        y_in = torch.empty((rows, width + offset), dtype=dtype, device="cuda")[:, offset:].copy_(y)
+        poison_allocator(x.numel() * x.element_size(), "cuda")
+        dx = fl.softmax_cuda_backward(y_in, dy)
+        assert rel_err(dx, _exact_backward(y, dy)) <= tol, f"backward {dtype} {rows}x{width} offset {offset}"
+        assert not repeat or torch.equal(dx, fl.softmax_cuda_backward(y_in, dy)), f"backward repeat {rows}x{width}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_cuda_spans_forward_and_backward(dtype: torch.dtype) -> None:
     """Every CUDA span plan, on rows that start on a 16-byte boundary and on rows that do not (x[:, 1:]: read element
     by element), forward and backward into NaN-poisoned outputs: right, and bitwise the same on a second call (which
     also shows the first left its scratch's counters zeros: else the second would wait forever or mix rows)."""
-    fl = torch.ops.fuselab
-    tol = SOFTMAX.tolerance[dtype]
-    for (rows, width), offset in itertools.product(CUDA_SPAN_SHAPES, (0, 1)):
-        x, dy = _rows_at_offset(rows, width, offset, dtype, seed=21)
-        y = fl.softmax_cuda(x)
-        assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows}x{width} offset {offset}"
-        assert torch.equal(y, fl.softmax_cuda(x)), f"forward repeat {rows}x{width}"
-        y_in = torch.empty((rows, width + offset), dtype=dtype, device="cuda")[:, offset:].copy_(y)
-        poison_allocator(x.numel() * x.element_size(), "cuda")
-        dx = fl.softmax_cuda_backward(y_in, dy)
-        assert rel_err(dx, _exact_backward(y, dy)) <= tol, f"backward {dtype} {rows}x{width} offset {offset}"
-        assert torch.equal(dx, fl.softmax_cuda_backward(y_in, dy)), f"backward repeat {rows}x{width}"
+    _check_cuda_rows(CUDA_SPAN_SHAPES, dtype, seed=21, repeat=True)
 
 
 # Short rows the CUDA impl stages through shared memory (softmax_plan.h's staged_plan): contiguous rows of no whole
@@ -701,14 +707,7 @@ def test_gpu_cuda_staged_rows_forward_and_backward(dtype: torch.dtype) -> None:
     a row holding -inf gives 0 there, a row all -inf gives NaN, as torch.softmax does."""
     fl = torch.ops.fuselab
     tol = SOFTMAX.tolerance[dtype]
-    for (rows, width), offset in itertools.product(CUDA_STAGED_SHAPES, (0, 1)):
-        x, dy = _rows_at_offset(rows, width, offset, dtype, seed=41)
-        y = fl.softmax_cuda(x)
-        assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows}x{width} offset {offset}"
-        y_in = torch.empty((rows, width + offset), dtype=dtype, device="cuda")[:, offset:].copy_(y)
-        poison_allocator(x.numel() * x.element_size(), "cuda")
-        dx = fl.softmax_cuda_backward(y_in, dy)
-        assert rel_err(dx, _exact_backward(y, dy)) <= tol, f"backward {dtype} {rows}x{width} offset {offset}"
+    _check_cuda_rows(CUDA_STAGED_SHAPES, dtype, seed=41, repeat=True)
     (x,) = SOFTMAX.make_inputs((1000, 13), dtype, "cuda", 42)
     x[5, 3] = float("-inf")
     x[7] = float("-inf")
