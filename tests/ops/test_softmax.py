@@ -694,9 +694,10 @@ def test_gpu_cuda_spans_forward_and_backward(dtype: torch.dtype) -> None:
 # Short rows the CUDA impl stages through shared memory (softmax_plan.h's staged_plan): contiguous rows of no whole
 # number of 16-byte packs (under the plan table's limits, fp32 rows up to 128 bytes and 16-bit up to 768; the others
 # here go to the warp kernels, and to the staged ones in the run-time rules test below, whose limits are 2 KiB), from
-# one row to more than a block's rows many times over (blocks of 8-4096 rows), a group of 1-32 threads a row.
+# one row to more than a block's rows many times over (blocks of 8-4096 rows), a group of 1-32 threads a row; tensors
+# too small to fill 4 blocks per SM (1553 x 12, 65 537 x 3) go to the warp kernels.
 CUDA_STAGED_SHAPES = ((1, 1), (1, 12), (3, 1), (7, 5), (1553, 12), (100003, 5), (70001, 22), (5001, 577), (2049, 511),
-                      (4099, 1023), (333, 301), (65537, 3))  # fmt: skip
+                      (4099, 1023), (333, 301), (65537, 3), (300007, 3), (40009, 13), (200003, 1))  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -764,9 +765,9 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
              "staged_blocks_per_sm": 1}  # fmt: skip
     wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
             "staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048, "staged_packed_row_bytes": 2048,
-            "staged_tile_bytes": 16384}  # fmt: skip
+            "staged_tile_bytes": 16384, "staged_blocks_per_sm": 1}  # fmt: skip
     shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
-              (3, 1100001), (3001, 900), (20001, 7), (4001, 8), (5001, 301))  # fmt: skip
+              (3, 1100001), (3001, 900), (20001, 7), (40001, 8), (5001, 301))  # fmt: skip
     try:
         for rules, dtype, (rows, width), offset in itertools.product(
             (small, wide), (torch.float32, torch.bfloat16), shapes, (0, 1)
@@ -1332,7 +1333,9 @@ def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_me
     assert staged(100003, 7, 2, False)[:2] == (192, 2)  # 100 003 rows / (132 SMs x 4): 190, not 8192 / 14 = 585
     assert staged(22470, 53, 2, False)[:2] == (48, 16)  # 43 rows a block; 16 at least (256 threads, 16 a row)
     assert staged(100003, 7, 2, False, {"staged_blocks_per_sm": 1})[0] == 592  # 758 a block would fill: 8 KiB
-    assert staged(3, 11, 4, False) == (0, 0, 0, 0) and staged(64, 11, 4, False)[0] == 64  # 64 groups of 4 a block
+    # tensors too small for 4 blocks per SM of a block's groups: 64 rows of 11 (groups of 4) a block, 132 x 4 blocks
+    assert staged(3, 11, 4, False) == (0, 0, 0, 0) and staged(1000, 7, 2, False)[0] == 0
+    assert staged(9001, 31, 4, False)[0] == 0 and staged(132 * 4 * 64, 11, 4, False)[0] == 64
     for width, itemsize in ((8, 2), (4, 4), (100, 4), (1024, 2), (1025, 2), (513, 4)):  # whole packs, or too long
         assert staged(many, width, itemsize, False, wide)[0] == 0, (width, itemsize)
     assert staged(many, 12, 2, False, {"staged_row_bytes_16bit": 0}) == (0, 0, 0, 0)
@@ -1343,7 +1346,8 @@ def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_me
         for width in range(1, 2048 // itemsize + 1):
             rules = {**wide, "staged_tile_bytes": tile, "staged_packed_row_bytes": 2048 if tile == 256 else 0}
             block, group, items, smem = staged(rows, width, itemsize, backward, rules)
-            if (width * itemsize % 16 == 0 and tile != 256) or rows < 256 // min(32, next_power_of_2(-(-width // 4))):
+            least = 256 // min(32, next_power_of_2(-(-width // 4)))  # rows of a block's groups
+            if (width * itemsize % 16 == 0 and tile != 256) or -(-rows // (132 * 4)) < least:
                 assert block == 0, (rows, width, itemsize)
                 continue
             case = (rows, width, itemsize, tile, block, group, items)

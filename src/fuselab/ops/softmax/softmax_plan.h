@@ -130,7 +130,9 @@ struct StagedPlan {
 // contiguous in memory, in 16-byte packs into shared memory (about r.staged_tile_bytes of each tensor, fewer where
 // that leaves fewer than about r.staged_blocks_per_sm blocks per SM, and rows enough for every thread), does the math
 // there (a row's values in its group's registers), and copies them out the same way. The launcher also asks for
-// contiguous rows of 16-byte aligned tensors, and rows enough for a block's groups (fewer gain nothing from staging).
+// contiguous rows of 16-byte aligned tensors, and a tensor of rows enough for about r.staged_blocks_per_sm blocks per
+// SM of a block's groups at least (a smaller one waits out each block's copy in, math and copy out one after the
+// other: 1000 x 7 and 9001 x 31 took 1.07-1.24x the warp kernels' time on the H200).
 inline StagedPlan staged_plan(int64_t rows, int64_t width, int itemsize, int sms, const SpanRules& r) {
   const int64_t row_bytes = width * itemsize;
   const int64_t unpacked = itemsize == 4 ? r.staged_row_bytes_fp32 : r.staged_row_bytes_16bit;
@@ -138,8 +140,8 @@ inline StagedPlan staged_plan(int64_t rows, int64_t width, int itemsize, int sms
   if (width < 1 || row_bytes > std::min(most, kStagedMaxRowBytes)) return {0, 0, 0};
   const int group = std::min<int>(32, next_pow2(ceil_div(width, 4)));
   const int64_t least = kStagedThreads / group;
-  if (rows < least) return {0, 0, 0};
   const int64_t fill = ceil_div(rows, std::max<int64_t>(1, sms * r.staged_blocks_per_sm));
+  if (fill < least) return {0, 0, 0};
   const int64_t block = std::max(least, std::min(r.staged_tile_bytes / row_bytes, fill));
   return {(int)(ceil_div(block, 8) * 8), group, next_pow2(ceil_div(width, group))};
 }
