@@ -1,10 +1,10 @@
 // Softmax over rows in CUDA C++ (no torch headers: `nvcc -arch=sm_90 -c softmax.cu` checks it anywhere).
 //
 // Forward kernels, chosen in `forward_typed`:
-//   short rows, staged    softmax_staged_kernel: contiguous rows of no whole number of 16-byte packs, up to the rules'
-//                         staged_row_bytes_fp32 / _16bit (`staged_plan`): a block copies its rows into shared memory in 16-byte packs,
-//                         a group of threads per row does the math (the row in registers) and writes it back there,
-//                         and the block copies the rows out.
+//   short rows, staged    softmax_staged_kernel: contiguous rows of no whole number of 16-byte packs, up to the
+//                         rules' staged_row_bytes_fp32 / _16bit (`staged_plan`): a block copies its rows into shared
+//                         memory in 16-byte packs, a group of threads per row does the math (the row in registers)
+//                         and writes it back there, and the block copies the rows out.
 //   width <= 1024         softmax_warp_kernel: a group of GROUP <= 32 threads per row (a sub-warp for tiny rows),
 //                         the row in registers, warp-shuffle reductions; rows a thread holds in one 16-byte pack
 //                         (<= 128 fp32, <= 256 fp16/bf16 columns) go two per group. Rows read one element at a
@@ -17,9 +17,9 @@
 //   wider than SMs spans  softmax_looped_kernel: one block per row; one pass for max and sum together (online
 //                         softmax), then a pass that writes, from the end of the row back (that part is still in L2).
 // The backward has the same four: softmax_backward_staged_kernel, softmax_backward_warp_kernel (rows up to 512
-// columns, y and dy in registers), softmax_backward_span_kernel (the spans' partial sums of y * dy meet as the forward's do), and the looped
-// softmax_backward_kernel. Span plans are rules over rows, width, element size and the SM count (`span_plan`), whose
-// parameters (`SpanRules`) come from the op's plan table through the binding.
+// columns, y and dy in registers), softmax_backward_span_kernel (the spans' partial sums of y * dy meet as the
+// forward's do), and the looped softmax_backward_kernel. Span plans are rules over rows, width, element size and
+// the SM count (`span_plan`), whose parameters (`SpanRules`) come from the op's plan table through the binding.
 // The warp kernels read 16 bytes at a time where rows are 16-byte aligned, else one element at a time; the span
 // kernels read a row's 16-byte aligned bulk in packs and its few edge elements (before the first 16-byte boundary
 // and after the last) one by one, wherever all the tensors' rows start at the same offset from a boundary. Math in

@@ -74,14 +74,13 @@ DevicePlan plan_of(const torch::Device& device) {
 bool configure(int64_t device, int64_t threads, int64_t hold, int64_t backward_hold, int64_t min_span_bytes,
                int64_t split_row_bytes, int64_t blocks_per_sm, int64_t scalar_warp_width_fp32,
                int64_t scalar_warp_width_16bit, int64_t staged_row_bytes_fp32, int64_t staged_row_bytes_16bit,
-               int64_t staged_packed_row_bytes,
-               int64_t staged_tile_bytes, int64_t staged_blocks_per_sm) {
+               int64_t staged_packed_row_bytes, int64_t staged_tile_bytes, int64_t staged_blocks_per_sm) {
   const auto small = [](int64_t v) { return v >= 1 && v <= (1 << 20); };
-  const fuselab::SoftmaxRules rules{(int)threads,           (int)hold,        (int)backward_hold,
-                                    min_span_bytes,         split_row_bytes,  blocks_per_sm,
-                                    scalar_warp_width_fp32, scalar_warp_width_16bit, staged_row_bytes_fp32,
-                                    staged_row_bytes_16bit, staged_packed_row_bytes, staged_tile_bytes,
-                                    staged_blocks_per_sm};
+  const fuselab::SoftmaxRules rules{(int)threads,          (int)hold,          (int)backward_hold,
+                                    min_span_bytes,        split_row_bytes,    blocks_per_sm,
+                                    scalar_warp_width_fp32, scalar_warp_width_16bit,
+                                    staged_row_bytes_fp32, staged_row_bytes_16bit, staged_packed_row_bytes,
+                                    staged_tile_bytes,     staged_blocks_per_sm};
   if (!(device >= 0 && small(threads) && small(hold) && small(backward_hold) &&
         fuselab::softmax_plan::valid_rules(rules))) {
     return false;
@@ -272,8 +271,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("min_span_bytes"), pybind11::arg("split_row_bytes"), pybind11::arg("blocks_per_sm"),
         pybind11::arg("scalar_warp_width_fp32"), pybind11::arg("scalar_warp_width_16bit"),
         pybind11::arg("staged_row_bytes_fp32"), pybind11::arg("staged_row_bytes_16bit"),
-        pybind11::arg("staged_packed_row_bytes"),
-        pybind11::arg("staged_tile_bytes"), pybind11::arg("staged_blocks_per_sm"));
+        pybind11::arg("staged_packed_row_bytes"), pybind11::arg("staged_tile_bytes"),
+        pybind11::arg("staged_blocks_per_sm"));
   m.def("forward", &forward, "y = softmax(x) over the rows of x (rows, width)", pybind11::arg("x"), pybind11::arg("y"));
   m.def("backward", &backward, "dx = y * (dy - sum(dy * y)) row by row", pybind11::arg("y"), pybind11::arg("dy"),
         pybind11::arg("dx"));
