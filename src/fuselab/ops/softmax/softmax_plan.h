@@ -122,17 +122,15 @@ struct StagedPlan {
 };
 
 // Whether rows of `width` go through shared memory (the staged kernels): rows of no whole number of 16-byte packs,
-// which the warp kernels would read one element at a time, up to r.staged_row_bytes_fp32 / _16bit long (on the H200
-// the staged kernels lost to the warp kernels past about 200 bytes of fp32 and 1 KiB of 16-bit rows, where a thread
-// holds many values: docs/ops/softmax.md), and rows of whole packs up
-// to r.staged_packed_row_bytes (the warp kernels read those in packs, but a row of one or two packs is little work
-// for a thread). A block copies its rows,
-// contiguous in memory, in 16-byte packs into shared memory (about r.staged_tile_bytes of each tensor, fewer where
-// that leaves fewer than about r.staged_blocks_per_sm blocks per SM, and rows enough for every thread), does the math
-// there (a row's values in its group's registers), and copies them out the same way. The launcher also asks for
-// contiguous rows of 16-byte aligned tensors, and a tensor of rows enough for about r.staged_blocks_per_sm blocks per
-// SM of a block's groups at least (a smaller one waits out each block's copy in, math and copy out one after the
-// other: 1000 x 7 and 9001 x 31 took 1.07-1.24x the warp kernels' time on the H200).
+// which the warp kernels would read one element at a time, up to r.staged_row_bytes_fp32 / _16bit long (past those,
+// a thread holds so many values that the warp kernels win), and rows of whole packs up to r.staged_packed_row_bytes
+// (the warp kernels read those in packs, but a row of one or two packs is little work for a thread). A block copies
+// its rows, contiguous in memory, in 16-byte packs into shared memory (about r.staged_tile_bytes of each tensor, fewer
+// where that leaves fewer than about r.staged_blocks_per_sm blocks per SM, and rows enough for every thread), does the
+// math there (a row's values in its group's registers), and copies them out the same way. The launcher also asks for
+// contiguous rows of 16-byte aligned tensors. A tensor of fewer rows than about r.staged_blocks_per_sm blocks per SM
+// of a block's groups is not staged: it would wait out each block's copy in, math and copy out one after the other.
+// docs/ops/softmax.md has the measurements the limits come from.
 inline StagedPlan staged_plan(int64_t rows, int64_t width, int itemsize, int sms, const SpanRules& r) {
   const int64_t row_bytes = width * itemsize;
   const int64_t unpacked = itemsize == 4 ? r.staged_row_bytes_fp32 : r.staged_row_bytes_16bit;
