@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The CUDA softmax's span rules (plan-table data, "cuda_spans") tried side by side on a GPU: for each VARIANTS entry
-# "name:{json overrides of cuda_spans}", the tree's table with those overrides is written in place and
-# `fuselab bench softmax` runs IMPLS at SHAPES (forward and forward + backward, CUDA-graph replays), comparing itself
-# with the first variant (`--compare`: the cases past 5% slower are printed). The tree's table is put back whatever
-# happens; everything goes into one file, $OUT/cuda_variants.tgz (the device machine sends back at most 8 files), and
-# a table of the cuda impl's median µs per variant to stdout. LIGER: an unzipped Liger-Kernel wheel (impl liger).
-#   FUSELAB_REVISION=<commit> SHAPES="1553741x12 48449x577" \
-#   VARIANTS='off:{"staged_row_bytes":0} on:{}' OUT=$OUT bash scripts/softmax_cuda_variants.sh
+# The softmax's plan-table rules tried side by side on a GPU: for each VARIANTS entry "name:{json overrides}", the
+# tree's table with those overrides of its parameters is written in place (a dict value is merged into the table's,
+# or into the defaults' where the table has none: {"cuda_spans": {"staged_row_bytes_fp32": 0}} changes that one rule
+# of the CUDA impl's) and `fuselab bench softmax` runs IMPLS at SHAPES (forward and forward + backward, CUDA-graph replays), comparing itself with the first variant
+# (`--compare`: the cases past 5% slower are printed). The tree's table is put back whatever happens; everything goes
+# into one file, $OUT/variants.tgz (the device machine sends back at most 8 files), and a table of the median µs of
+# impl MEASURED (default cuda) per variant to stdout. LIGER: an unzipped Liger-Kernel wheel (impl liger).
+#   FUSELAB_REVISION=<commit> SHAPES="1553741x12 48449x577" MEASURED=triton IMPLS=torch,compile,triton \
+#   VARIANTS='off:{} flat:{"flat_row_bytes":{"4":128,"2":128}}' OUT=$OUT bash scripts/softmax_variants.sh
 set -u
 : "${SHAPES:?shapes, e.g. 1553741x12 48449x577}" "${VARIANTS:?name:{overrides} ..., the first the baseline}"
-OUT=${OUT:-/tmp/cuda_variants}; DTYPES=${DTYPES:-fp32 bf16 fp16}; IMPLS=${IMPLS:-torch,cuda}; T_BENCH=${T_BENCH:-120}
+OUT=${OUT:-/tmp/softmax_variants}; DTYPES=${DTYPES:-fp32 bf16 fp16}; IMPLS=${IMPLS:-torch,cuda}; T_BENCH=${T_BENCH:-120}
+export MEASURED=${MEASURED:-cuda}
 export PYTHONPATH="src${LIGER:+:$LIGER}"
 TABLE=${TABLE:-src/fuselab/ops/softmax/plans/$(python3 -c "from fuselab.ops import tuning; print(tuning.device_key(0))").json}
 WORK=$(mktemp -d); mkdir -p "$OUT"; cp "$TABLE" "$WORK/tree.json"
@@ -21,8 +23,11 @@ for variant in $VARIANTS; do
   name=${variant%%:*}; overrides=${variant#*:}
   python3 - "$WORK/tree.json" "$TABLE" "$overrides" <<'PY' || exit 1
 import json, sys
+from fuselab.ops.softmax.plans import DEFAULTS
 table = json.load(open(sys.argv[1]))
-table["params"]["cuda_spans"].update(json.loads(sys.argv[3]))
+params = table["params"]
+for key, value in json.loads(sys.argv[3]).items():  # a dict over the table's, itself over the defaults
+    params[key] = {**DEFAULTS.get(key, {}), **params.get(key, {}), **value} if isinstance(value, dict) else value
 json.dump(table, open(sys.argv[2], "w"), indent=2, sort_keys=True)
 PY
   extra=(); [ -n "$first" ] && extra=(--compare "$WORK/$first.json")
@@ -34,8 +39,8 @@ PY
   first=${first:-$name}
 done
 python3 - "$WORK" $VARIANTS <<'PY'
-"""The cuda impl's median µs per (dtype, shape, pass) and variant, torch's (of the first variant's run) beside."""
-import json, sys
+"""Impl MEASURED's median µs per (dtype, shape, pass) and variant, torch's (of the first variant's run) beside."""
+import json, os, sys
 work, names = sys.argv[1], [v.split(":", 1)[0] for v in sys.argv[2:]]
 times = {}
 for name in names:
@@ -44,11 +49,11 @@ for name in names:
     except (OSError, ValueError):
         continue
     for r in records:
-        if r["status"] == "ok" and r["impl"] in ("cuda", "torch"):
+        if r["status"] == "ok" and r["impl"] in (os.environ["MEASURED"], "torch"):
             key = (r["dtype"], "x".join(map(str, r["shape"])), r["pass"])
             times.setdefault(key, {}).setdefault(r["impl"] if r["impl"] == "torch" else name, r["median_ms"] * 1e3)
 print("dtype shape pass torch " + " ".join(names))
 for (dtype, shape, pass_), t in sorted(times.items()):
     print(dtype, shape, pass_, *(f"{t[n]:.1f}" if n in t else "-" for n in ["torch", *names]))
 PY
-tar czf "$OUT/cuda_variants.tgz" -C "$WORK" .
+tar czf "$OUT/variants.tgz" -C "$WORK" .
