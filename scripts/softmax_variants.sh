@@ -2,10 +2,11 @@
 # The softmax's plan-table rules tried side by side on a GPU: for each VARIANTS entry "name:{json overrides}", the
 # tree's table with those overrides of its parameters is written in place (a dict value is merged into the table's,
 # or into the defaults' where the table has none: {"cuda_spans": {"staged_row_bytes_fp32": 0}} changes that one rule
-# of the CUDA impl's) and `fuselab bench softmax` runs IMPLS at SHAPES (forward and forward + backward, CUDA-graph replays), comparing itself with the first variant
-# (`--compare`: the cases past 5% slower are printed). The tree's table is put back whatever happens; everything goes
-# into one file, $OUT/variants.tgz (the device machine sends back at most 8 files), and a table of the median µs of
-# impl MEASURED (default cuda) per variant to stdout. LIGER: an unzipped Liger-Kernel wheel (impl liger).
+# of the CUDA impl's) and `fuselab bench softmax` runs IMPLS at SHAPES (forward and forward + backward, CUDA-graph
+# replays), comparing itself with the first variant (`--compare`: the cases past 5% slower are printed). The tree's
+# table is put back whatever happens; everything goes into one file, $OUT/variants.tgz (the device machine sends back
+# at most 8 files), and a table of the median µs of impl MEASURED (default cuda) per variant to stdout. LIGER: an
+# unzipped Liger-Kernel wheel (impl liger).
 #   FUSELAB_REVISION=<commit> SHAPES="1553741x12 48449x577" MEASURED=triton IMPLS=torch,compile,triton \
 #   VARIANTS='off:{} flat:{"flat_row_bytes":{"4":128,"2":128}}' OUT=$OUT bash scripts/softmax_variants.sh
 set -u
