@@ -11,7 +11,8 @@
 #   VARIANTS='off:{} flat:{"flat_row_bytes":{"4":128,"2":128}}' OUT=$OUT bash scripts/softmax_variants.sh
 set -u
 : "${SHAPES:?shapes, e.g. 1553741x12 48449x577}" "${VARIANTS:?name:{overrides} ..., the first the baseline}"
-OUT=${OUT:-/tmp/softmax_variants}; DTYPES=${DTYPES:-fp32 bf16 fp16}; IMPLS=${IMPLS:-torch,cuda}; T_BENCH=${T_BENCH:-120}
+OUT=${OUT:-/tmp/softmax_variants}; DTYPES=${DTYPES:-fp32 bf16 fp16}
+IMPLS=${IMPLS:-torch,cuda}; T_BENCH=${T_BENCH:-120}
 export MEASURED=${MEASURED:-cuda}
 export PYTHONPATH="src${LIGER:+:$LIGER}"
 TABLE=${TABLE:-src/fuselab/ops/softmax/plans/$(python3 -c "from fuselab.ops import tuning; print(tuning.device_key(0))").json}
