@@ -279,7 +279,10 @@ def plot_ratios(
     rows: Sequence[Row], path: str | Path, title: str = "", axis: tuple[str, Callable[[Shape], float]] | None = None
 ) -> Path:
     """Ratio to the best peer against width or size, one point per shape, one panel per dtype, one colour per impl;
-    a line at 1 (as fast as the best peer). axis: (label, shape -> x) to plot against instead (an op's own axis)."""
+    a line at 1 (as fast as the best peer); both axes logarithmic, so a rival hundreds of times slower leaves the
+    ratios near 1 readable. axis: (label, shape -> x) to plot against instead (an op's own axis)."""
+    from matplotlib.ticker import FuncFormatter
+
     from fuselab.bench.results import pyplot, save_figure
 
     plt = pyplot()
@@ -295,6 +298,8 @@ def plot_ratios(
             ax.scatter(xs, [r.ratio for r in pts], s=12, label=impl)
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel(label)
         ax.set_ylabel("time / best peer")
         ax.set_title(f"{title} {dtype}".strip())
