@@ -238,3 +238,89 @@ def _backward_rows_kernel(
         dy = tl.load(dy_ptr + src * dy_row_stride * ALIGN + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         dx = y * (dy - tl.sum(y * dy, axis=1, keep_dims=True))
         tl.store(dx_ptr + rows * dx_row_stride * ALIGN + cols, dx.to(out_ty), mask=(rows < n_rows) & (cols < n_cols))
+
+
+@triton.jit
+def _flat_rows(n_cols, ROWS: tl.constexpr, WP: tl.constexpr, FLAT: tl.constexpr):
+    """For a program's ROWS rows of n_cols held flat (FLAT elements, a power of 2): the flat index of each place of
+    a [ROWS, WP] tile of them (0 past a row's end), whether a place is in its row, and each flat element's row."""
+    r = tl.arange(0, ROWS)[:, None]
+    c = tl.arange(0, WP)[None, :]
+    inside = c < n_cols
+    index = tl.reshape(tl.where(inside, r * n_cols + c, 0), [ROWS * WP])
+    return index, inside, tl.minimum(tl.arange(0, FLAT) // n_cols, ROWS - 1)
+
+
+@triton.jit
+def _load_flat(ptr, start, span, n_elements, FLAT: tl.constexpr):
+    """FLAT elements from ptr + start (those of [0, span) within n_elements; others 0). A whole tile is loaded under
+    a mask the compiler sees constant over 16 elements (span is a multiple of 16), so in 16-byte vectors."""
+    i = tl.arange(0, FLAT)
+    if start + span <= n_elements:
+        v = tl.load(ptr + start + i, mask=i < span, other=0.0)
+    else:
+        v = tl.load(ptr + start + i, mask=(i < span) & (start + i < n_elements), other=0.0)
+    return v
+
+
+@triton.jit
+def _store_flat(ptr, start, span, n_elements, v, FLAT: tl.constexpr):
+    """Stores v (FLAT elements) at ptr + start, those of [0, span) within n_elements (see _load_flat)."""
+    i = tl.arange(0, FLAT)
+    if start + span <= n_elements:
+        tl.store(ptr + start + i, v, mask=i < span)
+    else:
+        tl.store(ptr + start + i, v, mask=(i < span) & (start + i < n_elements))
+
+
+@triton.jit
+def _forward_flat_kernel(
+    x_ptr,
+    y_ptr,
+    n_elements,
+    n_cols,
+    span,
+    ROWS: tl.constexpr,
+    FLAT: tl.constexpr,
+    WP: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    """ROWS short rows back to back per program, read and written flat: span = ROWS * n_cols elements (a multiple of
+    16) in 16-byte vectors, however the rows fall on them. Each row's max and sum come from its values gathered into a
+    [ROWS, WP] tile (WP >= n_cols, a power of 2), and are gathered back to the flat elements. x, y: (n_rows, n_cols)
+    contiguous, n_elements = n_rows * n_cols; FLAT >= span, a power of 2. Rows past the end read zeros, stored
+    nowhere. A row that is all -inf, or holds +inf or NaN, gives NaN (as torch.softmax)."""
+    start = tl.program_id(0).to(tl.int64) * span
+    index, inside, row = _flat_rows(n_cols, ROWS, WP, FLAT)
+    x = _load_flat(x_ptr, start, span, n_elements, FLAT)
+    tile = tl.reshape(tl.gather(x, index, 0), [ROWS, WP])
+    tile = tl.where(inside, tile.to(tl.float32), float("-inf"))
+    row_max = tl.max(tile, axis=1)
+    inv = 1.0 / tl.sum(_exp(tile - row_max[:, None], PTX), axis=1)
+    y = _exp(x.to(tl.float32) - tl.gather(row_max, row, 0), PTX) * tl.gather(inv, row, 0)
+    _store_flat(y_ptr, start, span, n_elements, y.to(y_ptr.dtype.element_ty), FLAT)
+
+
+@triton.jit
+def _backward_flat_kernel(
+    y_ptr,
+    dy_ptr,
+    dx_ptr,
+    n_elements,
+    n_cols,
+    span,
+    ROWS: tl.constexpr,
+    FLAT: tl.constexpr,
+    WP: tl.constexpr,
+):
+    """dx = y * (dy - sum(dy * y)) for ROWS short rows back to back per program, read and written flat as in
+    _forward_flat_kernel: each row's sum from its products gathered into a [ROWS, WP] tile. All (n_rows, n_cols)
+    contiguous."""
+    start = tl.program_id(0).to(tl.int64) * span
+    index, inside, row = _flat_rows(n_cols, ROWS, WP, FLAT)
+    y = _load_flat(y_ptr, start, span, n_elements, FLAT).to(tl.float32)
+    dy = _load_flat(dy_ptr, start, span, n_elements, FLAT).to(tl.float32)
+    products = tl.reshape(tl.gather(y * dy, index, 0), [ROWS, WP])
+    dot = tl.sum(tl.where(inside, products, 0.0), axis=1)
+    dx = y * (dy - tl.gather(dot, row, 0))
+    _store_flat(dx_ptr, start, span, n_elements, dx.to(dx_ptr.dtype.element_ty), FLAT)
