@@ -806,6 +806,35 @@ def test_gpu_cuda_staged_rows_forward_and_backward(dtype: torch.dtype) -> None:
     assert rel_err(y[keep], reference(x)[keep]) <= tol
 
 
+# Rows off 16-byte boundaries (offset 1) of widths 1-1024 (head and tail edges of every length, one pack a lane up to
+# four (16-bit) or eight (fp32)), for the edge warp kernels under run-time rules that send them all there.
+CUDA_EDGE_WARP_SHAPES = ((1, 1), (3, 5), (1000, 7), (77, 31), (5001, 129), (22353, 532), (6594, 577), (501, 1021),
+                         (300, 1024), (7, 333))  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_cuda_edge_warp_rows_forward_and_backward(dtype: torch.dtype) -> None:
+    """The edge warp kernels (edge_warp_row_bytes 4096, set at run time: every row of no whole pack up to 1024
+    columns), forward and backward, rows on 16-byte boundaries and off them, into NaN-poisoned outputs, bitwise the
+    same twice; a row holding -inf gives 0 there, a row all -inf NaN; the table's rules put back."""
+    fl = torch.ops.fuselab
+    index = torch.cuda.current_device()
+    table = cuda.span_rules(index)
+    try:
+        cuda.configure(index, {**table, "edge_warp_row_bytes": 4096, "staged_row_bytes_fp32": 0,
+                               "staged_row_bytes_16bit": 0})  # fmt: skip
+        _check_cuda_rows(CUDA_EDGE_WARP_SHAPES, dtype, seed=51, repeat=True)
+        x, _ = _rows_at_offset(100, 577, 1, dtype, seed=52)
+        x[5, 3] = x[6, 576] = float("-inf")
+        x[7] = float("-inf")
+        y = fl.softmax_cuda(x)
+        assert y[5, 3] == 0 and y[6, 576] == 0 and torch.isnan(y[7]).all()
+        assert not torch.isnan(torch.cat([y[:7], y[8:]])).any()
+    finally:
+        cuda.configure(index, table)
+
+
 @pytest.mark.gpu
 def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
     """Rows cut into spans meet through a scratch buffer kept per stream: a side stream gets its own, and a CUDA graph
@@ -848,11 +877,10 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
     small = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
              "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024,
              "staged_row_bytes_fp32": 0, "staged_row_bytes_16bit": 0, "staged_packed_row_bytes": 0,
-             "staged_tile_bytes": 256,
-             "staged_blocks_per_sm": 1}  # fmt: skip
+             "staged_tile_bytes": 256, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 0}  # fmt: skip
     wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
             "staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048, "staged_packed_row_bytes": 2048,
-            "staged_tile_bytes": 16384, "staged_blocks_per_sm": 1}  # fmt: skip
+            "staged_tile_bytes": 16384, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 4096}  # fmt: skip
     shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
               (3, 1100001), (3001, 900), (20001, 7), (40001, 8), (5001, 301))  # fmt: skip
     try:
@@ -1227,7 +1255,7 @@ CUDA_PLAN_SHIM = """
 #include "softmax_plan.h"
 using namespace fuselab::softmax_plan;
 SpanRules rules_of(const int64_t* r) {
-  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12]};
+  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13]};
 }
 extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
                      int64_t* out) {
@@ -1249,13 +1277,16 @@ extern "C" void staged(int64_t rows, int64_t width, int itemsize, int sms, int b
 extern "C" int warp(int64_t width, int itemsize, int vectorized, int backward, const int64_t* r) {
   return warp_rows(width, itemsize, vectorized != 0, backward != 0, rules_of(r));
 }
+extern "C" int edge_warp(int64_t width, int itemsize, int vectorized, int same_phase, const int64_t* r) {
+  return edge_warp_rows(width, itemsize, vectorized != 0, same_phase != 0, rules_of(r));
+}
 """
 DEFAULT_SPAN_RULES = plans.DEFAULTS["cuda_spans"]
 
 
 @pytest.fixture(scope="module")
 def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
-    """(plan, scratch, valid, warp, staged): the CUDA plan rules as Python functions (see CUDA_PLAN_SHIM), under
+    """(plan, scratch, valid, warp, staged, edge_warp): the CUDA plan rules as Python functions (CUDA_PLAN_SHIM), under
     the span rules `rules` (a mapping of cuda.SPAN_RULES; default: plans.DEFAULTS["cuda_spans"])."""
     if CXX is None:
         pytest.skip("no C++ compiler to build softmax_plan.h")
@@ -1294,7 +1325,10 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
         shim.staged(i64(rows), i64(width), itemsize, sms, int(backward), packed(rules), out)
         return tuple(out)
 
-    return plan, scratch, valid, warp, staged
+    def edge_warp(width: int, itemsize: int, vectorized: bool, same_phase: bool, rules: dict | None = None) -> bool:
+        return bool(shim.edge_warp(i64(width), itemsize, int(vectorized), int(same_phase), packed(rules)))
+
+    return plan, scratch, valid, warp, staged, edge_warp
 
 
 def wide_hold(vec: int, itemsize: int, backward: bool) -> int:
@@ -1369,7 +1403,7 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     22 KB that the defaults leave whole. Rules beyond what the kernels are compiled for (blocks over 1024 threads or
     not a power of 2, holds over 32 forward or 16 backward, warp kernels past 1024 columns) are refused by the
     header's check, which the binding applies."""
-    plan, scratch, valid, warp, _ = cuda_plans
+    plan, scratch, valid, warp, *_ = cuda_plans
     assert set(DEFAULT_SPAN_RULES) == set(cuda.SPAN_RULES) and valid(DEFAULT_SPAN_RULES)
     assert plan(613, 22711, 4, 4, 132, False, {"threads": 256})[0] == 3  # 256 x 32 values a block: 3 spans
     assert plan(6, 5500, 4, 4, 132, False, {"split_row_bytes": 16384}) == (2, 2752, 128, 6)
@@ -1379,7 +1413,8 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
                 {"hold": 0}, {"min_span_bytes": 8}, {"blocks_per_sm": 0}, {"scalar_warp_width_fp32": 0},
                 {"scalar_warp_width_16bit": 1025}, {"staged_row_bytes_fp32": -1}, {"staged_row_bytes_16bit": 2049},
                 {"staged_tile_bytes": 255}, {"staged_tile_bytes": 16385},
-                {"staged_packed_row_bytes": 2049}):  # fmt: skip
+                {"staged_packed_row_bytes": 2049}, {"edge_warp_row_bytes": -1},
+                {"edge_warp_row_bytes": 4097}):  # fmt: skip
         assert not valid({**DEFAULT_SPAN_RULES, **bad}), bad
     # rows read one element at a time leave the warp kernels past the scalar warp width of their element size (the
     # defaults: 1024 fp32, 512 16-bit); rows read in packs do not
@@ -1399,6 +1434,21 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
         cuda.configure(0, {**{k: v for k, v in DEFAULT_SPAN_RULES.items() if k != "blocks_per_sm"}, "block": 1})
 
 
+def test_cuda_edge_warp_rows_are_misaligned_rows_of_one_phase_up_to_the_rule(cuda_plans) -> None:
+    """The edge warp kernels take rows not read in packs whose tensors share a phase, up to edge_warp_row_bytes and
+    1024 columns (a lane's packs within what the kernels are compiled for); never rows read in packs, nor rows whose
+    tensors start at different offsets from a 16-byte boundary; none under the default 0."""
+    *_, edge_warp = cuda_plans
+    on = {"edge_warp_row_bytes": 2048}
+    assert (
+        edge_warp(532, 2, False, True, on) and edge_warp(1024, 2, False, True, on) and edge_warp(3, 4, False, True, on)
+    )
+    assert not edge_warp(1025, 2, False, True, {"edge_warp_row_bytes": 4096})  # past kWarpMaxWidth
+    assert not edge_warp(513, 4, False, True, on)  # 2052 bytes
+    assert not edge_warp(532, 2, True, True, on) and not edge_warp(532, 2, False, False, on)
+    assert not edge_warp(532, 2, False, True) and DEFAULT_SPAN_RULES["edge_warp_row_bytes"] == 0
+
+
 def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_memory_they_may_use(cuda_plans) -> None:
     """Rows of no whole number of 16-byte packs, up to staged_row_bytes_fp32 / _16bit, are staged: a block's rows are
     a multiple of 8 (so each block starts on a 16-byte boundary), enough for every thread (kStagedThreads 256), about
@@ -1407,7 +1457,7 @@ def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_me
     those in packs) unless staged_packed_row_bytes says, longer rows, tensors of fewer rows than a block has groups,
     and every row under a row limit of 0 are not staged. The shared memory a block takes stays within 32 KiB forward
     and 64 KiB backward (what the launcher allows)."""
-    *_, staged = cuda_plans
+    *_, staged, _ = cuda_plans
     many, wide = 10**7, {"staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048}
     assert staged(many, 12, 2, False) == (344, 4, 4, 344 * 24)  # 8192 / 24 = 341 rows, up to a multiple of 8
     assert staged(many, 5, 4, True) == (416, 2, 4, 2 * 416 * 20)

@@ -526,7 +526,7 @@ def test_writing_a_table_makes_the_launchers_read_the_tables_again(tmp_path, mon
     launch.backward_plan(300, torch.float32, cpu)
     gelu_kernels._launch_config(4, None)
     configured = []
-    fake = type("Extension", (), {"configure": lambda self, index, *rules: configured.append((index, rules)) or True})
+    fake = type("Extension", (), {"configure": lambda self, index, rules: configured.append((index, rules)) or True})
     monkeypatch.setattr(softmax_cuda, "_EXTENSION", [fake()])
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(softmax_cuda, "span_rules", lambda index: dict(plans.DEFAULTS["cuda_spans"]))
@@ -535,4 +535,4 @@ def test_writing_a_table_makes_the_launchers_read_the_tables_again(tmp_path, mon
     tuning.write_table(tmp_path, "some-gpu-sm90", {"block": 64}, {})
     assert [f.cache_info().currsize for f in cached] == [0, 0, 0, 0]
     assert [index for index, _ in configured] == [0, 1]
-    assert configured[0][1] == tuple(plans.DEFAULTS["cuda_spans"][name] for name in softmax_cuda.SPAN_RULES)
+    assert configured[0][1] == {name: plans.DEFAULTS["cuda_spans"][name] for name in softmax_cuda.SPAN_RULES}

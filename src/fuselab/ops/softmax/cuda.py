@@ -44,6 +44,7 @@ SPAN_RULES = (
     "staged_packed_row_bytes",
     "staged_tile_bytes",
     "staged_blocks_per_sm",
+    "edge_warp_row_bytes",
 )
 
 
@@ -63,6 +64,7 @@ SPAN_LIMITS: dict[str, tuple[int, int | None]] = {
     "staged_packed_row_bytes": (0, 2048),
     "staged_tile_bytes": (256, 16384),
     "staged_blocks_per_sm": (1, None),
+    "edge_warp_row_bytes": (0, 4096),
 }
 
 
@@ -107,7 +109,7 @@ def configure(index: int, rules: Mapping[str, int], ext: ModuleType | None = Non
     refused = refusal(rules)
     if refused:
         raise ValueError(refused)
-    if not (ext or extension()).configure(index, *(int(rules[name]) for name in SPAN_RULES)):
+    if not (ext or extension()).configure(index, {name: int(rules[name]) for name in SPAN_RULES}):
         raise ValueError(f"softmax cuda: the binding refused span rules {dict(rules)} (softmax_plan.h's valid_rules)")
 
 

@@ -72,9 +72,12 @@ DEFAULTS: dict[str, object] = {
     # packs, up to `staged_row_bytes_fp32` / `_16bit` long (0: none), and of whole packs up to
     # `staged_packed_row_bytes`, are
     # staged: a block copies about `staged_tile_bytes` of each tensor's rows (fewer where that leaves fewer than
-    # `staged_blocks_per_sm` blocks per SM) into shared memory in packs and back.
+    # `staged_blocks_per_sm` blocks per SM) into shared memory in packs and back. Rows of no whole number of packs,
+    # whose tensors' rows all start at one offset from a 16-byte boundary, up to 1024 columns and
+    # `edge_warp_row_bytes` (0: none), go to the edge warp kernels: a warp a row, its aligned bulk in packs and its
+    # edges one element a lane.
     # The kernels are compiled for threads <= 1024, hold <= 32, backward_hold <= 16, scalar warp widths <= 1024,
-    # staged rows <= 2048 bytes and staged tiles of 256-16384 bytes.
+    # staged rows <= 2048 bytes, staged tiles of 256-16384 bytes and edge warp rows <= 4096 bytes.
     "cuda_spans": {
         "threads": 1024,
         "hold": 32,
@@ -89,6 +92,7 @@ DEFAULTS: dict[str, object] = {
         "staged_packed_row_bytes": 0,
         "staged_tile_bytes": 8192,
         "staged_blocks_per_sm": 4,
+        "edge_warp_row_bytes": 0,
     },
 }
 

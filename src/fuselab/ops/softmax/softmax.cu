@@ -5,6 +5,9 @@
 //                         rules' staged_row_bytes_fp32 / _16bit (`staged_plan`): a block copies its rows into shared
 //                         memory in 16-byte packs, a group of threads per row does the math (the row in registers)
 //                         and writes it back there, and the block copies the rows out.
+//   width <= 1024, rows   softmax_edge_warp_kernel: rows of no whole number of packs, all tensors' rows one offset
+//   off 16-byte bounds    from a boundary, up to the rules' edge_warp_row_bytes (`edge_warp_rows`): a warp per row,
+//                         the aligned bulk in packs and the edges one element a lane.
 //   width <= 1024         softmax_warp_kernel: a group of GROUP <= 32 threads per row (a sub-warp for tiny rows),
 //                         the row in registers, warp-shuffle reductions; rows a thread holds in one 16-byte pack
 //                         (<= 128 fp32, <= 256 fp16/bf16 columns) go two per group. Rows read one element at a
@@ -16,10 +19,11 @@
 //                         row's others, combines them in a fixed order), so few wide rows still fill the GPU.
 //   wider than SMs spans  softmax_looped_kernel: one block per row; one pass for max and sum together (online
 //                         softmax), then a pass that writes, from the end of the row back (that part is still in L2).
-// The backward has the same four: softmax_backward_staged_kernel, softmax_backward_warp_kernel (rows up to 512
-// columns, y and dy in registers), softmax_backward_span_kernel (the spans' partial sums of y * dy meet as the
-// forward's do), and the looped softmax_backward_kernel. Span plans are rules over rows, width, element size and
-// the SM count (`span_plan`), whose parameters (`SpanRules`) come from the op's plan table through the binding.
+// The backward has the same five: softmax_backward_staged_kernel, softmax_backward_edge_warp_kernel,
+// softmax_backward_warp_kernel (rows up to 512 columns, y and dy in registers), softmax_backward_span_kernel (the
+// spans' partial sums of y * dy meet as the forward's do), and the looped softmax_backward_kernel. Span plans are
+// rules over rows, width, element size and the SM count (`span_plan`), whose parameters (`SpanRules`) come from the
+// op's plan table through the binding.
 // The warp kernels read 16 bytes at a time where rows are 16-byte aligned, else one element at a time; the span
 // kernels read a row's 16-byte aligned bulk in packs and its few edge elements (before the first 16-byte boundary
 // and after the last) one by one, wherever all the tensors' rows start at the same offset from a boundary. Math in
@@ -441,6 +445,91 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
   }
 }
 
+// ---- rows read by a warp with edges ----
+
+// A warp per row (edge_warp_rows): lane l holds the row's packs at head + (it * 32 + l) * VEC of its 16-byte aligned
+// bulk (ITERS of them) and at most one edge element (`edge_column`: fewer than 2 * VEC < 32 of them). The row pointer
+// of x fixes the edges; y's rows start at the same offset from a 16-byte boundary (same_phase). Block:
+// kWarpKernelThreads.
+template <typename T, int VEC, int ITERS>
+__global__ void __launch_bounds__(kWarpKernelThreads)
+    softmax_edge_warp_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int width, int64_t x_stride,
+                             int64_t y_stride) {
+  constexpr int N = ITERS * VEC;
+  constexpr int ROWS_PER_BLOCK = kWarpKernelThreads / 32;
+  const int lane = threadIdx.x % 32;
+  // A warp's row is the same for all its lanes: every lane joins every shuffle.
+  for (int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32; row < rows;
+       row += (int64_t)gridDim.x * ROWS_PER_BLOCK) {
+    const T* xr = x + row * x_stride;
+    const RowEdges e = edges_of<T, VEC>(xr, width);
+    const int64_t end = e.head + e.bulk;
+    float v[N];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t col = e.head + (int64_t)(it * 32 + lane) * VEC;
+      load_or<T, VEC>(xr, col < end ? col : INT64_MAX, INT64_MAX - 1, &v[it * VEC], kNegInf);
+    }
+    const int64_t edge_col = edge_column(e, lane);
+    float edge = edge_col >= 0 ? to_float(xr[edge_col]) : kNegInf;
+    const float max = warp_reduce<32>(fmaxf(max_of<N>(v), edge), Max{});
+    float sum = exp_and_sum<N>(v, max);
+    edge = __expf(edge - max);
+    const float inv_sum = 1.f / warp_reduce<32>(edge_col >= 0 ? sum + edge : sum, Sum{});
+    T* yr = y + row * y_stride;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t col = e.head + (int64_t)(it * 32 + lane) * VEC;
+      if (col < end) store<T, VEC>(yr + col, &v[it * VEC], inv_sum);
+    }
+    if (edge_col >= 0) yr[edge_col] = from_float<T>(edge * inv_sum);
+  }
+}
+
+// dx = y * (dy - sum(y * dy)), a warp per row read as in softmax_edge_warp_kernel (y's row pointer fixes the edges).
+template <typename T, int VEC, int ITERS>
+__global__ void __launch_bounds__(kWarpKernelThreads)
+    softmax_backward_edge_warp_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                                      int64_t rows, int width, int64_t y_stride, int64_t dy_stride,
+                                      int64_t dx_stride) {
+  constexpr int N = ITERS * VEC;
+  constexpr int ROWS_PER_BLOCK = kWarpKernelThreads / 32;
+  const int lane = threadIdx.x % 32;
+  for (int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32; row < rows;
+       row += (int64_t)gridDim.x * ROWS_PER_BLOCK) {
+    const T* yr = y + row * y_stride;
+    const T* dyr = dy + row * dy_stride;
+    const RowEdges e = edges_of<T, VEC>(yr, width);
+    const int64_t end = e.head + e.bulk;
+    float yv[N], dyv[N];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t col = e.head + (int64_t)(it * 32 + lane) * VEC;
+      load_or<T, VEC>(yr, col < end ? col : INT64_MAX, INT64_MAX - 1, &yv[it * VEC], 0.f);
+      load_or<T, VEC>(dyr, col < end ? col : INT64_MAX, INT64_MAX - 1, &dyv[it * VEC], 0.f);
+    }
+    const int64_t edge_col = edge_column(e, lane);
+    const float y_edge = edge_col >= 0 ? to_float(yr[edge_col]) : 0.f;
+    const float dy_edge = edge_col >= 0 ? to_float(dyr[edge_col]) : 0.f;
+    float dot = y_edge * dy_edge;
+#pragma unroll
+    for (int i = 0; i < N; ++i) dot += yv[i] * dyv[i];
+    dot = warp_reduce<32>(dot, Sum{});
+    T* dxr = dx + row * dx_stride;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t col = e.head + (int64_t)(it * 32 + lane) * VEC;
+      if (col < end) {
+        float g[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) g[i] = yv[it * VEC + i] * (dyv[it * VEC + i] - dot);
+        store<T, VEC>(dxr + col, g, 1.f);
+      }
+    }
+    if (edge_col >= 0) dxr[edge_col] = from_float<T>(y_edge * (dy_edge - dot));
+  }
+}
+
 // ---- short rows staged in shared memory ----
 
 // Copies n elements between 16-byte aligned addresses, 16 bytes a thread at a time, kCopyBatch packs a thread in
@@ -756,6 +845,23 @@ cudaError_t forward_staged(const T* x, T* y, int64_t rows, int64_t width, const 
   });
 }
 
+// Rows of at most kWarpMaxWidth columns read by a warp with edges (edge_warp_rows): packs of the bulk a lane.
+template <typename T>
+cudaError_t forward_edge_warp(const T* x, T* y, int64_t rows, int64_t width, int64_t xs, int64_t ys,
+                              cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  return with_count((int)ceil_div(width, 32 * V), [&](auto iters) {
+    constexpr int ITERS = decltype(iters)::value;
+    if constexpr (ITERS * V > kMaxElemsPerThread) {
+      return cudaErrorInvalidValue;
+    } else {
+      softmax_edge_warp_kernel<T, V, ITERS><<<grid_for(ceil_div(rows, kWarpKernelThreads / 32)), kWarpKernelThreads,
+                                              0, stream>>>(x, y, rows, (int)width, xs, ys);
+      return cudaGetLastError();
+    }
+  });
+}
+
 template <typename T>
 cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, int sms,
                           const SpanRules& rules, SoftmaxScratch scratch, cudaStream_t stream) {
@@ -765,11 +871,14 @@ cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, i
   const StagedPlan staging = staged_plan(rows, width, sizeof(T), sms, rules);
   if (staged(staging, {x, y}, {xs, ys}, rows, width)) return forward_staged<T>(xt, yt, rows, width, staging, stream);
   const bool vec = vectorizable<T>({x, y}, {xs, ys}, width);
+  const bool packs = same_phase<T>({x, y}, {xs, ys});
+  if (edge_warp_rows(width, sizeof(T), vec, packs, rules)) {
+    return forward_edge_warp<T>(xt, yt, rows, width, xs, ys, stream);
+  }
   if (warp_rows(width, sizeof(T), vec, false, rules)) {
     return vec ? forward_warp<T, V>(xt, yt, rows, width, xs, ys, stream)
                : forward_warp<T, 1>(xt, yt, rows, width, xs, ys, stream);
   }
-  const bool packs = same_phase<T>({x, y}, {xs, ys});
   const SpanPlan p = forward_plan(rows, width, packs ? V : 1, sizeof(T), sms, rules);
   if (p.parts == 0) {
     if (vec) {
@@ -854,6 +963,23 @@ cudaError_t backward_staged(const T* y, const T* dy, T* dx, int64_t rows, int64_
 }
 
 template <typename T>
+cudaError_t backward_edge_warp(const T* y, const T* dy, T* dx, int64_t rows, int64_t width, int64_t ys, int64_t dys,
+                               int64_t dxs, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  return with_count((int)ceil_div(width, 32 * V), [&](auto iters) {
+    constexpr int ITERS = decltype(iters)::value;
+    if constexpr (ITERS * V > kMaxElemsPerThread) {
+      return cudaErrorInvalidValue;
+    } else {
+      softmax_backward_edge_warp_kernel<T, V, ITERS>
+          <<<grid_for(ceil_div(rows, kWarpKernelThreads / 32)), kWarpKernelThreads, 0, stream>>>(
+              y, dy, dx, rows, (int)width, ys, dys, dxs);
+      return cudaGetLastError();
+    }
+  });
+}
+
+template <typename T>
 cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows, int64_t width, int64_t ys,
                            int64_t dys, int64_t dxs, int sms, const SpanRules& rules, SoftmaxScratch scratch,
                            cudaStream_t stream) {
@@ -866,11 +992,14 @@ cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows
     return backward_staged<T>(yt, dyt, dxt, rows, width, staging, stream);
   }
   const bool vec = vectorizable<T>({y, dy, dx}, {ys, dys, dxs}, width);
+  const bool packs = same_phase<T>({y, dy, dx}, {ys, dys, dxs});
+  if (edge_warp_rows(width, sizeof(T), vec, packs, rules)) {
+    return backward_edge_warp<T>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
+  }
   if (warp_rows(width, sizeof(T), vec, true, rules)) {
     return vec ? backward_warp<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream)
                : backward_warp<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
   }
-  const bool packs = same_phase<T>({y, dy, dx}, {ys, dys, dxs});
   const SpanPlan p = backward_plan(rows, width, packs ? V : 1, sizeof(T), sms, rules);
   if (p.parts == 0) {
     if (vec) {

@@ -69,20 +69,39 @@ DevicePlan plan_of(const torch::Device& device) {
   return plan;
 }
 
-// Sets the span rules of CUDA device `device` (softmax_plan.h's SpanRules); false, and nothing set, for values the
-// kernels are not compiled for. Python checks them first and says why (cuda.refusal, on machines without a GPU too).
-bool configure(int64_t device, int64_t threads, int64_t hold, int64_t backward_hold, int64_t min_span_bytes,
-               int64_t split_row_bytes, int64_t blocks_per_sm, int64_t scalar_warp_width_fp32,
-               int64_t scalar_warp_width_16bit, int64_t staged_row_bytes_fp32, int64_t staged_row_bytes_16bit,
-               int64_t staged_packed_row_bytes, int64_t staged_tile_bytes, int64_t staged_blocks_per_sm) {
+// The span rules from Python's mapping of the plan table's names (every one given, no other); false where one is
+// missing or unknown.
+bool rules_from(const std::map<std::string, int64_t>& given, fuselab::SoftmaxRules& r) {
+  size_t found = 0;
+  const auto take = [&](const char* name, auto& field) {
+    const auto it = given.find(name);
+    if (it == given.end()) return false;
+    field = static_cast<std::remove_reference_t<decltype(field)>>(it->second);
+    ++found;
+    return true;
+  };
+  const bool all = take("threads", r.threads) && take("hold", r.hold) && take("backward_hold", r.backward_hold) &&
+                   take("min_span_bytes", r.min_span_bytes) && take("split_row_bytes", r.split_row_bytes) &&
+                   take("blocks_per_sm", r.blocks_per_sm) &&
+                   take("scalar_warp_width_fp32", r.scalar_warp_width_fp32) &&
+                   take("scalar_warp_width_16bit", r.scalar_warp_width_16bit) &&
+                   take("staged_row_bytes_fp32", r.staged_row_bytes_fp32) &&
+                   take("staged_row_bytes_16bit", r.staged_row_bytes_16bit) &&
+                   take("staged_packed_row_bytes", r.staged_packed_row_bytes) &&
+                   take("staged_tile_bytes", r.staged_tile_bytes) &&
+                   take("staged_blocks_per_sm", r.staged_blocks_per_sm) &&
+                   take("edge_warp_row_bytes", r.edge_warp_row_bytes);
+  return all && found == given.size();
+}
+
+// Sets the span rules of CUDA device `device` (softmax_plan.h's SpanRules, by name); false, and nothing set, for
+// names missing or unknown and values the kernels are not compiled for. Python checks them first and says why
+// (cuda.refusal, on machines without a GPU too).
+bool configure(int64_t device, const std::map<std::string, int64_t>& given) {
   const auto small = [](int64_t v) { return v >= 1 && v <= (1 << 20); };
-  const fuselab::SoftmaxRules rules{(int)threads,          (int)hold,          (int)backward_hold,
-                                    min_span_bytes,        split_row_bytes,    blocks_per_sm,
-                                    scalar_warp_width_fp32, scalar_warp_width_16bit,
-                                    staged_row_bytes_fp32, staged_row_bytes_16bit, staged_packed_row_bytes,
-                                    staged_tile_bytes,     staged_blocks_per_sm};
-  if (!(device >= 0 && small(threads) && small(hold) && small(backward_hold) &&
-        fuselab::softmax_plan::valid_rules(rules))) {
+  fuselab::SoftmaxRules rules{};
+  if (!(device >= 0 && rules_from(given, rules) && small(given.at("threads")) && small(given.at("hold")) &&
+        small(given.at("backward_hold")) && fuselab::softmax_plan::valid_rules(rules))) {
     return false;
   }
   const std::lock_guard<std::mutex> lock(plans_mutex);
@@ -266,7 +285,9 @@ TORCH_LIBRARY_IMPL(fuselab, AutogradCUDA, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("configure", &configure, "set the span rules of a CUDA device (softmax_plan.h's SpanRules); false: refused",
+  m.def("configure", &configure,
+        "set the span rules of a CUDA device (softmax_plan.h's SpanRules, a dict by name); false: refused",
+        pybind11::arg("device"), pybind11::arg("rules")); false: refused",
         pybind11::arg("device"), pybind11::arg("threads"), pybind11::arg("hold"), pybind11::arg("backward_hold"),
         pybind11::arg("min_span_bytes"), pybind11::arg("split_row_bytes"), pybind11::arg("blocks_per_sm"),
         pybind11::arg("scalar_warp_width_fp32"), pybind11::arg("scalar_warp_width_16bit"),

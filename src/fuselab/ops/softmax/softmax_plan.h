@@ -22,6 +22,7 @@ constexpr int kStagedThreads = 256;               // threads of a staged kernel'
 constexpr int64_t kStagedMaxRowBytes = 2048;      // staged rows are at most this long (the warp kernels' widths)
 constexpr int64_t kStagedMinTileBytes = 256;      // the rules' staged_tile_bytes: within these bounds
 constexpr int64_t kStagedMaxTileBytes = 16384;
+constexpr int64_t kEdgeWarpMaxRowBytes = 4096;    // the rules' edge_warp_row_bytes: at most this (1024 fp32 columns)
 
 // Values a thread of a block of more than kFullHoldThreads threads holds at most: such kernels are compiled for
 // 1024 threads, 64 registers a thread, and these are the most they keep without spilling at sm_90 (ptxas -v): packs
@@ -45,6 +46,7 @@ struct SpanRules {
   int64_t staged_packed_row_bytes;  // ... rows of whole packs up to this long: staged too (0: none)
   int64_t staged_tile_bytes;        // about this many bytes of each tensor's rows a staged block
   int64_t staged_blocks_per_sm;     // ... fewer for a tensor of few rows, until about this many blocks per SM run
+  int64_t edge_warp_row_bytes;      // rows of no whole number of packs up to this long: a warp each, with edges
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -149,6 +151,15 @@ inline int64_t staged_smem_bytes(const StagedPlan& p, int64_t width, int itemsiz
   return (backward ? 2 : 1) * (int64_t)p.rows * width * itemsize;
 }
 
+// Whether rows of `width` go to the edge warp kernels (forward and backward): rows of no whole number of 16-byte
+// packs (not `vectorized`) whose tensors' rows all start at one offset from a 16-byte boundary (`same_phase`), up to
+// kWarpMaxWidth columns and r.edge_warp_row_bytes long. A warp per row reads its 16-byte aligned bulk in packs and its
+// few edge elements one a lane, where the warp kernels would read the row one element at a time and the span kernels
+// give it a block of at least 128 threads and block-wide reductions.
+inline bool edge_warp_rows(int64_t width, int itemsize, bool vectorized, bool same_phase, const SpanRules& r) {
+  return !vectorized && same_phase && width <= kWarpMaxWidth && width * itemsize <= r.edge_warp_row_bytes;
+}
+
 // Whether `r` is within what the kernels are compiled for (the binding refuses rules that are not).
 inline bool valid_rules(const SpanRules& r) {
   const bool pow2 = r.threads > 0 && (r.threads & (r.threads - 1)) == 0;
@@ -160,7 +171,8 @@ inline bool valid_rules(const SpanRules& r) {
          r.staged_row_bytes_fp32 <= kStagedMaxRowBytes && r.staged_row_bytes_16bit >= 0 &&
          r.staged_row_bytes_16bit <= kStagedMaxRowBytes && r.staged_packed_row_bytes >= 0 &&
          r.staged_packed_row_bytes <= kStagedMaxRowBytes && r.staged_tile_bytes >= kStagedMinTileBytes &&
-         r.staged_tile_bytes <= kStagedMaxTileBytes && r.staged_blocks_per_sm >= 1;
+         r.staged_tile_bytes <= kStagedMaxTileBytes && r.staged_blocks_per_sm >= 1 && r.edge_warp_row_bytes >= 0 &&
+         r.edge_warp_row_bytes <= kEdgeWarpMaxRowBytes;
 }
 
 // Scratch elements a launch needs: {int32 counters, float partials}; {0, 0} where rows are not cut.
