@@ -836,6 +836,26 @@ def test_gpu_cuda_edge_warp_rows_forward_and_backward(dtype: torch.dtype) -> Non
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_cuda_single_column_rows_elementwise(dtype: torch.dtype) -> None:
+    """Rows of one column elementwise (single_column_elementwise 1, set at run time): contiguous (16-byte packs and a
+    tail) and strided (x[:, 1:] of two columns), forward and backward, bitwise the same twice; y is exactly 1 where x
+    is finite and NaN where it is +-inf or NaN, as torch.softmax; the table's rules put back."""
+    fl = torch.ops.fuselab
+    index = torch.cuda.current_device()
+    table = cuda.span_rules(index)
+    try:
+        cuda.configure(index, {**table, "single_column_elementwise": 1})
+        _check_cuda_rows(((1, 1), (3, 1), (17, 1), (70001, 1), (1000003, 1)), dtype, seed=61, repeat=True)
+        x = torch.tensor([[1.5], [float("-inf")], [float("inf")], [float("nan")], [-3e4], [0.0]], dtype=dtype)
+        y = fl.softmax_cuda(x.cuda()).cpu()
+        assert torch.equal(torch.isnan(y), torch.isnan(torch.softmax(x.double(), -1)))
+        assert (y[[0, 4, 5]] == 1).all()
+    finally:
+        cuda.configure(index, table)
+
+
+@pytest.mark.gpu
 def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
     """Rows cut into spans meet through a scratch buffer kept per stream: a side stream gets its own, and a CUDA graph
     captures fresh zeros of its own, so its replays stay right while eager calls use the kept buffer between them."""
@@ -877,10 +897,12 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
     small = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
              "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024,
              "staged_row_bytes_fp32": 0, "staged_row_bytes_16bit": 0, "staged_packed_row_bytes": 0,
-             "staged_tile_bytes": 256, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 0}  # fmt: skip
+             "staged_tile_bytes": 256, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 0,
+             "single_column_elementwise": 0}  # fmt: skip
     wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
             "staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048, "staged_packed_row_bytes": 2048,
-            "staged_tile_bytes": 16384, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 4096}  # fmt: skip
+            "staged_tile_bytes": 16384, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 4096,
+            "single_column_elementwise": 1}  # fmt: skip
     shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
               (3, 1100001), (3001, 900), (20001, 7), (40001, 8), (5001, 301))  # fmt: skip
     try:
@@ -1255,7 +1277,8 @@ CUDA_PLAN_SHIM = """
 #include "softmax_plan.h"
 using namespace fuselab::softmax_plan;
 SpanRules rules_of(const int64_t* r) {
-  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13]};
+  return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13],
+          r[14]};
 }
 extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
                      int64_t* out) {
@@ -1414,7 +1437,7 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
                 {"scalar_warp_width_16bit": 1025}, {"staged_row_bytes_fp32": -1}, {"staged_row_bytes_16bit": 2049},
                 {"staged_tile_bytes": 255}, {"staged_tile_bytes": 16385},
                 {"staged_packed_row_bytes": 2049}, {"edge_warp_row_bytes": -1},
-                {"edge_warp_row_bytes": 4097}):  # fmt: skip
+                {"edge_warp_row_bytes": 4097}, {"single_column_elementwise": 2}):  # fmt: skip
         assert not valid({**DEFAULT_SPAN_RULES, **bad}), bad
     # rows read one element at a time leave the warp kernels past the scalar warp width of their element size (the
     # defaults: 1024 fp32, 512 16-bit); rows read in packs do not

@@ -45,6 +45,7 @@ SPAN_RULES = (
     "staged_tile_bytes",
     "staged_blocks_per_sm",
     "edge_warp_row_bytes",
+    "single_column_elementwise",
 )
 
 
@@ -65,6 +66,7 @@ SPAN_LIMITS: dict[str, tuple[int, int | None]] = {
     "staged_tile_bytes": (256, 16384),
     "staged_blocks_per_sm": (1, None),
     "edge_warp_row_bytes": (0, 4096),
+    "single_column_elementwise": (0, 1),
 }
 
 

@@ -1,6 +1,7 @@
 // Softmax over rows in CUDA C++ (no torch headers: `nvcc -arch=sm_90 -c softmax.cu` checks it anywhere).
 //
 // Forward kernels, chosen in `forward_typed`:
+//   rows of one column    softmax_single_kernel (rules' single_column_elementwise): elementwise, 1 or NaN.
 //   short rows, staged    softmax_staged_kernel: contiguous rows of no whole number of 16-byte packs, up to the
 //                         rules' staged_row_bytes_fp32 / _16bit (`staged_plan`): a block copies its rows into shared
 //                         memory in 16-byte packs, a group of threads per row does the math (the row in registers)
@@ -19,11 +20,11 @@
 //                         row's others, combines them in a fixed order), so few wide rows still fill the GPU.
 //   wider than SMs spans  softmax_looped_kernel: one block per row; one pass for max and sum together (online
 //                         softmax), then a pass that writes, from the end of the row back (that part is still in L2).
-// The backward has the same five: softmax_backward_staged_kernel, softmax_backward_edge_warp_kernel,
-// softmax_backward_warp_kernel (rows up to 512 columns, y and dy in registers), softmax_backward_span_kernel (the
-// spans' partial sums of y * dy meet as the forward's do), and the looped softmax_backward_kernel. Span plans are
-// rules over rows, width, element size and the SM count (`span_plan`), whose parameters (`SpanRules`) come from the
-// op's plan table through the binding.
+// The backward has the same six: softmax_backward_single_kernel, softmax_backward_staged_kernel,
+// softmax_backward_edge_warp_kernel, softmax_backward_warp_kernel (rows up to 512 columns, y and dy in registers),
+// softmax_backward_span_kernel (the spans' partial sums of y * dy meet as the forward's do), and the looped
+// softmax_backward_kernel. Span plans are rules over rows, width, element size and the SM count (`span_plan`), whose
+// parameters (`SpanRules`) come from the op's plan table through the binding.
 // The warp kernels read 16 bytes at a time where rows are 16-byte aligned, else one element at a time; the span
 // kernels read a row's 16-byte aligned bulk in packs and its few edge elements (before the first 16-byte boundary
 // and after the last) one by one, wherever all the tensors' rows start at the same offset from a boundary. Math in
@@ -530,6 +531,57 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
   }
 }
 
+// ---- rows of one column ----
+
+constexpr int kSingleThreads = 256;
+
+// softmax of a row of one element: 1 where it is finite, NaN where it is +-inf or NaN (as torch.softmax: exp(x - x)),
+// told from its exponent bits (no float arithmetic a compiler could fold).
+__device__ __forceinline__ float softmax_of_one(float v) {
+  return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u ? 1.f : __int_as_float(0x7fc00000);
+}
+
+// Rows of one column, elementwise, grid-stride: VEC > 1, x and y contiguous and 16-byte aligned, packs of VEC rows
+// and the last rows % VEC one by one; VEC 1, any row strides. Block: kSingleThreads.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kSingleThreads)
+    softmax_single_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t x_stride,
+                          int64_t y_stride) {
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (int64_t p = first; p < rows / VEC; p += (int64_t)gridDim.x * blockDim.x) {
+    float v[VEC];
+    load<T, VEC>(x + p * VEC * x_stride, v);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] = softmax_of_one(v[i]);
+    store<T, VEC>(y + p * VEC * y_stride, v, 1.f);
+  }
+  if (VEC > 1 && first < rows % VEC) {
+    const int64_t row = rows / VEC * VEC + first;
+    y[row] = from_float<T>(softmax_of_one(to_float(x[row])));
+  }
+}
+
+// dx = y * (dy - y * dy) for rows of one column, elementwise as softmax_single_kernel.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kSingleThreads)
+    softmax_backward_single_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                                   int64_t rows, int64_t y_stride, int64_t dy_stride, int64_t dx_stride) {
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (int64_t p = first; p < rows / VEC; p += (int64_t)gridDim.x * blockDim.x) {
+    float yv[VEC], dyv[VEC];
+    load<T, VEC>(y + p * VEC * y_stride, yv);
+    load<T, VEC>(dy + p * VEC * dy_stride, dyv);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) yv[i] = yv[i] * (dyv[i] - yv[i] * dyv[i]);
+    store<T, VEC>(dx + p * VEC * dx_stride, yv, 1.f);
+  }
+  if (VEC > 1 && first < rows % VEC) {
+    const int64_t row = rows / VEC * VEC + first;
+    const float yr = to_float(y[row]), dyr = to_float(dy[row]);
+    dx[row] = from_float<T>(yr * (dyr - yr * dyr));
+  }
+}
+
 // ---- short rows staged in shared memory ----
 
 // Copies n elements between 16-byte aligned addresses, 16 bytes a thread at a time, kCopyBatch packs a thread in
@@ -862,12 +914,29 @@ cudaError_t forward_edge_warp(const T* x, T* y, int64_t rows, int64_t width, int
   });
 }
 
+// Blocks for an elementwise launch over `n` items: enough for every SM several times over, no more than the items need.
+unsigned single_blocks(int64_t n, int sms) {
+  return grid_for(std::max<int64_t>(1, std::min(ceil_div(n, kSingleThreads), (int64_t)sms * 8)));
+}
+
+template <typename T>
+cudaError_t forward_single(const T* x, T* y, int64_t rows, int64_t xs, int64_t ys, int sms, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  if (xs == 1 && ys == 1 && aligned16(x) && aligned16(y)) {
+    softmax_single_kernel<T, V><<<single_blocks(ceil_div(rows, V), sms), kSingleThreads, 0, stream>>>(x, y, rows, 1, 1);
+  } else {
+    softmax_single_kernel<T, 1><<<single_blocks(rows, sms), kSingleThreads, 0, stream>>>(x, y, rows, xs, ys);
+  }
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, int64_t xs, int64_t ys, int sms,
                           const SpanRules& rules, SoftmaxScratch scratch, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
   const T* xt = static_cast<const T*>(x);
   T* yt = static_cast<T*>(y);
+  if (width == 1 && rules.single_column_elementwise) return forward_single<T>(xt, yt, rows, xs, ys, sms, stream);
   const StagedPlan staging = staged_plan(rows, width, sizeof(T), sms, rules);
   if (staged(staging, {x, y}, {xs, ys}, rows, width)) return forward_staged<T>(xt, yt, rows, width, staging, stream);
   const bool vec = vectorizable<T>({x, y}, {xs, ys}, width);
@@ -980,6 +1049,20 @@ cudaError_t backward_edge_warp(const T* y, const T* dy, T* dx, int64_t rows, int
 }
 
 template <typename T>
+cudaError_t backward_single(const T* y, const T* dy, T* dx, int64_t rows, int64_t ys, int64_t dys, int64_t dxs,
+                            int sms, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  if (ys == 1 && dys == 1 && dxs == 1 && aligned16(y) && aligned16(dy) && aligned16(dx)) {
+    softmax_backward_single_kernel<T, V>
+        <<<single_blocks(ceil_div(rows, V), sms), kSingleThreads, 0, stream>>>(y, dy, dx, rows, 1, 1, 1);
+  } else {
+    softmax_backward_single_kernel<T, 1>
+        <<<single_blocks(rows, sms), kSingleThreads, 0, stream>>>(y, dy, dx, rows, ys, dys, dxs);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows, int64_t width, int64_t ys,
                            int64_t dys, int64_t dxs, int sms, const SpanRules& rules, SoftmaxScratch scratch,
                            cudaStream_t stream) {
@@ -987,6 +1070,9 @@ cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows
   const T* yt = static_cast<const T*>(y);
   const T* dyt = static_cast<const T*>(dy);
   T* dxt = static_cast<T*>(dx);
+  if (width == 1 && rules.single_column_elementwise) {
+    return backward_single<T>(yt, dyt, dxt, rows, ys, dys, dxs, sms, stream);
+  }
   const StagedPlan staging = staged_plan(rows, width, sizeof(T), sms, rules);
   if (staged(staging, {y, dy, dx}, {ys, dys, dxs}, rows, width)) {
     return backward_staged<T>(yt, dyt, dxt, rows, width, staging, stream);

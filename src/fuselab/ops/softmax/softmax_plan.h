@@ -47,6 +47,7 @@ struct SpanRules {
   int64_t staged_tile_bytes;        // about this many bytes of each tensor's rows a staged block
   int64_t staged_blocks_per_sm;     // ... fewer for a tensor of few rows, until about this many blocks per SM run
   int64_t edge_warp_row_bytes;      // rows of no whole number of packs up to this long: a warp each, with edges
+  int64_t single_column_elementwise;  // 1: rows of one column elementwise (y = 1, or NaN), 0: as other rows
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -172,7 +173,8 @@ inline bool valid_rules(const SpanRules& r) {
          r.staged_row_bytes_16bit <= kStagedMaxRowBytes && r.staged_packed_row_bytes >= 0 &&
          r.staged_packed_row_bytes <= kStagedMaxRowBytes && r.staged_tile_bytes >= kStagedMinTileBytes &&
          r.staged_tile_bytes <= kStagedMaxTileBytes && r.staged_blocks_per_sm >= 1 && r.edge_warp_row_bytes >= 0 &&
-         r.edge_warp_row_bytes <= kEdgeWarpMaxRowBytes;
+         r.edge_warp_row_bytes <= kEdgeWarpMaxRowBytes && r.single_column_elementwise >= 0 &&
+         r.single_column_elementwise <= 1;
 }
 
 // Scratch elements a launch needs: {int32 counters, float partials}; {0, 0} where rows are not cut.
