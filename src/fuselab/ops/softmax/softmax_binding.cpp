@@ -288,13 +288,7 @@ TORCH_LIBRARY_IMPL(fuselab, AutogradCUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("configure", &configure,
         "set the span rules of a CUDA device (softmax_plan.h's SpanRules, a dict by name); false: refused",
-        pybind11::arg("device"), pybind11::arg("rules")); false: refused",
-        pybind11::arg("device"), pybind11::arg("threads"), pybind11::arg("hold"), pybind11::arg("backward_hold"),
-        pybind11::arg("min_span_bytes"), pybind11::arg("split_row_bytes"), pybind11::arg("blocks_per_sm"),
-        pybind11::arg("scalar_warp_width_fp32"), pybind11::arg("scalar_warp_width_16bit"),
-        pybind11::arg("staged_row_bytes_fp32"), pybind11::arg("staged_row_bytes_16bit"),
-        pybind11::arg("staged_packed_row_bytes"), pybind11::arg("staged_tile_bytes"),
-        pybind11::arg("staged_blocks_per_sm"));
+        pybind11::arg("device"), pybind11::arg("rules"));
   m.def("forward", &forward, "y = softmax(x) over the rows of x (rows, width)", pybind11::arg("x"), pybind11::arg("y"));
   m.def("backward", &backward, "dx = y * (dy - sum(dy * y)) row by row", pybind11::arg("y"), pybind11::arg("dy"),
         pybind11::arg("dx"));
