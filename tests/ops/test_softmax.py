@@ -815,7 +815,7 @@ CUDA_EDGE_WARP_SHAPES = ((1, 1), (3, 5), (1000, 7), (77, 31), (5001, 129), (2235
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_cuda_edge_warp_rows_forward_and_backward(dtype: torch.dtype) -> None:
-    """The edge warp kernels (edge_warp_row_bytes 4096, set at run time: every row of no whole pack up to 1024
+    """The edge warp kernels (edge_warp_row_bytes 4096, set at run time: every row of no whole pack of 512 bytes to 1024
     columns), forward and backward, rows on 16-byte boundaries and off them, into NaN-poisoned outputs, bitwise the
     same twice; a row holding -inf gives 0 there, a row all -inf NaN; the table's rules put back."""
     fl = torch.ops.fuselab
@@ -1458,14 +1458,16 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
 
 
 def test_cuda_edge_warp_rows_are_misaligned_rows_of_one_phase_up_to_the_rule(cuda_plans) -> None:
-    """The edge warp kernels take rows not read in packs whose tensors share a phase, up to edge_warp_row_bytes and
-    1024 columns (a lane's packs within what the kernels are compiled for); never rows read in packs, nor rows whose
-    tensors start at different offsets from a 16-byte boundary; none under the default 0."""
+    """The edge warp kernels take rows not read in packs whose tensors share a phase, from 512 bytes (a 16-byte pack
+    a lane) up to edge_warp_row_bytes and 1024 columns (a lane's packs within what the kernels are compiled for);
+    never rows read in packs, nor rows whose tensors start at different offsets from a 16-byte boundary; none under
+    the default 0."""
     *_, edge_warp = cuda_plans
     on = {"edge_warp_row_bytes": 2048}
-    assert (
-        edge_warp(532, 2, False, True, on) and edge_warp(1024, 2, False, True, on) and edge_warp(3, 4, False, True, on)
-    )
+    assert edge_warp(532, 2, False, True, on) and edge_warp(1024, 2, False, True, on)
+    assert edge_warp(129, 4, False, True, on)
+    assert not edge_warp(127, 4, False, True, on) and not edge_warp(255, 2, False, True, on)  # under 512 bytes
+    assert not edge_warp(1, 4, False, True, on) and not edge_warp(3, 2, False, True, on)
     assert not edge_warp(1025, 2, False, True, {"edge_warp_row_bytes": 4096})  # past kWarpMaxWidth
     assert not edge_warp(513, 4, False, True, on)  # 2052 bytes
     assert not edge_warp(532, 2, True, True, on) and not edge_warp(532, 2, False, False, on)

@@ -23,6 +23,7 @@ constexpr int64_t kStagedMaxRowBytes = 2048;      // staged rows are at most thi
 constexpr int64_t kStagedMinTileBytes = 256;      // the rules' staged_tile_bytes: within these bounds
 constexpr int64_t kStagedMaxTileBytes = 16384;
 constexpr int64_t kEdgeWarpMaxRowBytes = 4096;    // the rules' edge_warp_row_bytes: at most this (1024 fp32 columns)
+constexpr int64_t kEdgeWarpLeastRowBytes = 512;   // edge warp rows: at least a 16-byte pack a lane
 
 // Values a thread of a block of more than kFullHoldThreads threads holds at most: such kernels are compiled for
 // 1024 threads, 64 registers a thread, and these are the most they keep without spilling at sm_90 (ptxas -v): packs
@@ -156,9 +157,12 @@ inline int64_t staged_smem_bytes(const StagedPlan& p, int64_t width, int itemsiz
 // packs (not `vectorized`) whose tensors' rows all start at one offset from a 16-byte boundary (`same_phase`), up to
 // kWarpMaxWidth columns and r.edge_warp_row_bytes long. A warp per row reads its 16-byte aligned bulk in packs and its
 // few edge elements one a lane, where the warp kernels would read the row one element at a time and the span kernels
-// give it a block of at least 128 threads and block-wide reductions.
+// give it a block of at least 128 threads and block-wide reductions. Rows shorter than kEdgeWarpLeastRowBytes (a pack
+// a lane) leave lanes idle and go to the kernels that share a warp between rows.
 inline bool edge_warp_rows(int64_t width, int itemsize, bool vectorized, bool same_phase, const SpanRules& r) {
-  return !vectorized && same_phase && width <= kWarpMaxWidth && width * itemsize <= r.edge_warp_row_bytes;
+  const int64_t row_bytes = width * itemsize;
+  return !vectorized && same_phase && width <= kWarpMaxWidth && row_bytes >= kEdgeWarpLeastRowBytes &&
+         row_bytes <= r.edge_warp_row_bytes;
 }
 
 // Whether `r` is within what the kernels are compiled for (the binding refuses rules that are not).
