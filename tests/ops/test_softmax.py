@@ -239,64 +239,6 @@ def test_cpu_triton_backward_paths(plan: str) -> None:
         assert rel_err(dx, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32], f"{plan}, width {width}"
 
 
-FLAT_SHAPES = ((1, 1), (1, 5), (3, 7), (40, 1), (37, 3), (1000, 5), (333, 13), (77, 29), (20, 33))
-
-
-@interpreter_quiet
-def test_cpu_triton_flat_rows_forward_and_backward() -> None:
-    """The flat kernels (contiguous short rows read and written as one run): one row, one column, rows of odd widths,
-    16 rows a program (the fewest) so that several programs run and the last one is cut short, into NaN-poisoned
-    outputs; special rows give NaN where torch.softmax does."""
-    for rows, width in FLAT_SHAPES:
-        plan = st.Plan("flat", next_power_of_2(width), rows=plans.FLAT_LEAST_ROWS, num_warps=4)
-        (x,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cpu", width)
-        (dy,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cpu", width + 1)
-        y = torch.full_like(x, float("nan"))
-        st.launch_forward(x, y, plan)
-        assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[torch.float32], f"flat {rows} x {width}"
-        dx = torch.full_like(x, float("nan"))
-        st.launch_backward(y, dy, dx, plan)
-        assert rel_err(dx, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32], f"flat bwd {rows} x {width}"
-    for width in (1, 3, 29):
-        specials = special_rows(torch.float32, "cpu", width)
-        y = torch.full(specials.shape, float("nan"))
-        st.launch_forward(specials, y, st.Plan("flat", next_power_of_2(width), rows=16))
-        assert_softmax_like_torch(y, specials, f"flat, width {width}")
-
-
-def test_cpu_triton_flat_plan_refuses_rows_not_back_to_back() -> None:
-    wide = torch.randn(8, 12)
-    with pytest.raises(ValueError, match="flat plan reads rows back to back"):
-        st.launch_forward(wide[:, :5], torch.empty(8, 5), st.Plan("flat", 8, rows=16))
-    y = torch.empty(8, 5)
-    with pytest.raises(ValueError, match="flat plan reads rows back to back"):
-        st.launch_backward(y, wide[:, :5], torch.empty(8, 5), st.Plan("flat", 8, rows=16))
-
-
-def test_triton_flat_plans_for_contiguous_rows_not_read_in_vectors() -> None:
-    """Where flat_row_bytes lets it: contiguous rows not read in vectors, up to that many bytes, the most rows (a power
-    of 2) of a tile of flat_tile[0] elements, 16 at least; never rows read in vectors or strided rows; off by
-    default; a small tensor's rows per program fewer, down to 16."""
-    on = {**plans.DEFAULTS, "flat_row_bytes": {"4": 128, "2": 64}, "flat_tile": [2048, 4]}
-    assert plans.choose_forward(5, 2, True, 132, on, "scalars", True) == st.Plan("flat", 8, rows=256, num_warps=4)
-    assert plans.choose_forward(29, 4, False, 132, on, "scalars", True) == st.Plan("flat", 32, rows=64, num_warps=4)
-    assert plans.choose_forward(1, 2, False, None, on, "scalars", True) == st.Plan("flat", 1, rows=2048, num_warps=4)
-    assert plans.choose_forward(32, 4, False, 132, on, "edges", True).kernel == "flat"  # 128 bytes: the limit
-    assert plans.choose_forward(33, 4, False, 132, on, "edges", True).kernel == "rows"  # past it
-    assert plans.choose_forward(33, 2, True, 132, on, "scalars", True).kernel == "rows"  # 16-bit: 64 bytes
-    assert plans.choose_forward(29, 4, False, 132, on, "scalars", False).kernel == "rows"  # strided rows
-    assert plans.choose_forward(24, 4, False, 132, on, "vectors", True).kernel == "rows"  # read in vectors already
-    assert plans.choose_backward(29, 4, on, "scalars", True) == st.Plan("flat", 32, rows=64, num_warps=4)
-    assert plans.choose_backward(29, 4, on, "scalars", False).kernel == "rows"
-    assert plans.choose_forward(5, 2, True, 132, plans.DEFAULTS, "scalars", True).kernel == "rows"  # off by default
-    few = {**on, "flat_tile": [256, 4]}
-    assert plans.choose_forward(29, 4, False, 132, few, "scalars", True).kernel == "rows"  # under 16 rows a tile
-    assert plans.fill_rows(256, 4, 1000, 132, on, fewest=plans.FLAT_LEAST_ROWS) == plans.FLAT_LEAST_ROWS
-    assert plans.fill_rows(256, 4, 10**7, 132, on, fewest=plans.FLAT_LEAST_ROWS) == 256
-    x = torch.empty(37, 5)
-    assert launch.contiguous(x, torch.empty_like(x)) and not launch.contiguous(torch.empty(37, 8)[:, :5], x)
-
-
 @interpreter_quiet
 def test_cpu_triton_backward_split_rows() -> None:
     """Few wide rows (fewer than 2 per "SM": the interpreter counts 3): each row split over programs, partial sums of
@@ -536,11 +478,6 @@ def launch_all():
                 st.launch_backward(x, x, torch.empty_like(x))  # 17000: looped backward
         x = torch.empty(2, 20000, dtype=dtype)  # few wide rows: the backward split over programs
         st.launch_backward(x, x, torch.empty_like(x))
-        for width in (1, 5, 29):  # contiguous rows read flat, in vectors whatever the width
-            plan = st.Plan("flat", next_power_of_2(width), rows=2048 // next_power_of_2(width), num_warps=4)
-            x = torch.empty(1000, width, dtype=dtype)
-            st.launch_forward(x, torch.empty_like(x), plan)
-            st.launch_backward(x, x, torch.empty_like(x), plan)
     x = torch.empty(64, 20000, dtype=torch.bfloat16)  # chosen for fp16 rows of 32768
     st.launch_forward(x, torch.empty_like(x), st.Plan("rows_ahead", 32768, num_warps=32))
 
@@ -694,30 +631,6 @@ def test_gpu_triton_forced_paths(dtype: torch.dtype) -> None:
             y = torch.full_like(x, float("nan"))
             st.launch_forward(x, y, plan)
             assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"{plan} {shape}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gpu_triton_flat_rows_forward_and_backward(dtype: torch.dtype) -> None:
-    """The flat kernels compiled (a GPU lowers the gathers through shared memory, the interpreter does not), as the
-    rules would choose them with flat rows on, at odd shapes: one element, millions of rows of 1, tensors whose last
-    program is cut short, and a tensor 2 bytes past a 16-byte boundary; into NaN-poisoned outputs."""
-    on = {**launch.params(torch.device("cuda")), "flat_row_bytes": {"4": 256, "2": 256}}
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for rows, width in ((1, 1), (3, 5), (1000, 7), (100003, 13), (70001, 3), (4097, 29), (2**20 + 3, 1), (30001, 61)):
-        (flat,) = SOFTMAX.make_inputs((rows * width + 1,), dtype, "cuda", width)
-        for x in (flat[:-1].view(rows, width), flat[1:].view(rows, width)):  # aligned, and 2-4 bytes past
-            read = launch.reads(x, x, min_bytes=on["edge_min_bytes"])
-            plan = plans.choose_forward(width, x.element_size(), dtype == torch.bfloat16, sms, on, read, True)
-            assert plan.kernel == "flat", f"{rows} x {width}: {plan}"
-            y = torch.full_like(x, float("nan"))
-            st.launch_forward(x, y, plan, on)
-            assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[dtype], f"{plan} {rows} x {width}"
-            (dy,) = SOFTMAX.make_inputs((rows, width), dtype, "cuda", width + 1)
-            dx = torch.full_like(x, float("nan"))
-            st.launch_backward(y, dy, dx, plan)
-            err = rel_err(dx, reference_grad(x, dy))
-            assert err <= SOFTMAX.tolerance[dtype], f"{plan} backward {rows} x {width}: {err:.2e}"
 
 
 @pytest.mark.gpu

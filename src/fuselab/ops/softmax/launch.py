@@ -26,13 +26,7 @@ from fuselab.ops import launcher, tuning
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.library import on_device, wrap_triton
 from fuselab.ops.softmax import plans
-from fuselab.ops.softmax.kernels_rows import (
-    _backward_flat_kernel,
-    _backward_rows_kernel,
-    _forward_flat_kernel,
-    _forward_rows_ahead_kernel,
-    _forward_rows_kernel,
-)
+from fuselab.ops.softmax.kernels_rows import _backward_rows_kernel, _forward_rows_ahead_kernel, _forward_rows_kernel
 from fuselab.ops.softmax.kernels_wide import (
     _backward_looped_kernel,
     _backward_partial_dot_kernel,
@@ -69,26 +63,17 @@ def params(device: torch.device) -> dict:
     return plans.rule_params(tuning.device_key(device.index) if on_gpu else None)
 
 
-@functools.lru_cache(maxsize=4096)  # cached by (width, dtype, device, reads, contiguous)
-def forward_plan(
-    width: int, dtype: torch.dtype, device: torch.device, reads: str = "vectors", contiguous: bool = False
-) -> Plan:
-    """The forward plan for rows of `width` read as `reads` (plans.READS), back to back in memory or not
-    (`contiguous`), on `device` (plans.choose_forward)."""
+@functools.lru_cache(maxsize=4096)  # cached by (width, dtype, device, reads)
+def forward_plan(width: int, dtype: torch.dtype, device: torch.device, reads: str = "vectors") -> Plan:
+    """The forward plan for rows of `width` read as `reads` (plans.READS) on `device` (plans.choose_forward)."""
     sms = sm_count(device.index) if can_wait(device) else None
-    return plans.choose_forward(width, dtype.itemsize, dtype == torch.bfloat16, sms, params(device), reads, contiguous)
+    return plans.choose_forward(width, dtype.itemsize, dtype == torch.bfloat16, sms, params(device), reads)
 
 
 @functools.lru_cache(maxsize=4096)
-def backward_plan(
-    width: int,
-    dtype: torch.dtype,
-    device: torch.device | None = None,
-    reads: str = "vectors",
-    contiguous: bool = False,
-) -> Plan:
+def backward_plan(width: int, dtype: torch.dtype, device: torch.device | None = None, reads: str = "vectors") -> Plan:
     """The backward plan for rows of `width` read as `reads` (plans.choose_backward)."""
-    return plans.choose_backward(width, dtype.itemsize, params(device or torch.device("cpu")), reads, contiguous)
+    return plans.choose_backward(width, dtype.itemsize, params(device or torch.device("cpu")), reads)
 
 
 for _cached in (params, forward_plan, backward_plan):  # made from the plan table: made again when one is written
@@ -142,12 +127,6 @@ def reads(*tensors: torch.Tensor, min_bytes: int) -> str:
     return "edges" if edges(*tensors, min_bytes=min_bytes) else "scalars"
 
 
-def contiguous(*tensors: torch.Tensor) -> bool:
-    """Whether each row of (rows, width) `tensors` follows the one before in memory (row strides equal the width)."""
-    width = int(tensors[0].shape[1])
-    return all(int(t.stride(0)) == width for t in tensors)
-
-
 def in_pairs(*tensors: torch.Tensor) -> bool:
     """Whether (rows, width) bf16 tensors are read as int32 pairs of whole 16-byte vectors: width and row strides
     multiples of 8, 16-byte aligned buffers (other bf16 rows go one by one, with edges)."""
@@ -196,35 +175,6 @@ def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
         even = even_cols and n_rows % rows == 0
         wrap_triton(_forward_rows_kernel)[((n_rows + rows - 1) // rows,)](x, y, n_rows, *fixed, EVEN=even, ROWS=rows,
                                                                           **meta)  # fmt: skip
-
-    return launch
-
-
-def _flat_rows(plan: Plan, n_rows: int, n_cols: int, sms: int | None, p: dict) -> tuple[int, dict]:
-    """(programs, the flat kernels' ROWS and FLAT) for a flat plan on `n_rows` rows: rows per program fewer for a
-    small tensor (`plans.fill_rows`, down to plans.FLAT_LEAST_ROWS), where programs can wait on a GPU (`sms`)."""
-    rows = plan.rows
-    if sms is not None and isinstance(n_rows, int):
-        rows = plans.fill_rows(rows, plan.num_warps, n_rows, sms, p, fewest=plans.FLAT_LEAST_ROWS)
-    return (n_rows + rows - 1) // rows, {"ROWS": rows, "FLAT": triton.next_power_of_2(rows * n_cols)}
-
-
-def _refuse_unless_contiguous(*tensors: torch.Tensor) -> None:
-    if not contiguous(*tensors):
-        strides = ", ".join(str(t.stride(0)) for t in tensors)
-        raise ValueError(f"softmax triton: the flat plan reads rows back to back; row strides {strides} != width")
-
-
-def _flat(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
-    _refuse_unless_contiguous(x, y)
-    n_cols = int(x.shape[1])
-    sms = sm_count(x.device.index) if can_wait(x.device) else None
-    meta = {"WP": plan.block, "PTX": not interpreted(), "num_warps": plan.num_warps}
-
-    def launch(x: torch.Tensor, y: torch.Tensor) -> None:
-        programs, tile = _flat_rows(plan, x.shape[0], n_cols, sms, p)
-        span = tile["ROWS"] * n_cols
-        wrap_triton(_forward_flat_kernel)[(programs,)](x, y, x.shape[0] * n_cols, n_cols, span, **tile, **meta)
 
     return launch
 
@@ -301,7 +251,6 @@ def _looped(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
 
 Launcher = Callable[..., Launch]
 FORWARD: dict[str, Launcher] = {
-    "flat": _flat,
     "rows": _rows,
     "rows_ahead": _rows_ahead,
     "split": _split,
@@ -335,7 +284,7 @@ def _prepare_forward(x: torch.Tensor, y: torch.Tensor, plan: Plan | None, rules:
     p = rules if plan is not None and rules is not None else params(x.device)  # rules go with a plan given
     if plan is None:  # a symbolic width (torch.compile) is fixed here
         read = reads(x, y, min_bytes=p["edge_min_bytes"])
-        plan = forward_plan(int(x.shape[1]), x.dtype, x.device, read, contiguous(x, y))
+        plan = forward_plan(int(x.shape[1]), x.dtype, x.device, read)
     if plan.kernel not in FORWARD:
         raise ValueError(f"unknown softmax kernel {plan.kernel!r}; known: {', '.join(FORWARD)}")
     return FORWARD[plan.kernel](x, y, plan, p)
@@ -359,20 +308,6 @@ def _backward_rows(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Pl
         rows = _rows_per_program(plan, n_rows, sms, p)
         wrap_triton(_backward_rows_kernel)[((n_rows + rows - 1) // rows,)](y, dy, dx, n_rows, *fixed, ROWS=rows,
                                                                            **meta)  # fmt: skip
-
-    return launch
-
-
-def _backward_flat(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan, p: dict) -> Launch:
-    _refuse_unless_contiguous(y, dy, dx)
-    n_cols = int(y.shape[1])
-    sms = sm_count(y.device.index) if can_wait(y.device) else None
-
-    def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
-        programs, tile = _flat_rows(plan, y.shape[0], n_cols, sms, p)
-        span = tile["ROWS"] * n_cols
-        wrap_triton(_backward_flat_kernel)[(programs,)](y, dy, dx, y.shape[0] * n_cols, n_cols, span, **tile,
-                                                        WP=plan.block, num_warps=plan.num_warps)  # fmt: skip
 
     return launch
 
@@ -403,7 +338,7 @@ def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: 
     return launch
 
 
-BACKWARD: dict[str, Launcher] = {"flat": _backward_flat, "rows": _backward_rows, "looped": _backward_looped}
+BACKWARD: dict[str, Launcher] = {"rows": _backward_rows, "looped": _backward_looped}
 
 
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None = None) -> None:
@@ -421,20 +356,18 @@ def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: P
 def _prepare_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None) -> Launch:
     if plan is None:
         read = reads(y, dy, dx, min_bytes=params(y.device)["edge_min_bytes"])
-        plan = backward_plan(int(y.shape[1]), y.dtype, y.device, read, contiguous(y, dy, dx))
+        plan = backward_plan(int(y.shape[1]), y.dtype, y.device, read)
     if plan.kernel not in BACKWARD:
         raise ValueError(f"unknown softmax backward kernel {plan.kernel!r}; known: {', '.join(BACKWARD)}")
     return BACKWARD[plan.kernel](y, dy, dx, plan, params(y.device))
 
 
 TRITON_KERNELS = (
-    _forward_flat_kernel,
     _forward_rows_kernel,
     _forward_rows_ahead_kernel,
     _forward_split_kernel,
     _forward_split_pairs_kernel,
     _forward_looped_kernel,
-    _backward_flat_kernel,
     _backward_rows_kernel,
     _backward_looped_kernel,
     _backward_partial_dot_kernel,

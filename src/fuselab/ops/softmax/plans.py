@@ -6,8 +6,6 @@ parameters (`DEFAULTS`, for a GPU never tuned) are the data a GPU's plan table (
 `fuselab tune softmax`) overrides; figures behind the values are in docs/ops/softmax.md. Pure functions: testable
 without a GPU.
 
-- contiguous rows of no whole number of 16-byte vectors, up to flat_row_bytes: `flat`, rows back to back read and
-  written as one run of vectors, gathered into rows in registers for their max and sum.
 - padded width (next power of 2) <= row_max: `rows`, rows held whole in registers, several short rows to a program
   (a tile of about tile_bytes). Parameters keyed by the padded width ("held_bf16", "maxnreg", "ahead") belong to the
   compiled tile, not to a user's width: every width padding to that tile gets them.
@@ -48,11 +46,6 @@ DEFAULTS: dict[str, object] = {
     # fitted together (the cap on fewer warps, each thread holding more values, spilled: 3.16x on the H200)
     "maxnreg": {},
     "held_bf16": {},  # {"padded width": [warps, cap or None]}: bf16 rows held in bf16 between the passes
-    # Contiguous rows of no whole number of 16-byte vectors, up to flat_row_bytes[itemsize] long (0: none), by
-    # element size: `flat`, a tile of about flat_tile[0] elements (a power of 2 of rows, at least 16) on flat_tile[1]
-    # warps, read and written in vectors whatever the width
-    "flat_row_bytes": {"4": 0, "2": 0},
-    "flat_tile": [2048, 4],
     "edge_min_bytes": 128,  # misaligned rows at least this long: an aligned bulk of 16-byte vectors + edges
     "edge_warp_bytes": 4096,  # rows read with edges, shorter than a tile: at most one warp per this many tile bytes
     "scalar_tile": [512, 4],  # rows read element by element (misaligned, under edge_min_bytes): (elements, warps)
@@ -105,11 +98,11 @@ READS = ("vectors", "edges", "scalars")  # how a launch reads its rows (launch.r
 class Plan:
     """How one launch covers the rows.
 
-    kernel: a name in launch.FORWARD or launch.BACKWARD ("flat", "rows", "rows_ahead", "split", "split_pairs",
-    "looped"). block: columns per tile (flat, rows: the padded row; split: the most columns of one program's span;
-    looped: one step). rows: rows per program (flat and rows kernels). num_warps: warps per program. maxnreg:
-    registers per thread at most (ptxas spills the rest), so more programs fit on an SM; None: no cap. hold: rows
-    kernel, 16-bit rows held in their storage type between the passes (half the registers).
+    kernel: a name in launch.FORWARD or launch.BACKWARD ("rows", "rows_ahead", "split", "split_pairs", "looped").
+    block: columns per tile (rows: the padded row; split: the most columns of one program's span; looped: one step).
+    rows: rows per program (rows kernels). num_warps: warps per program. maxnreg: registers per thread at most (ptxas
+    spills the rest), so more programs fit on an SM; None: no cap. hold: rows kernel, 16-bit rows held in their
+    storage type between the passes (half the registers).
     """
 
     kernel: str
@@ -163,31 +156,12 @@ def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Pla
     return Plan("rows", block, rows, num_warps)
 
 
-FLAT_LEAST_ROWS = 16  # rows of a flat program at least, also for a small tensor (`fill_rows`)
-
-
-def flat_plan(width: int, itemsize: int, p: dict, reads: str, contiguous: bool) -> Plan | None:
-    """The flat plan for contiguous rows (`contiguous`: each row follows the one before in memory) of `width` that
-    are not read in vectors, up to flat_row_bytes[itemsize] long: the most rows, a power of 2, of at most
-    flat_tile[0] elements to a program; None where it does not apply or gives fewer than 16 rows (a program's span
-    of rows, a multiple of 16 elements, is what lets the compiler read it in vectors)."""
-    if not contiguous or reads == "vectors" or width * itemsize > p["flat_row_bytes"][str(itemsize)]:
-        return None
-    elements, num_warps = p["flat_tile"]
-    rows = 1 << (max(1, elements // width).bit_length() - 1)
-    return Plan("flat", next_power_of_2(width), rows, num_warps) if rows >= FLAT_LEAST_ROWS else None
-
-
-def choose_forward(
-    width: int, itemsize: int, bf16: bool, sms: int | None, p: dict, reads: str = "vectors", contiguous: bool = False
-) -> Plan:
+def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: dict, reads: str = "vectors") -> Plan:
     """The forward plan for rows of `width` elements of `itemsize` bytes (bf16: bfloat16 storage). sms: the GPU's
     SM count where programs can wait for each other (split rows), None where they cannot (the interpreter). reads:
-    how the rows are read (READS); contiguous: each row follows the one before in memory (`flat_plan`). The
-    register caps (`maxnreg`) and rows one ahead (`ahead`, which has no edges path: it would read a misaligned row
-    element by element) hold for rows read in vectors only; a cap brings the warps it was fitted at."""
-    if flat := flat_plan(width, itemsize, p, reads, contiguous):
-        return flat
+    how the rows are read (READS); the register caps (`maxnreg`) and rows one ahead (`ahead`, which has no edges
+    path: it would read a misaligned row element by element) hold for rows read in vectors only; a cap brings the
+    warps it was fitted at."""
     block = next_power_of_2(width)
     if block <= p["row_max"]:
         if bf16 and str(block) in p["held_bf16"]:
@@ -208,24 +182,22 @@ def choose_forward(
     return Plan("looped", *p["loop"][:1], 1, p["loop"][1])
 
 
-def choose_backward(width: int, itemsize: int, p: dict, reads: str = "vectors", contiguous: bool = False) -> Plan:
-    """The backward plan: contiguous short rows flat (`flat_plan`), whole rows up to backward_row_max, else looped
-    (which splits a row over programs where there are few rows: `backward_split_block`)."""
-    if flat := flat_plan(width, itemsize, p, reads, contiguous):
-        return flat
+def choose_backward(width: int, itemsize: int, p: dict, reads: str = "vectors") -> Plan:
+    """The backward plan: whole rows up to backward_row_max, else looped (which splits a row over programs where
+    there are few rows: `backward_split_block`)."""
     block = next_power_of_2(width)
     if block <= p["backward_row_max"]:
         return rows_plan(block, itemsize, p, reads)
     return Plan("looped", p["loop"][0], 1, p["loop"][1])
 
 
-def fill_rows(rows: int, num_warps: int, n_rows: int, sms: int, p: dict, fewest: int = 1) -> int:
-    """Rows per program of a rows or flat plan (`rows` a power of 2, on `num_warps` warps) for a tensor of `n_rows`
-    rows: halved, down to `fewest`, while the grid would hold fewer than fill_warps_per_sm warps per SM. A small
-    tensor's few tiles leave most SMs idle: 3694 x 71 bf16 took 3.3 us in tiles of 16 rows on one warp (231 warps),
-    2.0 in tiles of 4 (docs/ops/softmax.md)."""
+def fill_rows(rows: int, num_warps: int, n_rows: int, sms: int, p: dict) -> int:
+    """Rows per program of a rows plan (`rows` a power of 2, on `num_warps` warps) for a tensor of `n_rows` rows:
+    halved, down to 1, while the grid would hold fewer than fill_warps_per_sm warps per SM. A small tensor's few
+    tiles leave most SMs idle: 3694 x 71 bf16 took 3.3 us in tiles of 16 rows on one warp (231 warps), 2.0 in tiles
+    of 4 (docs/ops/softmax.md)."""
     least = p["fill_warps_per_sm"] * sms
-    while rows > fewest and ceil_div(n_rows, rows) * num_warps < least:
+    while rows > 1 and ceil_div(n_rows, rows) * num_warps < least:
         rows //= 2
     return rows
 

@@ -74,12 +74,6 @@ CANDIDATES: dict[str, dict] = {
     "fill 12 warps per SM": {"fill_warps_per_sm": 12},
     "widest fp32 from 32768": {"widest_fp32": [32768, 32]},
     "row max 65536": {"row_max": 65536},
-    # Contiguous short rows not read in vectors, read flat (the seed-2035 draw's narrow rows, docs/ops/softmax.md)
-    "flat": {"flat_row_bytes": {"4": 128, "2": 128}},
-    "flat to 512 B": {"flat_row_bytes": {"4": 512, "2": 512}},
-    "flat tile 4096": {"flat_row_bytes": {"4": 128, "2": 128}, "flat_tile": [4096, 4]},
-    "flat tile 4096 x 8": {"flat_row_bytes": {"4": 128, "2": 128}, "flat_tile": [4096, 8]},
-    "flat tile 1024 x 2": {"flat_row_bytes": {"4": 128, "2": 128}, "flat_tile": [1024, 2]},
 }
 
 
@@ -160,11 +154,9 @@ def launched_plan(x: torch.Tensor, y: torch.Tensor, p: dict, sms: int | None) ->
     """The forward launch rules `p` give x -> y, as the launcher makes it (`launch._prepare_forward`): how rows are
     read, the plan for them, and a small tensor's rows per program (where programs can wait: `sms`)."""
     read = launch.reads(x, y, min_bytes=p["edge_min_bytes"])
-    packed = launch.contiguous(x, y)
-    plan = plans.choose_forward(int(x.shape[1]), x.element_size(), x.dtype == torch.bfloat16, sms, p, read, packed)
-    if plan.kernel in ("rows", "flat") and sms is not None:
-        fewest = plans.FLAT_LEAST_ROWS if plan.kernel == "flat" else 1
-        plan = replace(plan, rows=plans.fill_rows(plan.rows, plan.num_warps, int(x.shape[0]), sms, p, fewest))
+    plan = plans.choose_forward(int(x.shape[1]), x.element_size(), x.dtype == torch.bfloat16, sms, p, read)
+    if plan.kernel == "rows" and sms is not None:
+        plan = replace(plan, rows=plans.fill_rows(plan.rows, plan.num_warps, int(x.shape[0]), sms, p))
     if plan.kernel in ("split", "split_pairs") and sms is not None:
         plan = replace(plan, block=plans.split_chunk(plan.block, int(x.shape[0]), int(x.shape[1]), sms, p))
     return Launched(plan, read)
