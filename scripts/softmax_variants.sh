@@ -8,7 +8,7 @@
 # at most 8 files), and a table of the median µs of impl MEASURED (default cuda) per variant to stdout. LIGER: an
 # unzipped Liger-Kernel wheel (impl liger).
 #   FUSELAB_REVISION=<commit> SHAPES="1553741x12 48449x577" MEASURED=triton IMPLS=torch,compile,triton \
-#   VARIANTS='off:{} flat:{"flat_row_bytes":{"4":128,"2":128}}' OUT=$OUT bash scripts/softmax_variants.sh
+#   VARIANTS='off:{} fill3:{"fill_warps_per_sm":3}' OUT=$OUT bash scripts/softmax_variants.sh
 set -u
 : "${SHAPES:?shapes, e.g. 1553741x12 48449x577}" "${VARIANTS:?name:{overrides} ..., the first the baseline}"
 OUT=${OUT:-/tmp/softmax_variants}; DTYPES=${DTYPES:-fp32 bf16 fp16}

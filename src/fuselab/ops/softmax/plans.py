@@ -66,7 +66,7 @@ DEFAULTS: dict[str, object] = {
     # `staged_packed_row_bytes`, are
     # staged: a block copies about `staged_tile_bytes` of each tensor's rows (fewer where that leaves fewer than
     # `staged_blocks_per_sm` blocks per SM) into shared memory in packs and back. Rows of no whole number of packs,
-    # whose tensors' rows all start at one offset from a 16-byte boundary, up to 1024 columns and
+    # whose tensors' rows all start at one offset from a 16-byte boundary, from 512 bytes up to 1024 columns and
     # `edge_warp_row_bytes` (0: none), go to the edge warp kernels: a warp a row, its aligned bulk in packs and its
     # edges one element a lane. Rows of one column run elementwise (y = 1, or NaN where x is not finite) where
     # `single_column_elementwise` is 1.
