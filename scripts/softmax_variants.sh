@@ -5,8 +5,9 @@
 # of the CUDA impl's) and `fuselab bench softmax` runs IMPLS at SHAPES (forward and forward + backward, CUDA-graph
 # replays), comparing itself with the first variant (`--compare`: the cases past 5% slower are printed). The tree's
 # table is put back whatever happens; everything goes into one file, $OUT/variants.tgz (the device machine sends back
-# at most 8 files), and a table of the median µs of impl MEASURED (default cuda) per variant to stdout. LIGER: an
-# unzipped Liger-Kernel wheel (impl liger).
+# at most 8 files), and a table of the median µs of impl MEASURED (default cuda) per variant to stdout and, as
+# benchmarks/results/*/explorations/ keep them, to variants.json in the archive. LIGER: an unzipped Liger-Kernel wheel
+# (impl liger).
 #   FUSELAB_REVISION=<commit> SHAPES="1553741x12 48449x577" MEASURED=triton IMPLS=torch,compile,triton \
 #   VARIANTS='off:{} fill3:{"fill_warps_per_sm":3}' OUT=$OUT bash scripts/softmax_variants.sh
 set -u
@@ -41,15 +42,18 @@ PY
   first=${first:-$name}
 done
 python3 - "$WORK" $VARIANTS <<'PY'
-"""Impl MEASURED's median µs per (dtype, shape, pass) and variant, torch's (of the first variant's run) beside."""
+"""Impl MEASURED's median µs per (dtype, shape, pass) and variant, torch's (of the first variant's run) beside: a
+table to stdout, and variants.json (the variants' overrides, the environment, the rows) as explorations/ keep them."""
 import json, os, sys
-work, names = sys.argv[1], [v.split(":", 1)[0] for v in sys.argv[2:]]
-times = {}
+work, variants = sys.argv[1], {n: json.loads(o) for n, o in (v.split(":", 1) for v in sys.argv[2:])}
+names, times, env = list(variants), {}, None
 for name in names:
     try:
-        records = json.load(open(f"{work}/{name}.json"))["records"]
+        result = json.load(open(f"{work}/{name}.json"))
+        records = result["records"]
     except (OSError, ValueError):
         continue
+    env = env or {k: result["meta"]["env"].get(k) for k in ("gpu", "torch", "triton", "cuda", "driver", "revision")}
     for r in records:
         if r["status"] == "ok" and r["impl"] in (os.environ["MEASURED"], "torch"):
             key = (r["dtype"], "x".join(map(str, r["shape"])), r["pass"])
@@ -57,5 +61,9 @@ for name in names:
 print("dtype shape pass torch " + " ".join(names))
 for (dtype, shape, pass_), t in sorted(times.items()):
     print(dtype, shape, pass_, *(f"{t[n]:.1f}" if n in t else "-" for n in ["torch", *names]))
+rows = [{"dtype": d, "shape": s, "pass": p, **{n: round(v, 2) for n, v in t.items()}}
+        for (d, s, p), t in sorted(times.items())]
+summary = {"measured": os.environ["MEASURED"], "variants": variants, "env": env, "rows": rows}
+json.dump(summary, open(f"{work}/variants.json", "w"), indent=1)
 PY
 tar czf "$OUT/variants.tgz" -C "$WORK" .
