@@ -173,6 +173,6 @@ def test_a_failed_check_names_the_seed_and_command_that_reproduce_it(monkeypatch
     (check,) = stages.check_rows(op, "wrong", "transposed", stages.Log(None), device="cpu")
     assert check.outcome == "fail"
     seed = int(re.search(r"--seed (\d+) --layout transposed\)", check.detail).group(1))
-    again = Selection(impls=["wrong"], device="cpu", layout="transposed")
+    again = Selection(impls=["wrong"], device="cpu", layouts="transposed")
     (row,) = check_op(op, again, seed=seed, show_progress=False)
     assert row.rel_err == pytest.approx(check.figure)  # the same inputs again

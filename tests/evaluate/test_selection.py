@@ -17,7 +17,7 @@ def test_what_is_left_out_is_the_ops_own_and_what_is_given_is_kept_typed():
     assert check.impls == bench.impls == tuple(op.impls)
     assert check.dtypes == op.dtypes and bench.dtypes == BENCH_DTYPES
     assert check.shapes == tuple(op.defaults.check_shapes) and bench.shapes == tuple(op.defaults.bench_shapes)
-    assert check.options is None and check.layout == "contiguous"
+    assert check.options is None and check.layouts == ("contiguous",)
     assert Selection().device == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -35,3 +35,12 @@ def test_unknown_impls_and_undeclared_dtypes_are_refused_naming_what_is_known():
         Selection(dtypes=["int8"])
     with pytest.raises(ValueError, match="unknown purpose 'tune'"):
         Selection().resolved(op, "tune")
+
+
+def test_layouts_are_kept_once_each_in_order_and_unknown_ones_refused_naming_the_known():
+    assert Selection(layouts="sliced").layouts == ("sliced",)
+    assert Selection(layouts=["sliced", "contiguous", "sliced"]).layouts == ("sliced", "contiguous")
+    with pytest.raises(ValueError, match=r"unknown layout \['diagonal'\]; accepted: contiguous, transposed"):
+        Selection(layouts=["contiguous", "diagonal"])
+    with pytest.raises(ValueError, match="unknown layout"):
+        Selection(layouts=[])

@@ -119,8 +119,8 @@ class Case:
         return json.dumps(self.to_json(), sort_keys=True, default=str)
 
     def field(self, name: str) -> object:
-        """A field by its JSON name ("pass", "shape", an option's name, ...); KeyError when there is none."""
-        return self.to_json()[name]
+        """A field by its JSON name ("pass", "shape", "layout", an option's name, ...); KeyError when there is none."""
+        return self.layout if name == "layout" else self.to_json()[name]
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,10 @@ class CheckRow:
     def field(self, name: str) -> object:
         if name in _CHECK_FIELDS:
             return getattr(self, name)
-        return self.case.to_json().get(name)
+        try:
+            return self.case.field(name)
+        except KeyError:
+            return None
 
     def to_json(self) -> dict[str, object]:
         fields = {name: getattr(self, name) for name in _CHECK_FIELDS}

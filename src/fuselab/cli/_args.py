@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from fuselab.bench.dtypes import DTYPES, parse_dtype
+from fuselab.bench.record import CONTIGUOUS
 from fuselab.evaluate.selection import Selection
 from fuselab.ops.registry import Op, Shape, all_ops, get_op, parse_shape
 from fuselab.ops.user import user_op
@@ -195,7 +196,8 @@ def parse_options(op: Op, items: list[str]) -> dict[str, object] | None:
 def resolve(args: argparse.Namespace) -> tuple[Op, Selection]:
     """The op and the Selection for check_op/bench_op from parsed arguments (everything checked)."""
     op = load_op(args.op, args.nargs)
-    chosen = Selection(split(args.impl), args.dtype, args.shape, device=args.device, layout=args.layout).checked(op)
+    layouts = args.layout or (CONTIGUOUS,)
+    chosen = Selection(split(args.impl), args.dtype, args.shape, device=args.device, layouts=layouts).checked(op)
     return op, dataclasses.replace(chosen, options=parse_options(op, args.opt))  # --opt's errors after the names
 
 

@@ -41,7 +41,15 @@ from fuselab.bench.results import (
 from fuselab.bench.shapes import LAYOUTS, format_shape, parse_random, plot_ratios
 from fuselab.bench.timer import Timing
 from fuselab.cli._args import add_op_arguments, check_writable, load_op, non_negative, percent, positive, resolve
-from fuselab.evaluate import CEILING_SHARES, above_ceiling, bench_op, past_ceilings, rival_ratios, shape_ratios
+from fuselab.evaluate import (
+    CEILING_SHARES,
+    above_ceiling,
+    bench_op,
+    layout_ratios,
+    past_ceilings,
+    rival_ratios,
+    shape_ratios,
+)
 from fuselab.evaluate.choices import bench_cases, speed_axis
 from fuselab.evaluate.warm import WarmUp, done_keys, warm_cases, warm_up
 from fuselab.ops.registry import Op
@@ -92,7 +100,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Inductor's and Triton's on-disk caches (big --shapes draws on a GPU; not under --gpus/torchrun). Default 0: "
         "off",
     )
-    p.add_argument("--layout", choices=LAYOUTS, default="contiguous", help="inputs' memory layout (default contiguous)")
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        action="append",
+        help="inputs' memory layout (default contiguous); may repeat: each case in each layout, side by side, and with "
+        "contiguous among them a table of each other layout's time over the contiguous time plus the copy PyTorch "
+        "makes",
+    )
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between repetitions")
     p.add_argument(
         "--isolate",
@@ -153,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     measured = [r for r in rows if r.measured]
     if measured:
-        cols = columns(op.defaults.baseline, list(op.options), op.bound, args.backward)
+        laid_out = ["layout"] if len(selection.layouts) > 1 else []
+        cols = columns(op.defaults.baseline, [*laid_out, *op.options], op.bound, args.backward)
         cols += [("rank", "rank", fmt_plain)] if distributed.active() else []
         past = {share: functools.partial(_mark_past, share=share) for share in CEILING_SHARES}
         table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms", marks=past)
@@ -170,27 +186,34 @@ def run(args: argparse.Namespace) -> int:
     if warm is not None and warm.cases:  # did the warm-up pay? graphs the timed run read from the caches
         console.print(timed_compiles_line(lookups), soft_wrap=True)
     summary, rivals = None, []
+    by = (*op.options, *(["pass"] if args.backward else []))
     if drawn:
-        by = (*op.options, *(["pass"] if args.backward else []))
-        rows, summary = shape_ratios(op, rows, by)
-        rivals = rival_ratios(op, rows, by)
-        shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in by], *SUMMARY_COLUMNS[2:]]
+        several = ("layout",) if len(selection.layouts) > 1 else ()
+        rows, summary = shape_ratios(op, rows, (*several, *by))
+        rivals = rival_ratios(op, rows, (*several, *by))
+        shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in (*several, *by)], *SUMMARY_COLUMNS[2:]]
         title = f"{op.name}: time / best of {', '.join(op.defaults.peers)}"
         print_table(make_table(summary, shown, title=title), console)
         if rivals:
             title = f"{op.name}: time / best of {', '.join(op.defaults.rivals)}"
             print_table(make_table(rivals, shown, title=title), console)
+    if laid := layout_ratios(op, rows, by):
+        shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in ("layout", *by)], *SUMMARY_COLUMNS[2:]]
+        title = f"{op.name}: time / (contiguous time + the copy {op.defaults.baseline} makes)"
+        print_table(make_table(laid, shown, title=title), console)
     if args.out and args.out.suffix == ".json":
         meta = {"env": provenance(device), "ceilings": ceilings}
         if warm is not None:  # how the compiles were made: warmed in workers, then read from the caches
             meta["warm"] = warm_meta(warm, lookups)
         if drawn:
             peers = list(op.defaults.peers)
-            meta["random"] = {"n": len(drawn), "seed": args.seed, "layout": args.layout, "peers": peers}
+            meta["random"] = {"n": len(drawn), "seed": args.seed, "layouts": list(selection.layouts), "peers": peers}
             meta["ratios"] = summary
             if rivals:
                 meta["random"]["rivals"] = list(op.defaults.rivals)
                 meta["rival_ratios"] = rivals
+        if laid:
+            meta["layout_ratios"] = laid
         write_json(rows, args.out, meta=meta)
         console.print(f"wrote {args.out} (log: {log})")
     if args.csv:

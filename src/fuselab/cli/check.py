@@ -28,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh each run)")
     p.add_argument("--out", type=Path, help="write the rows as JSON ({meta: {env}, records: [...]}, as bench's)")
     p.add_argument("--all", action="store_true", help="list every case, not one row per impl and dtype")
-    p.add_argument("--layout", choices=LAYOUTS, default="contiguous", help="inputs' memory layout (default contiguous)")
+    p.add_argument(
+        "--layout", choices=LAYOUTS, action="append", help="inputs' memory layout (default contiguous); may repeat"
+    )
     p.set_defaults(func=run)
 
 
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     columns = [
         ("impl", "impl", fmt_plain),
         ("dtype", "dtype", short_name),
+        *([("layout", "layout", fmt_plain)] if len(selection.layouts) > 1 else []),
         *[(k, k, fmt_plain) for k in op.options],
         ("cases", "cases", fmt_plain),
         ("rel_err", "max rel err", fmt_float(2)),

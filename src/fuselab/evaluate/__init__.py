@@ -63,7 +63,7 @@ from fuselab.evaluate.choices import (
     cap_numel,
     speed_axis,
 )
-from fuselab.evaluate.draws import draw_op_shapes, load_of, rival_ratios, shape_ratios
+from fuselab.evaluate.draws import draw_op_shapes, layout_ratios, load_of, rival_ratios, shape_ratios
 from fuselab.evaluate.selection import BENCH_DTYPES, Selection
 from fuselab.evaluate.warm import WarmUp, WarmUpWarning, done_keys, warm_case, warm_cases, warm_up
 
@@ -112,6 +112,7 @@ __all__ = [
     "in_pieces",
     "interpreted",
     "ladder_shapes",
+    "layout_ratios",
     "load_of",
     "option_grid",
     "past_ceilings",

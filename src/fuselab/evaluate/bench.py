@@ -184,12 +184,13 @@ def back_to_back(
 
 def bench_grid(op: Op, chosen: Selection, passes: Sequence[str] = ("forward",)) -> list[Case]:
     """The cases a bench run of `chosen` (a Selection `resolved` for "bench") times, in the order it times them:
-    dtype-major, then shape (in the selection's order), option values, pass, and impl fastest (the impls of a case
-    are measured together, and the log is written in that order)."""
+    dtype-major, then shape (in the selection's order), layout, option values, pass, and impl fastest (the impls of a
+    case are measured together, and the log is written in that order)."""
     return [
-        Case.of(op.name, name, dtype, shape, opts, layout=chosen.layout, pass_=pass_)
+        Case.of(op.name, name, dtype, shape, opts, layout=layout, pass_=pass_)
         for dtype in chosen.dtypes
         for shape in chosen.shapes
+        for layout in chosen.layouts
         for opts in option_grid(op, chosen.options)
         for pass_ in passes
         for name in chosen.impls
@@ -222,8 +223,8 @@ def bench_op(
     passes: "forward" and/or "forward+backward" (each case's `pass`; the cost model is asked for the backward's
     bytes and FLOPs with backward=True).
     call_cost_ms > 0 adds the host's cost of a call and the end-to-end time of back-to-back calls (host_us, e2e_us).
-    The selection's layout is the inputs' memory layout (`bench_case`); rows of a layout other than contiguous carry
-    it.
+    The selection's layouts are the inputs' memory layouts (`bench_case`), each case timed in each; rows of a layout
+    other than contiguous carry it.
     max_call_ms: an impl whose median call took longer at one case is not timed at the sweep's costlier cases of the
     same dtype, options and pass (`CallCap`): their rows are skipped, saying why (None: every case is timed).
     slow_before: rows of earlier sweeps (of the same op) whose slow calls keep their impls out of this sweep's
@@ -236,7 +237,7 @@ def bench_op(
     if unknown or not passes:
         raise ValueError(f"unknown pass {unknown or passes}; accepted: {', '.join(PASSES)}")
     chosen = (selection or Selection()).resolved(op, "bench")
-    names, dtypes, options, device, layout = chosen.impls, chosen.dtypes, chosen.options, chosen.device, chosen.layout
+    names, dtypes, options, device = chosen.impls, chosen.dtypes, chosen.options, chosen.device
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if refuse_early:
@@ -271,7 +272,7 @@ def bench_op(
                 rounds,
                 backward=case.backward,
                 call_cost_ms=call_cost_ms,
-                layout=layout,
+                layout=case.layout,
             )
             for name, result in measured[together].items():
                 if isinstance(result, dict):

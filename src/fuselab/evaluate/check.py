@@ -78,15 +78,15 @@ def check_op(
 
     status: "pass", "FAIL" (error over tolerance, or an exception), "unavailable" or "refused" (with the reason).
     Triton under the CPU interpreter is checked in float32 only (the interpreter is weak below fp32).
-    The selection's layout is the inputs' memory layout (`check_case`); rows of a layout other than contiguous carry
-    it.
+    The selection's layouts are the inputs' memory layouts (`check_case`), each case checked in each; rows of a
+    layout other than contiguous carry it.
     grad: check gradients too, where the impl has a backward.
     refuse_early: when no case fits in the device's free memory, raise TooBig (`refuse_if_nothing_fits`) before any
     work instead of returning refused rows.
     """
     chosen = (selection or Selection()).resolved(op, "check")  # unknown impl names fail before any work
     names, dtypes, shapes, options = chosen.impls, chosen.dtypes, chosen.shapes, chosen.options
-    device, layout = chosen.device, chosen.layout
+    device = chosen.device
     seed = fresh_seed() if seed is None else seed
     if refuse_early:
         refuse_if_nothing_fits(op, shapes, dtypes, device, option_grid(op, options))
@@ -95,6 +95,7 @@ def check_op(
         for name in names
         for dtype in dtypes
         for shape in shapes
+        for layout in chosen.layouts
         for opts in option_grid(op, options)
     ]
 
@@ -109,7 +110,7 @@ def check_op(
         case_seed = seed + len(shape) * 7919 + sum(shape)
         try:
             refuse_if_too_big(op, shape, dtype, device, opts)
-            row = check_case(op, impl, shape, dtype, device, opts, case_seed, grad, layout)
+            row = check_case(op, impl, shape, dtype, device, opts, case_seed, grad, case.layout)
         except TooBig as exc:  # refused before it allocates
             return {"status": "refused", "reason": str(exc), "tolerance": tolerance}
         except NotRun as exc:  # the impl says it cannot run this case here (a forced backend without a kernel)

@@ -1,13 +1,14 @@
-"""Every shape: shapes drawn from an op's `random_shape` (capped by its cost model), and each impl's time over the
-fastest of the op's peers on the same shape."""
+"""Every shape: shapes drawn from an op's `random_shape` (capped by its cost model), each impl's time over the
+fastest of the op's peers on the same shape, and over its own contiguous time on non-contiguous layouts."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
 
-from fuselab.bench.record import Row
+from fuselab.bench.record import CONTIGUOUS, Row
 from fuselab.bench.shapes import add_ratios, draw_shapes, summarize
 from fuselab.ops.registry import Op, Shape
 
@@ -66,3 +67,24 @@ def rival_ratios(op: Op, rows: Sequence[Row], by: Sequence[str] = ()) -> list[di
         return []
     ours = [r for r in add_ratios(rows, op.defaults.rivals) if r.case.impl not in op.defaults.rivals]
     return summarize(ours, ("impl", "dtype", *by))
+
+
+def layout_ratios(op: Op, rows: Sequence[Row], by: Sequence[str] = ()) -> list[dict]:
+    """Per impl, dtype, layout other than contiguous and the fields `by`: its time on the layout over its contiguous
+    time plus the copy PyTorch makes, on the same case, summarized as `shape_ratios` does. The copy is what the layout
+    adds to the op's baseline impl (the PyTorch built-in: its time on the layout less its contiguous time; none where
+    it adds nothing), so 1.10 means 10% slower than a user's `.contiguous()` then the contiguous call would be, had
+    that copy cost what PyTorch's does. Empty without contiguous rows or the baseline's."""
+    timed = {r.case.key: r.median_ms for r in rows if r.measured and r.median_ms}
+    baseline = op.defaults.baseline
+    rated = []
+    for r in rows:
+        if r.case.layout == CONTIGUOUS or r.case.key not in timed:
+            continue
+        flat = dataclasses.replace(r.case, layout=CONTIGUOUS)
+        keys = (flat.key, r.case.with_impl(baseline).key, flat.with_impl(baseline).key)
+        own, base_here, base_flat = (timed.get(key) for key in keys)
+        if own is None or base_here is None or base_flat is None:
+            continue
+        rated.append(r.updated(ratio=timed[r.case.key] / (own + max(0.0, base_here - base_flat))))
+    return summarize(rated, ("impl", "dtype", "layout", *by))

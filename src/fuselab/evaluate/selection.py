@@ -1,4 +1,4 @@
-"""`Selection`: what of an op a check or bench runs (impls, dtypes, shapes, options, device, layout), built once where
+"""`Selection`: what of an op a check or bench runs (impls, dtypes, shapes, options, device, layouts), built once where
 the request is made (the command line, the report's plan, the gate) and resolved against the op's defaults here."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 
 from fuselab.bench.dtypes import dtype_name, parse_dtype
 from fuselab.bench.record import CONTIGUOUS
+from fuselab.bench.shapes import LAYOUTS
 from fuselab.ops.registry import Op, Shape
 
 BENCH_DTYPES = (torch.float32, torch.bfloat16)  # what a bench times when no dtype is given
@@ -21,7 +22,8 @@ Purpose = Literal["check", "bench"]
 @dataclass(frozen=True)
 class Selection:
     """What to run of an op. None (or empty) in impls, dtypes, shapes: the op's, filled by `resolved`; options None:
-    every combination of the op's options (`option_grid`), else those values; device None: the GPU if any.
+    every combination of the op's options (`option_grid`), else those values; device None: the GPU if any; layouts:
+    the inputs' memory layouts (bench.shapes.LAYOUTS; a name or several), every case run in each.
 
     Sequences are kept as tuples; dtypes may be given by name ("bf16")."""
 
@@ -30,7 +32,7 @@ class Selection:
     shapes: Sequence[Shape] | None = None
     options: Mapping[str, object] | None = None
     device: str | None = None
-    layout: str = CONTIGUOUS
+    layouts: Sequence[str] = (CONTIGUOUS,)
 
     def __post_init__(self) -> None:
         dtypes = None if self.dtypes is None else tuple(parse_dtype(d) for d in self.dtypes)
@@ -40,6 +42,11 @@ class Selection:
         object.__setattr__(self, "shapes", shapes)
         object.__setattr__(self, "options", None if self.options is None else dict(self.options))
         object.__setattr__(self, "device", self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        layouts = (self.layouts,) if isinstance(self.layouts, str) else tuple(dict.fromkeys(self.layouts))
+        unknown = [name for name in layouts if name not in LAYOUTS]
+        if unknown or not layouts:
+            raise ValueError(f"unknown layout {unknown or list(layouts)}; accepted: {', '.join(LAYOUTS)}")
+        object.__setattr__(self, "layouts", layouts)
 
     def checked(self, op: Op) -> Selection:
         """This selection, once its impls are known to `op` (UnknownName listing the known ones) and its dtypes

@@ -77,7 +77,7 @@ def check_rows(op: Op, impl: str, layout: str, log: Log, device: str = "cuda") -
     if layout == "large":
         chosen = Selection(impls=[impl], dtypes=LARGE_DTYPES, shapes=[op.defaults.large_shape], device=device)
     else:
-        chosen = Selection(impls=[impl], dtypes=DTYPES, device=device, layout=layout)
+        chosen = Selection(impls=[impl], dtypes=DTYPES, device=device, layouts=(layout,))
     upstream = op.get_impl(impl).upstream
     seed = fresh_seed()  # fresh inputs each gate; a failure names the seed that reproduces it
     again = f"seed {seed}: fuselab check {op.name} --impl {impl} --seed {seed}"
