@@ -227,14 +227,23 @@ def test_module_default_runs_the_native_impl_of_the_device_and_a_named_interpret
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_non_contiguous_and_misaligned(name: str, dtype: torch.dtype) -> None:
-    """Transposed and strided views, and a contiguous view 1 element into its storage (not 16-byte aligned)."""
+    """Transposed, permuted and strided views (narrow and wide rows, a stride through 1-D), and contiguous views 1 and
+    3 elements into their storage (not 16-byte aligned): forward and backward, laid out as F.gelu lays them out."""
     (x,) = GELU.make_inputs((129, 371), dtype, "cuda", 2)
+    (cube,) = GELU.make_inputs((5, 3, 67), dtype, "cuda", 3)
     flat = x.flatten()
-    for view in (x.t(), x[:, ::3], x[1:, 5:-7], flat[1:], flat[3:-2]):
+    views = (x.t(), x[:, ::3], x[1:, 5:-7], x[:, :5], x[:, 7:8], flat[1:], flat[3:-2], flat[::2], cube.permute(2, 0, 1))
+    for view in views:
+        (dy,) = GELU.make_inputs(view.shape, dtype, "cuda", 4)
         for form in FORMS:
-            out = run(name, view, form)
+            leaf = view.detach().requires_grad_()
+            out = run(name, leaf, form)
             assert out.shape == view.shape and out.dtype == dtype
-            assert rel_err(out, reference(view, form)) <= GELU.tolerance[dtype], f"{name} {form}"
+            assert rel_err(out, reference(view, form)) <= GELU.tolerance[dtype], f"{name} {form} {view.stride()}"
+            if name in FUSED:
+                assert out.stride() == F.gelu(view).stride(), f"{name}: laid out unlike F.gelu's"
+                out.backward(dy)
+                assert rel_err(leaf.grad, reference_grad(view, dy, form)) <= GELU.tolerance[dtype], f"{name} grad"
 
 
 @pytest.mark.gpu
@@ -309,20 +318,52 @@ def test_cpu_triton_bulk_and_tail(n: int, form: str) -> None:
 
 
 @interpreter_quiet
-def test_cpu_triton_reads_row_strides_in_place() -> None:
-    """A slice x[:, :k] of wider rows is read through its row stride (no copy: as_rows keeps the view), with bulk and
-    tail blocks in every row; other layouts are copied; the output is contiguous."""
+def test_cpu_triton_reads_layouts_in_place() -> None:
+    """A slice x[:, :k] of wider rows is read through its row stride in tiles (bulk and ragged tiles, with 16-element
+    blocks and the default), with no copy (rows_view keeps the view); a transposed (dense) input keeps its strides
+    in the output, as F.gelu's; an input strided unlike the other, and a stride-0 row, are read through theirs."""
     from fuselab.ops.gelu import triton_kernels as tk
 
     (wide,) = GELU.make_inputs((5, 1031), torch.float32, "cpu", 3)
     x = wide[:, :1030]
-    assert tk.as_rows(x).data_ptr() == x.data_ptr() and tk.as_rows(x).stride() == (1031, 1)
-    assert tk.as_rows(x.t()).is_contiguous()  # transposed: copied
+    assert tk.rows_view(x) == (5, 1030, 1031, 1)
+    assert tk.rows_view(wide.view(5, 1, 1031)[:, :, 3:]) == (5, 1028, 1031, 1)
+    assert tk.rows_view(wide.view(5, 1031, 1).transpose(0, 1)[:7]) is None  # leading dims that do not merge
     for config in ((16, 1), None):
         y = tk.gelu_forward(x, True, config)
         assert y.is_contiguous() and rel_err(y, reference(x)) <= GELU.tolerance[torch.float32]
+    y = tk.gelu_forward(wide.t(), True)
+    assert y.stride() == wide.t().stride() and rel_err(y, reference(wide.t())) <= GELU.tolerance[torch.float32]
     (dy,) = GELU.make_inputs((1030, 5), torch.float32, "cpu", 4)
     dx = tk.gelu_backward(dy.t(), x, True)  # one input strided, the other transposed
     assert rel_err(dx, reference_grad(x, dy.t(), "tanh")) <= GELU.tolerance[torch.float32]
     expanded = wide[:1, :300].expand(4, 300)  # row stride 0
     assert rel_err(tk.gelu_forward(expanded, False), reference(expanded, "none")) <= GELU.tolerance[torch.float32]
+
+
+@interpreter_quiet
+@pytest.mark.parametrize("width", [1, 5, 17, 300])
+def test_cpu_triton_narrow_rows_in_tiles(width: int) -> None:
+    """Rows narrower than a block go many to a tile: sliced rows of odd stride, a stride through 1-D, a permuted
+    3-D tensor, with as many rows as leave a ragged last tile; forward and backward against float64."""
+    from fuselab.ops.gelu import triton_kernels as tk
+
+    rows = 4 * (16 // min(16, triton_block_c(width))) + 3  # 4 tiles of 16-element blocks and a ragged one
+    (base,) = GELU.make_inputs((rows, width + 3), torch.float32, "cpu", width)
+    (flat,) = GELU.make_inputs((2 * rows * width,), torch.float32, "cpu", width + 1)
+    (cube,) = GELU.make_inputs((3, width, 7), torch.float32, "cpu", width + 2)
+    for x in (base[:, :width], flat[::2], cube.permute(2, 0, 1), cube.transpose(0, 1)):
+        (dy,) = GELU.make_inputs(x.shape, torch.float32, "cpu", 9)
+        for config in ((16, 1), None):
+            y = tk.gelu_forward(x, True, config)
+            err = rel_err(y, reference(x))
+            assert y.shape == x.shape and err <= GELU.tolerance[torch.float32], (x.stride(), config)
+        assert y.stride() == torch.empty_like(x).stride()
+        dx = tk.gelu_backward(dy, x, False)
+        assert dx.stride() == torch.empty_like(x).stride()
+        assert rel_err(dx, reference_grad(x, dy, "none")) <= GELU.tolerance[torch.float32], x.stride()
+
+
+def triton_block_c(width: int) -> int:
+    """The columns of a rows tile for rows of `width`: the width rounded up to a power of two."""
+    return 1 << (width - 1).bit_length()

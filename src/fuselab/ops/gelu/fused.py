@@ -1,7 +1,8 @@
 """What GELU's fused impls (triton, cuda) give the op factory (fuselab.ops.library): the input check and the fakes.
 
 Both ops are fuselab::gelu_<backend>(Tensor x, str approximate) -> Tensor and
-fuselab::gelu_<backend>_backward(Tensor dy, Tensor x, str approximate) -> Tensor. Outputs are contiguous.
+fuselab::gelu_<backend>_backward(Tensor dy, Tensor x, str approximate) -> Tensor. Outputs are laid out as
+torch.empty_like(x) lays them out (as F.gelu's: x's strides where x is dense, else contiguous).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def make_check(name: str, devices: Sequence[str]) -> Callable[[torch.Tensor, str
 
 
 def fake(x: torch.Tensor, approximate: str) -> torch.Tensor:
-    """y: x's shape and dtype, contiguous."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    """y: x's shape, dtype and layout."""
+    return torch.empty_like(x)
 
 
 def make_backward_check(name: str, devices: Sequence[str]) -> Callable[[torch.Tensor, torch.Tensor, str], None]:
@@ -43,8 +44,8 @@ def make_backward_check(name: str, devices: Sequence[str]) -> Callable[[torch.Te
 
 
 def backward_fake(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
-    """dx: x's shape and dtype, contiguous."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    """dx: x's shape, dtype and layout."""
+    return torch.empty_like(x)
 
 
 FAMILY = OpFamily(

@@ -5,7 +5,9 @@
 // thread, a block of 256 threads covering 4 KiB per array, as the Triton kernel's block-size sweep chose
 // (docs/ops/gelu.md has the measurements). The < 16 bytes left after the last whole vector go one element per
 // thread in the last block; pointers that are not 16-byte aligned (a view's offset) take the same kernel with
-// 1-element "vectors". Indices are int64_t throughout.
+// 1-element "vectors". Indices are int64_t throughout. Inputs that are not one flat run of memory (a slice of wider
+// rows, a stride through 1-D) take gelu_rows_kernel: each thread writes one 16-byte vector of the contiguous output
+// and reads its elements through the input's row and column strides.
 //
 // The tanh form is computed as x * sigmoid(2u) = x / (1 + 2^(x (c0 + c1 x^2))) with the MUFU instructions
 // ex2.approx and rcp.approx (relative error ~1e-7, about 1 ulp of fp32 over the range that matters), which
@@ -126,6 +128,77 @@ cudaError_t launch(const void* x, const void* dy, void* out, int64_t n, cudaStre
   return launch_vec<T, 1, F, kBackward>(x, dy, out, n, stream);
 }
 
+// out[i] = gelu(x[r, c]), or dy[r, c] * gelu'(x[r, c]) when kBackward, i = r * cols + c < n = rows * cols. A thread
+// takes kVec consecutive i (one 16-byte vector of out): one division finds its first (r, c), then it steps along the
+// row. Index: the division's type (32 bits where n fits, which is several times cheaper than 64).
+template <typename T, int kVec, Form F, bool kBackward, typename Index>
+__global__ void __launch_bounds__(kThreads)
+    gelu_rows_kernel(Rows x, Rows dy, T* __restrict__ out, Index cols, int64_t n) {
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kVec;
+  if (first >= n) return;
+  Index row = static_cast<Index>(first) / cols;
+  Index col = static_cast<Index>(first) - row * cols;
+  Pack<T, kVec> yv;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    if (first + k < n) {
+      const int64_t at = static_cast<int64_t>(row) * x.row_stride + static_cast<int64_t>(col) * x.col_stride;
+      const float xf = to_float(static_cast<const T*>(x.data)[at]);
+      if constexpr (kBackward) {
+        const int64_t dy_at = static_cast<int64_t>(row) * dy.row_stride + static_cast<int64_t>(col) * dy.col_stride;
+        yv.v[k] = from_float<T>(to_float(static_cast<const T*>(dy.data)[dy_at]) * gelu_grad<F>(xf));
+      } else {
+        yv.v[k] = from_float<T>(gelu<F>(xf));
+      }
+    }
+    if (++col == cols) {
+      col = 0;
+      ++row;
+    }
+  }
+  if (first + kVec <= n) {
+    reinterpret_cast<Pack<T, kVec>*>(out)[first / kVec] = yv;
+  } else {
+    for (int k = 0; first + k < n; ++k) out[first + k] = yv.v[k];
+  }
+}
+
+template <typename T, Form F, bool kBackward>
+cudaError_t launch_rows(Rows x, Rows dy, void* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t n = rows * cols;
+  const int64_t blocks = (n + int64_t{kThreads} * kVec - 1) / (int64_t{kThreads} * kVec);
+  if (blocks > INT_MAX || reinterpret_cast<uintptr_t>(out) % 16 != 0) return cudaErrorInvalidConfiguration;
+  if (n <= UINT32_MAX) {
+    gelu_rows_kernel<T, kVec, F, kBackward, uint32_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        x, dy, static_cast<T*>(out), static_cast<uint32_t>(cols), n);
+  } else {
+    gelu_rows_kernel<T, kVec, F, kBackward, uint64_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        x, dy, static_cast<T*>(out), static_cast<uint64_t>(cols), n);
+  }
+  return cudaGetLastError();
+}
+
+template <bool kBackward>
+cudaError_t dispatch_rows(Rows x, Rows dy, void* out, int64_t rows, int64_t cols, DType dtype, Form form,
+                          cudaStream_t stream) {
+  if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  const bool tanh = form == Form::kTanh;
+  switch (dtype) {
+    case DType::kFloat32:
+      return tanh ? launch_rows<float, Form::kTanh, kBackward>(x, dy, out, rows, cols, stream)
+                  : launch_rows<float, Form::kErf, kBackward>(x, dy, out, rows, cols, stream);
+    case DType::kFloat16:
+      return tanh ? launch_rows<__half, Form::kTanh, kBackward>(x, dy, out, rows, cols, stream)
+                  : launch_rows<__half, Form::kErf, kBackward>(x, dy, out, rows, cols, stream);
+    case DType::kBFloat16:
+      return tanh ? launch_rows<__nv_bfloat16, Form::kTanh, kBackward>(x, dy, out, rows, cols, stream)
+                  : launch_rows<__nv_bfloat16, Form::kErf, kBackward>(x, dy, out, rows, cols, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <bool kBackward>
 cudaError_t dispatch(const void* x, const void* dy, void* out, int64_t n, DType dtype, Form form,
                      cudaStream_t stream) {
@@ -155,6 +228,16 @@ cudaError_t gelu_forward(const void* x, void* y, int64_t n, DType dtype, Form fo
 cudaError_t gelu_backward(const void* dy, const void* x, void* dx, int64_t n, DType dtype, Form form,
                           cudaStream_t stream) {
   return dispatch<true>(x, dy, dx, n, dtype, form, stream);
+}
+
+cudaError_t gelu_forward_rows(Rows x, void* y, int64_t rows, int64_t cols, DType dtype, Form form,
+                              cudaStream_t stream) {
+  return dispatch_rows<false>(x, Rows{nullptr, 0, 0}, y, rows, cols, dtype, form, stream);
+}
+
+cudaError_t gelu_backward_rows(Rows dy, Rows x, void* dx, int64_t rows, int64_t cols, DType dtype, Form form,
+                               cudaStream_t stream) {
+  return dispatch_rows<true>(x, dy, dx, rows, cols, dtype, form, stream);
 }
 
 }  // namespace fuselab::gelu

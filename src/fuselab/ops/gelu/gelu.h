@@ -19,4 +19,19 @@ cudaError_t gelu_forward(const void* x, void* y, int64_t n, DType dtype, Form fo
 cudaError_t gelu_backward(const void* dy, const void* x, void* dx, int64_t n, DType dtype, Form form,
                           cudaStream_t stream);
 
+// A (rows, cols) matrix of elements in memory: its address and strides, in elements.
+struct Rows {
+  const void* data;
+  int64_t row_stride;
+  int64_t col_stride;
+};
+
+// y[r * cols + c] = gelu(x[r, c]) for a (rows, cols) x of any strides; y: contiguous, 16-byte aligned.
+cudaError_t gelu_forward_rows(Rows x, void* y, int64_t rows, int64_t cols, DType dtype, Form form,
+                              cudaStream_t stream);
+
+// dx[r * cols + c] = dy[r, c] * gelu'(x[r, c]); dy, x: (rows, cols) of their own strides; dx as y above.
+cudaError_t gelu_backward_rows(Rows dy, Rows x, void* dx, int64_t rows, int64_t cols, DType dtype, Form form,
+                               cudaStream_t stream);
+
 }  // namespace fuselab::gelu

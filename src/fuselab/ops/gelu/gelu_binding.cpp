@@ -8,6 +8,10 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "../_cuda/fast_call.h"
 #include "gelu.h"
 
@@ -33,8 +37,39 @@ DType dtype_of(const at::Tensor& t) {
 
 void check_input(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), "gelu cuda: ", name, " is on ", t.device(), ", but this implementation runs on cuda only");
-  TORCH_CHECK(t.is_contiguous(), "gelu cuda: ", name, " must be contiguous");
 }
+
+// t's dimensions from the largest stride to the smallest (ties in their order): t.permute(order) is contiguous for
+// every tensor at::empty_like makes.
+std::vector<int64_t> layout_order(const at::Tensor& t) {
+  std::vector<int64_t> order(t.dim());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&t](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  return order;
+}
+
+// t read as rows of its last dimension (fuselab::gelu::Rows), with the tensor that holds them: t itself, or a
+// contiguous copy where t's leading dimensions do not merge into rows of one stride. rows: their count.
+struct RowsOf {
+  at::Tensor held;
+  fuselab::gelu::Rows rows;
+  int64_t count;
+};
+
+RowsOf rows_of(const at::Tensor& t) {
+  int64_t count = 1, row_stride = 0, inner = 0;  // inner: the stride the next dimension out must have
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (count > 1 && t.stride(d) != inner) return rows_of(t.contiguous());
+    if (count == 1) row_stride = t.stride(d);
+    inner = t.stride(d) * t.size(d);
+    count *= t.size(d);
+  }
+  const int64_t col_stride = t.dim() > 0 ? t.stride(-1) : 1;
+  return {t, {t.data_ptr(), row_stride, col_stride}, count};
+}
+
+int64_t cols_of(const at::Tensor& t) { return t.dim() > 0 ? t.size(-1) : 1; }
 
 void check_launch(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, "gelu cuda: ", what, " kernel launch failed: ", cudaGetErrorString(err));
@@ -44,19 +79,30 @@ Form form_of(bool tanh) { return tanh ? Form::kTanh : Form::kErf; }
 
 }  // namespace
 
-// y = gelu(x); x: contiguous CUDA tensor of any shape (float32/float16/bfloat16); y: same shape and dtype.
+// y = gelu(x); x: CUDA tensor of any shape and layout (float32/float16/bfloat16); y: same shape and dtype, laid
+// out as at::empty_like(x) (x's strides where x is dense, as F.gelu's). A dense x is one flat run of memory; other
+// layouts are read through their strides (rows_of) into the contiguous y.
 at::Tensor forward_tensor(const at::Tensor& x, bool tanh) {
   check_input(x, "x");
   const DType dtype = dtype_of(x);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
-  check_launch(fuselab::gelu::gelu_forward(x.data_ptr(), y.data_ptr(), x.numel(), dtype, form_of(tanh),
-                                           c10::cuda::getCurrentCUDAStream()),
-               "forward");
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (x.strides() == y.strides() && x.is_non_overlapping_and_dense()) {
+    check_launch(fuselab::gelu::gelu_forward(x.data_ptr(), y.data_ptr(), x.numel(), dtype, form_of(tanh), stream),
+                 "forward");
+    return y;
+  }
+  const auto order = layout_order(y);
+  const RowsOf xr = rows_of(x.permute(order));
+  check_launch(fuselab::gelu::gelu_forward_rows(xr.rows, y.data_ptr(), xr.count, cols_of(xr.held), dtype,
+                                                form_of(tanh), stream),
+               "forward (rows)");
   return y;
 }
 
-// dx = dy * gelu'(x); dy, x: contiguous CUDA tensors of the same shape, dtype and device.
+// dx = dy * gelu'(x); dy, x: CUDA tensors of the same shape, dtype and device, any layouts; dx laid out as x's
+// forward output. Flat where dy, x and dx share one dense layout; else read as rows, as forward_tensor.
 at::Tensor backward_tensor(const at::Tensor& dy, const at::Tensor& x, bool tanh) {
   check_input(dy, "dy");
   check_input(x, "x");
@@ -65,9 +111,19 @@ at::Tensor backward_tensor(const at::Tensor& dy, const at::Tensor& x, bool tanh)
   const DType dtype = dtype_of(x);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor dx = at::empty_like(x);
-  check_launch(fuselab::gelu::gelu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), x.numel(), dtype,
-                                            form_of(tanh), c10::cuda::getCurrentCUDAStream()),
-               "backward");
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (x.strides() == dx.strides() && dy.strides() == dx.strides() && x.is_non_overlapping_and_dense()) {
+    check_launch(fuselab::gelu::gelu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), x.numel(), dtype,
+                                              form_of(tanh), stream),
+                 "backward");
+    return dx;
+  }
+  const auto order = layout_order(dx);
+  const RowsOf dyr = rows_of(dy.permute(order));
+  const RowsOf xr = rows_of(x.permute(order));
+  check_launch(fuselab::gelu::gelu_backward_rows(dyr.rows, xr.rows, dx.data_ptr(), xr.count, cols_of(xr.held), dtype,
+                                                 form_of(tanh), stream),
+               "backward (rows)");
   return dx;
 }
 
@@ -79,14 +135,14 @@ bool is_tanh(c10::string_view approximate) {
   return approximate == "tanh";
 }
 
-// fuselab::gelu_cuda(Tensor x, str approximate) -> Tensor: any layout (non-contiguous x is copied first).
+// fuselab::gelu_cuda(Tensor x, str approximate) -> Tensor: any layout.
 at::Tensor gelu_op(const at::Tensor& x, c10::string_view approximate) {
-  return forward_tensor(x.contiguous(), is_tanh(approximate));
+  return forward_tensor(x, is_tanh(approximate));
 }
 
 // fuselab::gelu_cuda_backward(Tensor dy, Tensor x, str approximate) -> Tensor
 at::Tensor gelu_backward_op(const at::Tensor& dy, const at::Tensor& x, c10::string_view approximate) {
-  return backward_tensor(dy.contiguous(), x.contiguous(), is_tanh(approximate));
+  return backward_tensor(dy, x, is_tanh(approximate));
 }
 
 // The eager autograd of the op, in C++: the backward runs on autograd's device thread without taking Python's lock
@@ -96,14 +152,14 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, bool tanh) {
     ctx->save_for_backward({x});
     ctx->saved_data["tanh"] = tanh;
-    return forward_tensor(x.contiguous(), tanh);
+    return forward_tensor(x, tanh);
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const at::Tensor x = ctx->get_saved_variables()[0];
     const bool tanh = ctx->saved_data["tanh"].toBool();
-    return {backward_tensor(grads[0].contiguous(), x.contiguous(), tanh), at::Tensor()};
+    return {backward_tensor(grads[0], x, tanh), at::Tensor()};
   }
 };
 
@@ -148,7 +204,7 @@ at::Tensor gelu_autograd(const at::Tensor& x, c10::string_view approximate) {
   return GeluOpFunction::apply(x, approximate);
 }
 
-// The op's eager call, whole (fuselab.ops.library's `fast` entry): gelu_cuda(x, approximate) for a contiguous x
+// The op's eager call, whole (fuselab.ops.library's `fast` entry): gelu_cuda(x, approximate) for an x of any layout
 // that its Python check accepts and approximate "none" or "tanh" given; with autograd's graph where x needs one.
 at::Tensor fast_gelu(PyObject* args, PyObject* kwargs) {
   namespace fc = fuselab::fast_call;
@@ -156,7 +212,7 @@ at::Tensor fast_gelu(PyObject* args, PyObject* kwargs) {
   if (!fc::bind(args, kwargs, {"x", "approximate"}, values)) return {};
   const at::Tensor* x = fc::cuda_float(values[0]);
   const int form = fc::choice(values[1], {"none", "tanh"});
-  if (x == nullptr || form < 0 || !x->is_contiguous()) return {};
+  if (x == nullptr || form < 0) return {};
   return fc::needs_grad(*x) ? forward_with_grad(*x, form == 1) : forward_tensor(*x, form == 1);
 }
 

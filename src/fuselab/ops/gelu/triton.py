@@ -34,14 +34,14 @@ def _ready(x: torch.Tensor) -> None:
 
 
 def forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
-    """y = gelu(x), contiguous (any layout of x: the launcher reads strides or copies)."""
+    """y = gelu(x), laid out as torch.empty_like(x) (any layout of x: the launcher reads strides)."""
     if not x.is_cuda:
         _ready(x)
     return (_KERNELS[0] if _KERNELS else _kernels()).gelu_forward(x, approximate == "tanh")
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
-    """dx = dy * gelu'(x), contiguous."""
+    """dx = dy * gelu'(x), laid out as torch.empty_like(x)."""
     if not x.is_cuda:
         _ready(x)
     return (_KERNELS[0] if _KERNELS else _kernels()).gelu_backward(dy, x, approximate == "tanh")

@@ -1,11 +1,13 @@
 """GELU forward and backward as fused Triton kernels (imported lazily: only this module needs Triton).
 
-One program handles BLOCK elements of one row (plans.py: block_bytes of input, warps by element size; the figures
-behind them are in docs/ops/gelu.md). A contiguous tensor is one flat row; a tensor with unit inner stride but other
-row strides (a slice x[:, :k]) is read in place row by row; other layouts are copied first (`as_rows`). Programs
-whose block lies inside the row run unmasked, so loads are 16-byte vectors whatever the element count (Triton
-specializes integers on divisibility by 16: a mask `offs < n` with an n that is not loses the vectors); only the last
-block of a row is masked. Offsets are 64-bit (program_id cast first), so tensors may pass 2^31 elements. Math is in
+One program handles BLOCK elements (plans.py: block_bytes of input, warps by element size; the figures behind them are
+in docs/ops/gelu.md). The output is laid out as torch.empty_like lays it out (as F.gelu's): a dense input (contiguous,
+transposed, permuted) keeps its strides, and input and output are then one flat row in memory order; other layouts
+(a slice x[:, :k], a stride through 1-D, an input strided unlike the other) are read in place as rows through their
+strides, in tiles of as many whole rows as fit (`_launch_rows`), into a contiguous output. Flat programs whose block
+lies inside the tensor run unmasked, so loads are 16-byte vectors whatever the element count (Triton specializes
+integers on divisibility by 16: a mask `offs < n` with an n that is not loses the vectors); only the last block is
+masked. Offsets are 64-bit (program_id cast first), so tensors may pass 2^31 elements. Math is in
 fp32. The tanh form is written with exp2 (works under the interpreter, one MUFU.EX2 on the GPU):
     0.5 * x * (1 + tanh(u)) = x * sigmoid(2u) = x / (1 + exp(-2u)),   u = sqrt(2/pi) * (x + 0.044715 x^3)
 which gives F.gelu's special values by itself: x = +inf -> inf / 1 = inf, x = -inf -> -inf / inf = NaN.
@@ -14,6 +16,7 @@ which gives F.gelu's special values by itself: x = +inf -> inf / 1 = inf, x = -i
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import torch
@@ -58,73 +61,107 @@ def _gelu_grad(x, TANH: tl.constexpr):
 
 
 @triton.jit
-def _block(pid, n_cols, row_stride, blocks_per_row, BLOCK: tl.constexpr, STRIDED: tl.constexpr):
-    """(offset of this program's row in x, its offset in the contiguous output, first column) for program `pid`.
-
-    STRIDED: x is (rows, n_cols) with unit column stride and row stride `row_stride`, blocks_per_row programs per
-    row; else x is flat (one row of n_cols elements), and the row offsets are the constant 0, so the compiler still
-    sees every program's start as a multiple of BLOCK (16-byte vectors).
-    """
-    if STRIDED:
-        row = pid // blocks_per_row
-        return row * row_stride, row * n_cols, (pid - row * blocks_per_row) * BLOCK
-    else:
-        return 0, 0, pid * BLOCK
-
-
-@triton.jit
-def gelu_forward_kernel(
-    x_ptr, y_ptr, n_cols, x_row_stride, blocks_per_row, TANH: tl.constexpr, BLOCK: tl.constexpr, STRIDED: tl.constexpr
-):
-    """y = gelu(x). x: n_cols elements, or (STRIDED) rows of n_cols with row stride x_row_stride and unit column
-    stride; y: the same elements, contiguous. Programs whose BLOCK lies inside the row load and store without a mask
-    (16-byte vectors whatever n_cols is); only the last block of a row is masked."""
-    x_off, y_off, start = _block(tl.program_id(0).to(tl.int64), n_cols, x_row_stride, blocks_per_row, BLOCK, STRIDED)
-    cols = start + tl.arange(0, BLOCK)
-    x_ptr += x_off
-    y_ptr += y_off
-    if start + BLOCK <= n_cols:  # the bulk
-        x = tl.load(x_ptr + cols).to(tl.float32)
-        tl.store(y_ptr + cols, _gelu(x, TANH).to(y_ptr.dtype.element_ty))
+def gelu_forward_kernel(x_ptr, y_ptr, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
+    """y = gelu(x) over n elements in memory order. Programs whose BLOCK lies inside n load and store without a mask
+    (16-byte vectors whatever n is); only the last block is masked."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    if start + BLOCK <= n:  # the bulk
+        x = tl.load(x_ptr + offs).to(tl.float32)
+        tl.store(y_ptr + offs, _gelu(x, TANH).to(y_ptr.dtype.element_ty))
     else:  # the ragged tail
-        mask = cols < n_cols
-        x = tl.load(x_ptr + cols, mask=mask).to(tl.float32)
-        tl.store(y_ptr + cols, _gelu(x, TANH).to(y_ptr.dtype.element_ty), mask=mask)
+        _gelu_tile(x_ptr + offs, y_ptr + offs, offs < n, TANH)
 
 
 @triton.jit
-def gelu_backward_kernel(
+def gelu_backward_kernel(dy_ptr, x_ptr, dx_ptr, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
+    """dx = dy * gelu'(x) over n elements in memory order, as gelu_forward_kernel."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    if start + BLOCK <= n:
+        dy = tl.load(dy_ptr + offs).to(tl.float32)
+        x = tl.load(x_ptr + offs).to(tl.float32)
+        tl.store(dx_ptr + offs, (dy * _gelu_grad(x, TANH)).to(dx_ptr.dtype.element_ty))
+    else:
+        _grad_tile(dy_ptr + offs, x_ptr + offs, dx_ptr + offs, offs < n, TANH)
+
+
+@triton.jit
+def _tile(n_cols, tiles_per_row, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """(rows (BLOCK_R, 1), columns (1, BLOCK_C), whether the columns lie inside the row) of this program's tile."""
+    pid = tl.program_id(0).to(tl.int64)
+    tile_row = pid // tiles_per_row
+    first = (pid - tile_row * tiles_per_row) * BLOCK_C
+    rows = tile_row * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    return rows, first + tl.arange(0, BLOCK_C)[None, :], first + BLOCK_C <= n_cols
+
+
+@triton.jit
+def _gelu_tile(x_at, y_at, mask, TANH: tl.constexpr):
+    x = tl.load(x_at, mask=mask).to(tl.float32)
+    tl.store(y_at, _gelu(x, TANH).to(y_at.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _grad_tile(dy_at, x_at, dx_at, mask, TANH: tl.constexpr):
+    dy = tl.load(dy_at, mask=mask).to(tl.float32)
+    x = tl.load(x_at, mask=mask).to(tl.float32)
+    tl.store(dx_at, (dy * _gelu_grad(x, TANH)).to(dx_at.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gelu_forward_rows_kernel(
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    x_row_stride,
+    x_col_stride,
+    tiles_per_row,
+    TANH: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """y = gelu(x); x: (n_rows, n_cols) of any strides, y: (n_rows, n_cols) contiguous. A program takes a tile of
+    BLOCK_R rows x BLOCK_C columns (many short rows, or a part of one long row); tiles inside their rows' columns
+    are masked by row only, so their loads stay vectors where the strides allow."""
+    rows, cols, inside = _tile(n_cols, tiles_per_row, BLOCK_R, BLOCK_C)
+    x_at = x_ptr + rows * x_row_stride + cols * x_col_stride
+    y_at = y_ptr + rows * n_cols + cols
+    if inside:
+        _gelu_tile(x_at, y_at, rows < n_rows, TANH)
+    else:
+        _gelu_tile(x_at, y_at, (rows < n_rows) & (cols < n_cols), TANH)
+
+
+@triton.jit
+def gelu_backward_rows_kernel(
     dy_ptr,
     x_ptr,
     dx_ptr,
+    n_rows,
     n_cols,
     dy_row_stride,
+    dy_col_stride,
     x_row_stride,
-    blocks_per_row,
+    x_col_stride,
+    tiles_per_row,
     TANH: tl.constexpr,
-    BLOCK: tl.constexpr,
-    STRIDED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
-    """dx = dy * gelu'(x). dy, x: as x of gelu_forward_kernel, each with its own row stride; dx contiguous."""
-    pid = tl.program_id(0).to(tl.int64)
-    dy_off, dx_off, start = _block(pid, n_cols, dy_row_stride, blocks_per_row, BLOCK, STRIDED)
-    x_off, _, _ = _block(pid, n_cols, x_row_stride, blocks_per_row, BLOCK, STRIDED)
-    cols = start + tl.arange(0, BLOCK)
-    dy_ptr += dy_off
-    x_ptr += x_off
-    dx_ptr += dx_off
-    if start + BLOCK <= n_cols:
-        dy = tl.load(dy_ptr + cols).to(tl.float32)
-        x = tl.load(x_ptr + cols).to(tl.float32)
-        tl.store(dx_ptr + cols, (dy * _gelu_grad(x, TANH)).to(dx_ptr.dtype.element_ty))
+    """dx = dy * gelu'(x); dy, x: (n_rows, n_cols), each of its own strides; dx contiguous; tiles as forward's."""
+    rows, cols, inside = _tile(n_cols, tiles_per_row, BLOCK_R, BLOCK_C)
+    dy_at = dy_ptr + rows * dy_row_stride + cols * dy_col_stride
+    x_at = x_ptr + rows * x_row_stride + cols * x_col_stride
+    dx_at = dx_ptr + rows * n_cols + cols
+    if inside:
+        _grad_tile(dy_at, x_at, dx_at, rows < n_rows, TANH)
     else:
-        mask = cols < n_cols
-        dy = tl.load(dy_ptr + cols, mask=mask).to(tl.float32)
-        x = tl.load(x_ptr + cols, mask=mask).to(tl.float32)
-        tl.store(dx_ptr + cols, (dy * _gelu_grad(x, TANH)).to(dx_ptr.dtype.element_ty), mask=mask)
+        _grad_tile(dy_at, x_at, dx_at, (rows < n_rows) & (cols < n_cols), TANH)
 
 
-TRITON_KERNELS = (gelu_forward_kernel, gelu_backward_kernel)
+TRITON_KERNELS = (gelu_forward_kernel, gelu_backward_kernel, gelu_forward_rows_kernel, gelu_backward_rows_kernel)
 
 
 def launch_config(dtype: torch.dtype, device: int | None = None) -> tuple[int, int]:
@@ -144,44 +181,81 @@ def _launch_config(itemsize: int, device: int | None) -> tuple[int, int]:
 tuning.on_table_written(_launch_config.cache_clear)  # made from the plan table: made again when one is written
 
 
-def as_rows(t: torch.Tensor) -> torch.Tensor:
-    """t as a (rows, cols) view with unit column stride (any row stride), copying only when there is none: a
-    transposed or stepped last dimension, or leading dimensions that do not merge, cost one extra read and write."""
-    cols = t.shape[-1] if t.dim() else 1
-    if cols > 1 and t.stride(-1) != 1:
-        t = t.contiguous()
-    try:
-        return t.view(-1, cols) if t.dim() else t.view(1, 1)
-    except RuntimeError:
-        return t.contiguous().view(-1, cols)
+def layout_order(t: torch.Tensor) -> list[int]:
+    """t's dimensions from the largest stride to the smallest (ties in their order): t.permute(order) is contiguous
+    where t is dense (a transpose, a permutation), and so is it for every tensor torch.empty_like(t) makes."""
+    return sorted(range(t.dim()), key=lambda d: -t.stride(d))
+
+
+def rows_view(t: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """(rows, columns, row stride, column stride) of t read as rows of its last dimension, strides in elements; None
+    where its leading dimensions do not merge into rows of one stride."""
+    if t.dim() == 0:
+        return 1, 1, 0, 1
+    lead = [(size, stride) for size, stride in zip(t.shape[:-1], t.stride()[:-1], strict=True) if size != 1]
+    if any(outer != inner * size for (_, outer), (size, inner) in itertools.pairwise(lead)):
+        return None
+    return math.prod(size for size, _ in lead), t.shape[-1], lead[-1][1] if lead else 0, t.stride(-1)
 
 
 def _launch(
-    kernel: triton.JITFunction, *tensors: torch.Tensor, tanh: bool, config: tuple[int, int] | None = None
+    kernels: tuple[triton.JITFunction, triton.JITFunction],
+    *tensors: torch.Tensor,
+    tanh: bool,
+    config: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """Run `kernel` over inputs `tensors` (same shape; any strides) into a new contiguous tensor; return it.
+    """Run kernels (flat, rows) over inputs `tensors` (same shape, any strides, x last) into a new tensor laid out
+    as torch.empty_like(x) lays it (x's strides where x is dense, else contiguous); return it.
 
-    Contiguous inputs are one flat row, passed as they are; others are read as rows through their row strides
-    (`as_rows`). config: (BLOCK, num_warps) instead of `launch_config`'s (the tuner's candidates)."""
-    x = tensors[0]
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    Inputs whose memory order is the output's (contiguous, or all transposed alike) go to the flat kernel; others
+    to the rows kernel, read in place through their strides (copied only when their leading dimensions do not
+    merge). config: (BLOCK, num_warps) instead of `launch_config`'s (the tuner's candidates)."""
+    x = tensors[-1]
+    out = torch.empty_like(x)
     n = out.numel()
     if n == 0:
         return out
     block, num_warps = config or _CONFIGS.get((x.dtype, x.get_device())) or _config(x)
-    if all(t.is_contiguous() for t in tensors):
-        views, n_rows, n_cols, strided = tensors, 1, n, False
-    else:
-        views = [as_rows(t) for t in tensors]
-        n_rows, n_cols = views[0].shape
-        strided = n_rows > 1
-    per_row = (n_cols + block - 1) // block
-    strides = [v.stride(0) if strided else n_cols for v in views]
+    flat, rows = kernels
+    written = out
+    if not (out.is_contiguous() and all(t.is_contiguous() for t in tensors)):
+        order = layout_order(out)
+        written, tensors = out.permute(order), tuple(t.permute(order) for t in tensors)
+        if not all(t.is_contiguous() for t in tensors):
+            _launch_rows(rows, tensors, written, tanh, block, num_warps)
+            return out
     with on_device(out):
-        wrap_triton(kernel)[(n_rows * per_row,)](
-            *views, out, n_cols, *strides, per_row, TANH=tanh, BLOCK=block, STRIDED=strided, num_warps=num_warps
-        )
+        wrap_triton(flat)[(triton.cdiv(n, block),)](*tensors, written, n, TANH=tanh, BLOCK=block, num_warps=num_warps)
     return out
+
+
+def _launch_rows(
+    kernel: triton.JITFunction,
+    tensors: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    tanh: bool,
+    block: int,
+    num_warps: int,
+) -> None:
+    """kernel over tensors seen as rows (`rows_view`) into contiguous out: tiles of `block` elements, as many whole
+    rows as fit (the columns rounded up to a power of two) or a part of one row."""
+    views = []
+    for t in tensors:
+        view = rows_view(t)
+        if view is None:
+            t = t.contiguous()
+            view = rows_view(t)
+        views.append((t, view))
+    n_rows, n_cols = views[0][1][:2]
+    block_c = min(triton.next_power_of_2(int(n_cols)), block)  # a constexpr: a symbolic width is fixed here
+    per_row = triton.cdiv(n_cols, block_c)
+    grid = (triton.cdiv(n_rows, block // block_c) * per_row,)
+    strides = [stride for _, view in views for stride in view[2:]]
+    with on_device(out):
+        wrap_triton(kernel)[grid](
+            *(t for t, _ in views), out, n_rows, n_cols, *strides, per_row,
+            TANH=tanh, BLOCK_R=block // block_c, BLOCK_C=block_c, num_warps=num_warps,
+        )  # fmt: skip
 
 
 _CONFIGS: dict[tuple[torch.dtype, int], tuple[int, int]] = {}  # (dtype, device index or -1) -> launch_config
@@ -195,10 +269,11 @@ def _config(x: torch.Tensor) -> tuple[int, int]:
 
 
 def gelu_forward(x: torch.Tensor, tanh: bool, config: tuple[int, int] | None = None) -> torch.Tensor:
-    """GELU of x (any shape and strides): a new contiguous tensor, same shape and dtype. config: see `_launch`."""
-    return _launch(gelu_forward_kernel, x, tanh=tanh, config=config)
+    """GELU of x (any shape and strides): a new tensor of x's shape, dtype and layout (`_launch`). config: see
+    `_launch`."""
+    return _launch((gelu_forward_kernel, gelu_forward_rows_kernel), x, tanh=tanh, config=config)
 
 
 def gelu_backward(dy: torch.Tensor, x: torch.Tensor, tanh: bool) -> torch.Tensor:
-    """dy * GELU'(x); dy, x of the same shape and dtype, any strides; a new contiguous tensor."""
-    return _launch(gelu_backward_kernel, dy, x, tanh=tanh)
+    """dy * GELU'(x); dy, x of the same shape and dtype, any strides; a new tensor laid out as x (`_launch`)."""
+    return _launch((gelu_backward_kernel, gelu_backward_rows_kernel), dy, x, tanh=tanh)
