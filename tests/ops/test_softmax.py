@@ -382,8 +382,8 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_triton_plans_by_how_rows_are_read() -> None:
     """Rows read with edges (misaligned, at least edge_min_bytes) and shorter than a tile run on one warp per
     edge_warp_bytes of tile, with no register cap (on the H200 bf16 rows of 325 columns took 4x as long on four
-    warps with the cap); rows read element by element go in tiles of scalar_tile (4 elements a thread); rows read
-    in vectors keep the plans above."""
+    warps with the cap); rows read element by element go in tiles of scalar_tile (4 elements a thread), those wider
+    than the tile one to a program on a vector-read row's warps; rows read in vectors keep the plans above."""
     h200 = plans.rule_params(tuning.key_of("NVIDIA H200", 9, 0))
 
     def on_h200(width: int, itemsize: int, reads: str) -> st.Plan:
@@ -402,6 +402,11 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     assert on_h200(53, 2, "scalars") == st.Plan("rows", 64, rows=8, num_warps=1)  # padded to 64: one warp a tile
     assert on_h200(13, 4, "scalars") == st.Plan("rows", 16, rows=32, num_warps=4)
     assert on_h200(1, 2, "scalars") == st.Plan("rows", 1, rows=512, num_warps=4)
+    assert on_h200(300, 2, "scalars") == st.Plan("rows", 512, rows=1, num_warps=1)  # the widest in a scalar tile
+    # wider: a row a program on the warps of a row read in vectors (not one warp: 512 values a thread at 16384)
+    assert on_h200(9248, 4, "scalars") == st.Plan("rows", 16384, rows=1, num_warps=16)
+    assert on_h200(1500, 4, "scalars") == st.Plan("rows", 2048, rows=1, num_warps=4)
+    assert plans.choose_backward(9248, 4, h200, "scalars") == st.Plan("rows", 16384, rows=1, num_warps=16)
     assert on_h200(16385, 2, "vectors") == st.Plan("rows", 32768, rows=1, num_warps=32, hold=True)
     assert on_h200(16386, 2, "edges").hold  # held bf16 rows have an edges path
     fp16 = plans.choose_forward(16386, 2, False, 132, h200, "vectors")

@@ -138,7 +138,9 @@ def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Pla
     least_rows[itemsize] where a row fits in a tile (16-bit rows of 524-601 alone in a 2 KiB tile took 1.05-1.14x the
     time of two in 4 KiB on the H200, where rows of 129-325 took 0.76-0.94x in 2 KiB tiles); where `reads` is
     "scalars", a tile of scalar_tile's elements and warps (four elements a thread: on the H200 as fast as torch's
-    or faster at widths 1-52, where tiles of 4 KiB on one warp took up to 1.6x its time). Rows read with "edges"
+    or faster at widths 1-52, where tiles of 4 KiB on one warp took up to 1.6x its time), and rows wider than that
+    tile one to a program on the warps a row read in vectors gets (on scalar_wide's warps, fp32 sliced rows of 9248
+    held 512 values a thread and took 8.6x their contiguous time on the H200). Rows read with "edges"
     that are shorter than edge_warp_bytes run on at most one warp per edge_warp_bytes of tile, whatever the tile
     (a tile of several such rows took up to 4x as long on four warps as on one; a 16-bit row of 524-999 alone in a
     2 KiB tile 1.7-2.7x); rows read element by element and padded to at least
@@ -146,8 +148,10 @@ def rows_plan(block: int, itemsize: int, p: dict, reads: str = "vectors") -> Pla
     docs/ops/softmax.md has the figures."""
     if reads == "scalars":
         elements, num_warps = p["scalar_tile"]
+        if block > elements:
+            return Plan("rows", block, 1, warps(block, itemsize, p))
         wide_block, wide_warps = p["scalar_wide"]
-        return Plan("rows", block, max(1, elements // block), wide_warps if block >= wide_block else num_warps)
+        return Plan("rows", block, elements // block, wide_warps if block >= wide_block else num_warps)
     tile, row_bytes = p["tile_bytes"][str(itemsize)], block * itemsize
     rows = max(tile // row_bytes, p["least_rows"][str(itemsize)]) if row_bytes <= tile else 1
     num_warps = warps(block * rows, itemsize, p)
