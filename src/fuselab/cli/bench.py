@@ -167,9 +167,9 @@ def run(args: argparse.Namespace) -> int:
     if not distributed.is_main():  # under torchrun, rank 0 prints and writes for all
         return 0
     measured = [r for r in rows if r.measured]
+    several = ("layout",) if len(selection.layouts) > 1 else ()  # a column for the layout where there are several
     if measured:
-        laid_out = ["layout"] if len(selection.layouts) > 1 else []
-        cols = columns(op.defaults.baseline, [*laid_out, *op.options], op.bound, args.backward)
+        cols = columns(op.defaults.baseline, [*several, *op.options], op.bound, args.backward)
         cols += [("rank", "rank", fmt_plain)] if distributed.active() else []
         past = {share: functools.partial(_mark_past, share=share) for share in CEILING_SHARES}
         table = make_table(measured, cols, title=f"bench {op.name}", mark_noisy="median_ms", marks=past)
@@ -188,7 +188,6 @@ def run(args: argparse.Namespace) -> int:
     summary, rivals = None, []
     by = (*op.options, *(["pass"] if args.backward else []))
     if drawn:
-        several = ("layout",) if len(selection.layouts) > 1 else ()
         rows, summary = shape_ratios(op, rows, (*several, *by))
         rivals = rival_ratios(op, rows, (*several, *by))
         shown = [*SUMMARY_COLUMNS[:2], *[(k, k, fmt_plain) for k in (*several, *by)], *SUMMARY_COLUMNS[2:]]
