@@ -65,8 +65,12 @@ def _triton_asm(compiled: object, impl: str, origin: str, arch: str) -> KernelAs
 def triton_from_jit_cache(
     kernels: list[object], run: Callable[[], object], arch: str, impl: str = "triton"
 ) -> list[KernelAsm]:
-    """On a GPU: call `run()` once and take, from Triton's JIT cache, the compiled kernels its launches used."""
+    """On a GPU: call `run()` once and take, from Triton's JIT cache, the compiled kernels its launches used. The
+    call runs with Triton's own launch: fuselab's C launcher and replays (fuselab.ops.launcher) skip
+    JITFunction.run for a kernel launched before in the process."""
     from triton.runtime.jit import JITFunction
+
+    from fuselab.ops import launcher
 
     ours = {id(k) for k in map(_unwrap, kernels)}
     used: dict[int, object] = {}
@@ -80,7 +84,8 @@ def triton_from_jit_cache(
 
     JITFunction.run = record
     try:
-        run()
+        with launcher.enabled(False):
+            run()
         torch.cuda.synchronize()
     finally:
         JITFunction.run = original
