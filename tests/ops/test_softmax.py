@@ -398,7 +398,7 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     assert plans.choose_forward(325, 2, True, 132, small, "edges") == st.Plan("rows", 512, rows=2, num_warps=1)
     assert plans.choose_forward(1697, 2, True, 132, small, "edges") == st.Plan("rows", 2048, rows=1, num_warps=4)
     assert on_h200(13995, 2, "edges").hold  # held rows were fitted with edges among them
-    # padded to 32: scalar_tile's 4 warps, a row within one warp (on one warp, 18 166 x 29 took 1.6x as long)
+    # padded to 32: scalar_tile's 4 warps (on one warp, 18 166 x 29 took 1.6x as long on the H200)
     assert on_h200(25, 4, "scalars") == st.Plan("rows", 32, rows=16, num_warps=4)
     assert on_h200(53, 2, "scalars") == st.Plan("rows", 64, rows=8, num_warps=1)  # padded to 64: scalar_wide's one
     assert on_h200(13, 4, "scalars") == st.Plan("rows", 16, rows=32, num_warps=4)
