@@ -4,8 +4,8 @@
 // all loads issued before any math; consecutive threads touch consecutive vectors (coalesced). One vector per
 // thread, a block of 256 threads covering 4 KiB per array, as the Triton kernel's block-size sweep chose
 // (docs/ops/gelu.md has the measurements). The < 16 bytes left after the last whole vector go one element per
-// thread in the last block; pointers that are not 16-byte aligned (a view's offset) take the same kernel with
-// 1-element "vectors". Indices are int64_t throughout. Inputs that are not one flat run of memory (a slice of wider
+// thread in the last block; inputs that are not 16-byte aligned (a view's offset) take gelu_rows_kernel as one row
+// (`launch`). Indices are int64_t throughout. Inputs that are not one flat run of memory (a slice of wider
 // rows, a stride through 1-D) take gelu_rows_kernel: each thread writes one 16-byte vector of the contiguous output
 // and reads its elements through the input's row and column strides.
 //
@@ -120,14 +120,6 @@ cudaError_t launch_vec(const void* x, const void* dy, void* out, int64_t n, cuda
   return cudaGetLastError();
 }
 
-template <typename T, Form F, bool kBackward>
-cudaError_t launch(const void* x, const void* dy, void* out, int64_t n, cudaStream_t stream) {
-  const auto addresses = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(dy) |
-                         reinterpret_cast<uintptr_t>(out);  // dy is null forward
-  if (addresses % 16 == 0) return launch_vec<T, 16 / sizeof(T), F, kBackward>(x, dy, out, n, stream);
-  return launch_vec<T, 1, F, kBackward>(x, dy, out, n, stream);
-}
-
 // out[i] = gelu(x[r, c]), or dy[r, c] * gelu'(x[r, c]) when kBackward, i = r * cols + c < n = rows * cols. A thread
 // takes kVec consecutive i (one 16-byte vector of out): one division finds its first (r, c), then it steps along the
 // row. Index: the division's type (32 bits where n fits, which is several times cheaper than 64).
@@ -177,6 +169,18 @@ cudaError_t launch_rows(Rows x, Rows dy, void* out, int64_t rows, int64_t cols, 
         x, dy, static_cast<T*>(out), static_cast<uint64_t>(cols), n);
   }
   return cudaGetLastError();
+}
+
+// The flat launch: 16-byte vectors where every pointer is 16-byte aligned; inputs off that boundary (a view's
+// offset: x[1:]) into an aligned output as one row of n, read element by element into the output's 16-byte vectors
+// (gelu_rows_kernel: on the H200 one element a thread of 256 took 1.6x (fp32) to 3.3x (16-bit) the aligned time,
+// docs/ops/gelu.md); an output off it too, one element a thread.
+template <typename T, Form F, bool kBackward>
+cudaError_t launch(const void* x, const void* dy, void* out, int64_t n, cudaStream_t stream) {
+  const auto inputs = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(dy);  // dy is null forward
+  if (reinterpret_cast<uintptr_t>(out) % 16 != 0) return launch_vec<T, 1, F, kBackward>(x, dy, out, n, stream);
+  if (inputs % 16 == 0) return launch_vec<T, 16 / sizeof(T), F, kBackward>(x, dy, out, n, stream);
+  return launch_rows<T, F, kBackward>(Rows{x, 0, 1}, Rows{dy, 0, 1}, out, 1, n, stream);
 }
 
 template <bool kBackward>

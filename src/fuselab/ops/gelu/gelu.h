@@ -12,7 +12,8 @@ enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 enum class Form : int { kTanh = 0, kErf = 1 };  // F.gelu's approximate="tanh" / "none"
 
 // y[i] = gelu(x[i]) for 0 <= i < n. x, y: device pointers to n contiguous elements of `dtype` (any alignment;
-// 16-byte aligned pointers take the vectorized path). Enqueued on `stream`; returns the launch's error.
+// 16-byte aligned pointers take the vectorized path, a misaligned x into an aligned y is read element by element
+// into y's 16-byte vectors). Enqueued on `stream`; returns the launch's error.
 cudaError_t gelu_forward(const void* x, void* y, int64_t n, DType dtype, Form form, cudaStream_t stream);
 
 // dx[i] = dy[i] * gelu'(x[i]) for 0 <= i < n; dy, x, dx as above, all of `dtype`.
