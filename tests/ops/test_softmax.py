@@ -1134,6 +1134,21 @@ def test_small_tensors_get_fewer_rows_a_program() -> None:
         assert got == rows or -(-n_rows // (2 * got)) * warps < least <= -(-n_rows // got) * warps or got == 1
 
 
+def test_many_rows_read_element_by_element_get_more_rows_a_program() -> None:
+    """Rows read element by element: rows per program doubled while a thread holds at most scalar_grow[0] values and
+    the grid keeps scalar_grow[1] programs per SM; scalar_grow[1] = 0 (the default) never grows."""
+    p = {**plans.DEFAULTS, "scalar_grow": [16, 32]}
+    assert plans.grow_rows(64, 8, 4, 9_978_070, 132, plans.DEFAULTS) == 64
+    assert plans.grow_rows(64, 8, 4, 9_978_070, 132, p) == 256  # 2048 values on 4 warps: 16 a thread
+    assert plans.grow_rows(64, 8, 4, 250_007, 132, p) == 64  # 128 rows: 1954 programs, fewer than 32 per SM
+    assert plans.grow_rows(8, 64, 1, 10**7, 132, p) == 8  # 512 values on one warp: 16 a thread already
+    for n_rows, rows, block, warps in itertools.product((1, 7, 5000, 10**6, 10**7), (1, 8, 64), (1, 8, 64), (1, 4)):
+        got = plans.grow_rows(rows, block, warps, n_rows, 132, p)
+        fits = got * block <= 16 * 32 * warps and -(-n_rows // got) >= 32 * 132
+        assert got >= rows and (got == rows or fits), (n_rows, rows, block, warps, got)
+        assert 2 * got * block > 16 * 32 * warps or -(-n_rows // (2 * got)) < 32 * 132, (n_rows, rows, block, got)
+
+
 def test_split_rows_of_few_rows_get_finer_spans() -> None:
     """A split plan's spans are halved, down to split_fill[1] columns, while the grid holds fewer than split_fill[0]
     programs per SM, and never into more spans than SMs; split_fill[0] = 0 (the default) never halves; the tuner times

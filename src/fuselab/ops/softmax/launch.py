@@ -147,12 +147,14 @@ def _ready(x: torch.Tensor) -> None:
 Launch = Callable[..., None]
 
 
-def _rows_per_program(plan: Plan, n_rows: int, sms: int | None, p: dict) -> int:
-    """The rows plan's rows per program, fewer for a small tensor where programs can wait on a GPU (`sms`; see
-    plans.fill_rows); a symbolic row count (torch.compile) keeps the plan's."""
+def _rows_per_program(plan: Plan, n_rows: int, sms: int | None, p: dict, read: str) -> int:
+    """The rows plan's rows per program where programs can wait on a GPU (`sms`): fewer for a small tensor
+    (plans.fill_rows), more for many rows read element by element (`read` "scalars": plans.grow_rows); a symbolic row
+    count (torch.compile) keeps the plan's."""
     if sms is None or not isinstance(n_rows, int):
         return plan.rows
-    return plans.fill_rows(plan.rows, plan.num_warps, n_rows, sms, p)
+    rows = plans.fill_rows(plan.rows, plan.num_warps, n_rows, sms, p)
+    return plans.grow_rows(rows, plan.block, plan.num_warps, n_rows, sms, p) if read == "scalars" else rows
 
 
 def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
@@ -163,15 +165,16 @@ def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     a = alignment(x, y)
     fixed = (n_cols // a, x.stride(0) // a, y.stride(0) // a)
     sms = sm_count(x.device.index) if can_wait(x.device) else None
+    read = reads(x, y, min_bytes=p["edge_min_bytes"])
     meta = {
         "BLOCK": plan.block, "HOLD": plan.hold and x.element_size() == 2, "PTX": not interpreted(),
-        "ALIGN": a, "EDGES": edges(x, y, min_bytes=p["edge_min_bytes"]), "VEC": vector(x),
+        "ALIGN": a, "EDGES": read == "edges", "VEC": vector(x),
         "num_warps": plan.num_warps, "maxnreg": plan.maxnreg,
     }  # fmt: skip
 
     def launch(x: torch.Tensor, y: torch.Tensor) -> None:
         n_rows = x.shape[0]
-        rows = _rows_per_program(plan, n_rows, sms, p)
+        rows = _rows_per_program(plan, n_rows, sms, p, read)
         even = even_cols and n_rows % rows == 0
         wrap_triton(_forward_rows_kernel)[((n_rows + rows - 1) // rows,)](x, y, n_rows, *fixed, EVEN=even, ROWS=rows,
                                                                           **meta)  # fmt: skip
@@ -298,14 +301,15 @@ def _backward_rows(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Pl
     a = alignment(y, dy, dx)
     fixed = (n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)))
     sms = sm_count(y.device.index) if can_wait(y.device) else None
+    read = reads(y, dy, dx, min_bytes=p["edge_min_bytes"])
     meta = {
-        "BLOCK": plan.block, "ALIGN": a, "EDGES": edges(y, dy, dx, min_bytes=p["edge_min_bytes"]),
+        "BLOCK": plan.block, "ALIGN": a, "EDGES": read == "edges",
         "VEC": vector(y), "num_warps": plan.num_warps,
     }  # fmt: skip
 
     def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
         n_rows = y.shape[0]
-        rows = _rows_per_program(plan, n_rows, sms, p)
+        rows = _rows_per_program(plan, n_rows, sms, p, read)
         wrap_triton(_backward_rows_kernel)[((n_rows + rows - 1) // rows,)](y, dy, dx, n_rows, *fixed, ROWS=rows,
                                                                            **meta)  # fmt: skip
 

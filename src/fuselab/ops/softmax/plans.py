@@ -50,6 +50,9 @@ DEFAULTS: dict[str, object] = {
     "edge_warp_bytes": 4096,  # rows read with edges, shorter than a tile: at most one warp per this many tile bytes
     "scalar_tile": [512, 4],  # rows read element by element (misaligned, under edge_min_bytes): (elements, warps)
     "scalar_wide": [64, 1],  # ... those padded to at least this many columns: tiles on this many warps
+    # ... and a tensor of many such rows: rows per program doubled while a thread holds at most scalar_grow[0] values
+    # and the grid keeps at least scalar_grow[1] programs per SM (0: never)
+    "scalar_grow": [16, 0],
     # Rows tiles of a small tensor: rows per program halved (down to 1) until the grid holds this many warps per SM
     "fill_warps_per_sm": 6,
     # Backward of wide rows, fewer than below_rows_per_sm per SM: a row split over programs of `blocks` columns (the
@@ -203,6 +206,17 @@ def fill_rows(rows: int, num_warps: int, n_rows: int, sms: int, p: dict) -> int:
     least = p["fill_warps_per_sm"] * sms
     while rows > 1 and ceil_div(n_rows, rows) * num_warps < least:
         rows //= 2
+    return rows
+
+
+def grow_rows(rows: int, block: int, num_warps: int, n_rows: int, sms: int, p: dict) -> int:
+    """Rows per program of a rows plan over rows read element by element (`rows` of padded width `block` on
+    `num_warps` warps) for a tensor of `n_rows` rows: doubled while a thread holds at most scalar_grow[0] values and
+    the grid keeps at least scalar_grow[1] programs per SM. Each thread then has more loads in flight; a small tensor
+    keeps its programs (docs/ops/softmax.md)."""
+    most, per_sm = p["scalar_grow"]
+    while per_sm and 2 * rows * block <= most * 32 * num_warps and ceil_div(n_rows, 2 * rows) >= per_sm * sms:
+        rows *= 2
     return rows
 
 

@@ -68,6 +68,8 @@ CANDIDATES: dict[str, dict] = {
     "scalar tile 2048 x 16": {"scalar_tile": [2048, 16]},
     "scalar wide 2 warps": {"scalar_wide": [64, 2]},
     "scalar wide from 32": {"scalar_wide": [32, 1]},
+    "scalar grow 16 a thread, 32 per SM": {"scalar_grow": [16, 32]},
+    "scalar grow 32 a thread, 32 per SM": {"scalar_grow": [32, 32]},
     "edge warp 2 KiB": {"edge_warp_bytes": 2048},
     "edge warp 8 KiB": {"edge_warp_bytes": 8192},
     "fill 3 warps per SM": {"fill_warps_per_sm": 3},
@@ -156,7 +158,10 @@ def launched_plan(x: torch.Tensor, y: torch.Tensor, p: dict, sms: int | None) ->
     read = launch.reads(x, y, min_bytes=p["edge_min_bytes"])
     plan = plans.choose_forward(int(x.shape[1]), x.element_size(), x.dtype == torch.bfloat16, sms, p, read)
     if plan.kernel == "rows" and sms is not None:
-        plan = replace(plan, rows=plans.fill_rows(plan.rows, plan.num_warps, int(x.shape[0]), sms, p))
+        rows = plans.fill_rows(plan.rows, plan.num_warps, int(x.shape[0]), sms, p)
+        if read == "scalars":
+            rows = plans.grow_rows(rows, plan.block, plan.num_warps, int(x.shape[0]), sms, p)
+        plan = replace(plan, rows=rows)
     if plan.kernel in ("split", "split_pairs") and sms is not None:
         plan = replace(plan, block=plans.split_chunk(plan.block, int(x.shape[0]), int(x.shape[1]), sms, p))
     return Launched(plan, read)
