@@ -1135,15 +1135,17 @@ def test_small_tensors_get_fewer_rows_a_program() -> None:
 
 
 def test_many_rows_read_element_by_element_get_more_rows_a_program() -> None:
-    """Rows read element by element: rows per program doubled while a thread holds at most scalar_grow[0] values and
-    the grid keeps scalar_grow[1] programs per SM; scalar_grow[1] = 0 (the default) never grows."""
+    """Rows read element by element in loads of two elements or more: rows per program doubled while a thread holds
+    at most scalar_grow[0] values and the grid keeps scalar_grow[1] programs per SM; loads of one element, and
+    scalar_grow[1] = 0 (the default), never grow."""
     p = {**plans.DEFAULTS, "scalar_grow": [16, 32]}
-    assert plans.grow_rows(64, 8, 4, 9_978_070, 132, plans.DEFAULTS) == 64
-    assert plans.grow_rows(64, 8, 4, 9_978_070, 132, p) == 256  # 2048 values on 4 warps: 16 a thread
-    assert plans.grow_rows(64, 8, 4, 250_007, 132, p) == 64  # 128 rows: 1954 programs, fewer than 32 per SM
-    assert plans.grow_rows(8, 64, 1, 10**7, 132, p) == 8  # 512 values on one warp: 16 a thread already
+    assert plans.grow_rows(64, 8, 4, 2, 9_978_070, 132, plans.DEFAULTS) == 64
+    assert plans.grow_rows(64, 8, 4, 2, 9_978_070, 132, p) == 256  # 2048 values on 4 warps: 16 a thread
+    assert plans.grow_rows(64, 8, 4, 1, 9_978_070, 132, p) == 64  # loads of one element
+    assert plans.grow_rows(64, 8, 4, 2, 250_007, 132, p) == 64  # 128 rows: 1954 programs, fewer than 32 per SM
+    assert plans.grow_rows(8, 64, 1, 2, 10**7, 132, p) == 8  # 512 values on one warp: 16 a thread already
     for n_rows, rows, block, warps in itertools.product((1, 7, 5000, 10**6, 10**7), (1, 8, 64), (1, 8, 64), (1, 4)):
-        got = plans.grow_rows(rows, block, warps, n_rows, 132, p)
+        got = plans.grow_rows(rows, block, warps, 4, n_rows, 132, p)
         fits = got * block <= 16 * 32 * warps and -(-n_rows // got) >= 32 * 132
         assert got >= rows and (got == rows or fits), (n_rows, rows, block, warps, got)
         assert 2 * got * block > 16 * 32 * warps or -(-n_rows // (2 * got)) < 32 * 132, (n_rows, rows, block, got)
@@ -1201,6 +1203,34 @@ def test_gpu_small_tensors_in_smaller_tiles_stay_right(dtype: torch.dtype) -> No
         y = fl.softmax_triton(x)
         assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows}x{width} offset {offset}"
         assert rel_err(fl.softmax_triton_backward(y, dy), _exact_backward(y, dy)) <= tol, (
+            f"backward {dtype} {rows}x{width}"
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_many_narrow_rows_in_grown_tiles_stay_right(dtype: torch.dtype) -> None:
+    """Many narrow rows read element by element run in tiles of more rows (plans.grow_rows): the forward with rules
+    that grow and with the table's, into NaN-poisoned outputs, and the backward as the table has it, against the
+    reference; rows loaded one element at a time (width 7) keep their tiles."""
+    base = launch.params(torch.device("cuda"))
+    grown = {**base, "scalar_grow": [16, 16]}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tol = SOFTMAX.tolerance[dtype]
+    for rows, width in ((2_000_003, 6), (1_000_003, 2), (456_789, 22), (300_001, 7)):
+        x, dy = _rows_at_offset(rows, width, 0, dtype, seed=47)
+        read, align = launch.reads(x, x, min_bytes=base["edge_min_bytes"]), launch.alignment(x, x)
+        assert read == "scalars" and align == (1 if width == 7 else 2), (read, align)
+        for rules in (base, grown):
+            plan = plans.choose_forward(width, x.element_size(), dtype == torch.bfloat16, sms, rules, read)
+            launched = launch.rows_per_program(plan, rows, sms, rules, read, align)
+            if rules is grown and width in (6, 7):
+                assert (launched > plan.rows) == (width == 6), (plan, launched)
+            y = torch.full_like(x, float("nan"))
+            st.launch_forward(x, y, plan, rules)
+            assert rel_err(y, reference(x)) <= tol, f"{plan} rows {launched} {dtype} {rows}x{width}"
+        y = torch.ops.fuselab.softmax_triton(x)
+        assert rel_err(torch.ops.fuselab.softmax_triton_backward(y, dy), _exact_backward(y, dy)) <= tol, (
             f"backward {dtype} {rows}x{width}"
         )
 

@@ -147,14 +147,14 @@ def _ready(x: torch.Tensor) -> None:
 Launch = Callable[..., None]
 
 
-def _rows_per_program(plan: Plan, n_rows: int, sms: int | None, p: dict, read: str) -> int:
+def rows_per_program(plan: Plan, n_rows: int, sms: int | None, p: dict, read: str, align: int) -> int:
     """The rows plan's rows per program where programs can wait on a GPU (`sms`): fewer for a small tensor
-    (plans.fill_rows), more for many rows read element by element (`read` "scalars": plans.grow_rows); a symbolic row
-    count (torch.compile) keeps the plan's."""
+    (plans.fill_rows), more for many rows read element by element (`read` "scalars") in loads of `align` elements
+    (plans.grow_rows); a symbolic row count (torch.compile) keeps the plan's."""
     if sms is None or not isinstance(n_rows, int):
         return plan.rows
     rows = plans.fill_rows(plan.rows, plan.num_warps, n_rows, sms, p)
-    return plans.grow_rows(rows, plan.block, plan.num_warps, n_rows, sms, p) if read == "scalars" else rows
+    return plans.grow_rows(rows, plan.block, plan.num_warps, align, n_rows, sms, p) if read == "scalars" else rows
 
 
 def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
@@ -174,7 +174,7 @@ def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
 
     def launch(x: torch.Tensor, y: torch.Tensor) -> None:
         n_rows = x.shape[0]
-        rows = _rows_per_program(plan, n_rows, sms, p, read)
+        rows = rows_per_program(plan, n_rows, sms, p, read, a)
         even = even_cols and n_rows % rows == 0
         wrap_triton(_forward_rows_kernel)[((n_rows + rows - 1) // rows,)](x, y, n_rows, *fixed, EVEN=even, ROWS=rows,
                                                                           **meta)  # fmt: skip
@@ -309,7 +309,7 @@ def _backward_rows(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Pl
 
     def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
         n_rows = y.shape[0]
-        rows = _rows_per_program(plan, n_rows, sms, p, read)
+        rows = rows_per_program(plan, n_rows, sms, p, read, a)
         wrap_triton(_backward_rows_kernel)[((n_rows + rows - 1) // rows,)](y, dy, dx, n_rows, *fixed, ROWS=rows,
                                                                            **meta)  # fmt: skip
 

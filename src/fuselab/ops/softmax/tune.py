@@ -158,10 +158,7 @@ def launched_plan(x: torch.Tensor, y: torch.Tensor, p: dict, sms: int | None) ->
     read = launch.reads(x, y, min_bytes=p["edge_min_bytes"])
     plan = plans.choose_forward(int(x.shape[1]), x.element_size(), x.dtype == torch.bfloat16, sms, p, read)
     if plan.kernel == "rows" and sms is not None:
-        rows = plans.fill_rows(plan.rows, plan.num_warps, int(x.shape[0]), sms, p)
-        if read == "scalars":
-            rows = plans.grow_rows(rows, plan.block, plan.num_warps, int(x.shape[0]), sms, p)
-        plan = replace(plan, rows=rows)
+        plan = replace(plan, rows=launch.rows_per_program(plan, int(x.shape[0]), sms, p, read, launch.alignment(x, y)))
     if plan.kernel in ("split", "split_pairs") and sms is not None:
         plan = replace(plan, block=plans.split_chunk(plan.block, int(x.shape[0]), int(x.shape[1]), sms, p))
     return Launched(plan, read)
