@@ -448,10 +448,32 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
 
 // ---- rows read by a warp with edges ----
 
-// A warp per row (edge_warp_rows): lane l holds the row's packs at head + (it * 32 + l) * VEC of its 16-byte aligned
-// bulk (ITERS of them) and at most one edge element (`edge_column`: fewer than 2 * VEC < 32 of them). The row pointer
-// of x fixes the edges; y's rows start at the same offset from a 16-byte boundary (same_phase). Block:
-// kWarpKernelThreads.
+// A row as a warp reads it (edge_warp_rows): lane l holds the packs at head + (it * 32 + l) * VEC of the row's
+// 16-byte aligned bulk and at most one edge element (`edge_column`: fewer than 2 * VEC < 32 of them). The row pointer
+// it is made from fixes the edges; the other tensors' rows start at the same offset from a boundary (same_phase).
+template <typename T, int VEC>
+struct WarpRow {
+  RowEdges e;
+  int lane;
+  int64_t end;  // the bulk's end (a column)
+  __device__ __forceinline__ WarpRow(const T* row, int width, int lane_)
+      : e(edges_of<T, VEC>(row, width)), lane(lane_), end(e.head + e.bulk) {}
+  // This lane's edge column, or -1.
+  __device__ __forceinline__ int64_t edge() const { return edge_column(e, lane); }
+  // The column of this lane's pack `it` (at or past `end`: none).
+  __device__ __forceinline__ int64_t pack(int it) const { return e.head + (int64_t)(it * 32 + lane) * VEC; }
+  // This lane's ITERS packs of `row` (a row of this phase) into v, `fill` for packs past the bulk.
+  template <int ITERS>
+  __device__ __forceinline__ void load(const T* __restrict__ row, float* v, float fill) const {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t col = pack(it);
+      load_or<T, VEC>(row, col < end ? col : INT64_MAX, INT64_MAX - 1, &v[it * VEC], fill);
+    }
+  }
+};
+
+// A warp per row (edge_warp_rows, WarpRow): the row pointer of x fixes the edges. Block: kWarpKernelThreads.
 template <typename T, int VEC, int ITERS>
 __global__ void __launch_bounds__(kWarpKernelThreads)
     softmax_edge_warp_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int width, int64_t x_stride,
@@ -463,15 +485,10 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
   for (int64_t row = (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32; row < rows;
        row += (int64_t)gridDim.x * ROWS_PER_BLOCK) {
     const T* xr = x + row * x_stride;
-    const RowEdges e = edges_of<T, VEC>(xr, width);
-    const int64_t end = e.head + e.bulk;
+    const WarpRow<T, VEC> r(xr, width, lane);
     float v[N];
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t col = e.head + (int64_t)(it * 32 + lane) * VEC;
-      load_or<T, VEC>(xr, col < end ? col : INT64_MAX, INT64_MAX - 1, &v[it * VEC], kNegInf);
-    }
-    const int64_t edge_col = edge_column(e, lane);
+    r.template load<ITERS>(xr, v, kNegInf);
+    const int64_t edge_col = r.edge();
     float edge = edge_col >= 0 ? to_float(xr[edge_col]) : kNegInf;
     const float max = warp_reduce<32>(fmaxf(max_of<N>(v), edge), Max{});
     float sum = exp_and_sum<N>(v, max);
@@ -480,8 +497,8 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
     T* yr = y + row * y_stride;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int64_t col = e.head + (int64_t)(it * 32 + lane) * VEC;
-      if (col < end) store<T, VEC>(yr + col, &v[it * VEC], inv_sum);
+      const int64_t col = r.pack(it);
+      if (col < r.end) store<T, VEC>(yr + col, &v[it * VEC], inv_sum);
     }
     if (edge_col >= 0) yr[edge_col] = from_float<T>(edge * inv_sum);
   }
@@ -500,16 +517,11 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
        row += (int64_t)gridDim.x * ROWS_PER_BLOCK) {
     const T* yr = y + row * y_stride;
     const T* dyr = dy + row * dy_stride;
-    const RowEdges e = edges_of<T, VEC>(yr, width);
-    const int64_t end = e.head + e.bulk;
+    const WarpRow<T, VEC> r(yr, width, lane);
     float yv[N], dyv[N];
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t col = e.head + (int64_t)(it * 32 + lane) * VEC;
-      load_or<T, VEC>(yr, col < end ? col : INT64_MAX, INT64_MAX - 1, &yv[it * VEC], 0.f);
-      load_or<T, VEC>(dyr, col < end ? col : INT64_MAX, INT64_MAX - 1, &dyv[it * VEC], 0.f);
-    }
-    const int64_t edge_col = edge_column(e, lane);
+    r.template load<ITERS>(yr, yv, 0.f);
+    r.template load<ITERS>(dyr, dyv, 0.f);
+    const int64_t edge_col = r.edge();
     const float y_edge = edge_col >= 0 ? to_float(yr[edge_col]) : 0.f;
     const float dy_edge = edge_col >= 0 ? to_float(dyr[edge_col]) : 0.f;
     float dot = y_edge * dy_edge;
@@ -519,8 +531,8 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
     T* dxr = dx + row * dx_stride;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int64_t col = e.head + (int64_t)(it * 32 + lane) * VEC;
-      if (col < end) {
+      const int64_t col = r.pack(it);
+      if (col < r.end) {
         float g[VEC];
 #pragma unroll
         for (int i = 0; i < VEC; ++i) g[i] = yv[it * VEC + i] * (dyv[it * VEC + i] - dot);
