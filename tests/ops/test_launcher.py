@@ -440,6 +440,32 @@ def test_a_workspace_is_kept_per_name_dtype_and_device_and_fresh_while_tracing()
     assert fresh.data_ptr() != grown.data_ptr() and fresh.data_ptr() not in launcher._HELD
 
 
+def test_a_workspace_of_scratch_is_not_zeroed_while_tracing() -> None:
+    """While torch traces (or a CUDA graph is captured), a fresh workspace of counters (zeros=True) is made of zeros
+    and one of scratch (zeros=False, written before it is read) is only allocated: no fill for a graph to run at
+    every replay. Kept buffers of scratch are the same buffer call after call, as counters' are."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Noting(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    cpu = torch.device("cpu")
+    with Noting() as counters:
+        zeroed = launcher.workspace("test counters", 17, torch.int32, cpu)
+    with Noting() as scratch:
+        launcher.workspace("test scratch", 17, torch.float32, cpu, zeros=False)
+    assert not zeroed.any() and any("zero" in op or "fill" in op for op in counters.ops), counters.ops
+    assert scratch.ops and all(op.startswith("empty") for op in scratch.ops), scratch.ops
+    kept = launcher.workspace("test scratch", 5, torch.float32, cpu, zeros=False)
+    assert launcher.workspace("test scratch", 5, torch.float32, cpu, zeros=False).data_ptr() == kept.data_ptr()
+
+
 def test_a_recipe_keeps_a_workspaces_address_and_holds_it_on_its_stream(monkeypatch) -> None:
     """A launch given part of a workspace: its address stays in the values (no patch), the recipe holds the buffer
     and runs on the buffer's stream only."""

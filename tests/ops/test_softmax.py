@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -801,6 +802,42 @@ def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("impl", "backward", "shape", "dtype", "fills"),
+    [("cuda", False, (29, 28672), torch.bfloat16, 0), ("cuda", False, (2, 694237), torch.float32, 1),
+     ("cuda", True, (52, 32000), torch.bfloat16, 1), ("triton", False, (2, 300001), torch.float32, 1),
+     ("triton", True, (2, 300001), torch.float32, 0), ("triton", False, (37, 325), torch.bfloat16, 0)],
+)  # fmt: skip
+def test_gpu_a_captured_call_zeroes_only_the_counters_its_spans_meet_by(
+    impl: str, backward: bool, shape: tuple[int, int], dtype: torch.dtype, fills: int
+) -> None:
+    """Captured in a CUDA graph, a call's replays run the impl's kernels and at most one fill of PyTorch's: the zeros
+    of the counters by which the spans of a row meet (a buffer of the graph's own), where rows are cut into spans.
+    Scratch written before it is read is allocated, not zeroed, and a launch whose rows are not cut asks for none
+    (each fill is a node every replay waits for: the CUDA impl's two at 29 x 28 672 bf16 took it to 1.4x Liger's
+    time). The replays' results are right."""
+    op = getattr(torch.ops.fuselab, f"softmax_{impl}" + ("_backward" if backward else ""))
+    (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 29)
+    y = torch.softmax(x.float(), -1).to(dtype)
+    dy = torch.randn_like(x)
+    args = (y, dy) if backward else (x,)
+    want = _exact_backward(y, dy) if backward else reference(x)
+    op(*args)  # compiled and warm before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op(*args)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    pytorchs = [name for name in ran if name.startswith(("Memcpy", "Memset")) or "at::" in name]
+    assert len(ran) > len(pytorchs), ran  # the impl's own kernels ran
+    assert len(pytorchs) == fills, ran
+    assert rel_err(out, want) <= SOFTMAX.tolerance[dtype]
+
+
+@pytest.mark.gpu
 def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() -> None:
     """`cuda.configure` hands other span rules to the launchers without a rebuild: blocks of 128 threads holding 8
     values, rows cut from 16 KiB into spans down to 4 KiB, one block per SM, no rows staged; then blocks of 1024
@@ -1250,10 +1287,16 @@ extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms
                               : forward_plan(rows, width, vec, itemsize, sms, rules_of(r));
   out[0] = p.parts; out[1] = p.span; out[2] = p.threads; out[3] = p.iters;
 }
-extern "C" void scratch(int64_t rows, int64_t width, int itemsize, int sms, int backward, const int64_t* r,
-                        int64_t* out) {
-  const ScratchElems e = scratch_elems(rows, width, itemsize, sms, backward != 0, rules_of(r));
-  out[0] = e.counters; out[1] = e.partials;
+extern "C" void route_of(int64_t rows, int64_t width, int itemsize, int sms, int backward, int n,
+                         const int64_t* addresses, const int64_t* strides, const int64_t* r, int64_t* out) {
+  const auto at = [&](int i) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(addresses[i])); };
+  const Route p = n == 2 ? route({at(0), at(1)}, {strides[0], strides[1]}, rows, width, itemsize, sms, false,
+                                 rules_of(r))
+                         : route({at(0), at(1), at(2)}, {strides[0], strides[1], strides[2]}, rows, width, itemsize,
+                                 sms, backward != 0, rules_of(r));
+  const ScratchElems e = scratch_elems(rows, p);
+  out[0] = (int64_t)p.kernels; out[1] = p.vectorized; out[2] = p.same_phase; out[3] = p.spans.parts;
+  out[4] = e.counters; out[5] = e.partials;
 }
 extern "C" int valid(const int64_t* r) { return valid_rules(rules_of(r)); }
 extern "C" void staged(int64_t rows, int64_t width, int itemsize, int sms, int backward, const int64_t* r,
@@ -1269,11 +1312,22 @@ extern "C" int edge_warp(int64_t width, int itemsize, int vectorized, int same_p
 }
 """
 DEFAULT_SPAN_RULES = plans.DEFAULTS["cuda_spans"]
+KERNELS = ("single", "staged", "edge_warp", "warp", "spans", "looped")  # softmax_plan.h's Kernels, in order
+
+
+class Route(NamedTuple):
+    """softmax_plan.h's Route of a launch, and the scratch (counters, partials) it needs."""
+
+    kernels: str
+    vectorized: bool
+    same_phase: bool
+    parts: int
+    scratch: tuple[int, int]
 
 
 @pytest.fixture(scope="module")
 def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
-    """(plan, scratch, valid, warp, staged, edge_warp): the CUDA plan rules as Python functions (CUDA_PLAN_SHIM), under
+    """(plan, route, valid, warp, staged, edge_warp): the CUDA plan rules as Python functions (CUDA_PLAN_SHIM), under
     the span rules `rules` (a mapping of cuda.SPAN_RULES; default: plans.DEFAULTS["cuda_spans"])."""
     if CXX is None:
         pytest.skip("no C++ compiler to build softmax_plan.h")
@@ -1296,10 +1350,24 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
         shim.plan(i64(rows), i64(width), vec, itemsize, sms, int(backward), packed(rules), out)
         return tuple(out)
 
-    def scratch(rows: int, width: int, itemsize: int, sms: int, backward: bool, rules: dict | None = None):
-        out = (i64 * 2)()
-        shim.scratch(i64(rows), i64(width), itemsize, sms, int(backward), packed(rules), out)
-        return out[0], out[1]
+    def route(
+        rows: int,
+        width: int,
+        itemsize: int,
+        backward: bool,
+        rules: dict | None = None,
+        sms: int = 132,
+        offsets: tuple[int, ...] = (0, 0, 0),
+        strides: tuple[int, ...] | None = None,
+    ) -> Route:
+        """The launch's route over x and y (backward: y, dy and dx) at these byte offsets from a 16-byte boundary
+        (each tensor 1 MiB apart) and row strides (default: the width)."""
+        n = 3 if backward else 2
+        addresses = (i64 * n)(*((1 + i) * 2**20 + offsets[i] for i in range(n)))
+        strides = (i64 * n)(*(strides or (width,) * n))
+        out = (i64 * 6)()
+        shim.route_of(i64(rows), i64(width), itemsize, sms, int(backward), n, addresses, strides, packed(rules), out)
+        return Route(KERNELS[out[0]], bool(out[1]), bool(out[2]), out[3], (out[4], out[5]))
 
     def valid(rules: dict) -> bool:
         return bool(shim.valid(packed(rules)))
@@ -1315,7 +1383,7 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
     def edge_warp(width: int, itemsize: int, vectorized: bool, same_phase: bool, rules: dict | None = None) -> bool:
         return bool(shim.edge_warp(i64(width), itemsize, int(vectorized), int(same_phase), packed(rules)))
 
-    return plan, scratch, valid, warp, staged, edge_warp
+    return plan, route, valid, warp, staged, edge_warp
 
 
 def wide_hold(vec: int, itemsize: int, backward: bool) -> int:
@@ -1329,7 +1397,9 @@ def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans, threads: in
     threads: a row's spans are whole packs that cover it, a block holds its span within the values a thread may hold
     (fewer in blocks past 512 threads, whose kernels have 64 registers a thread: such blocks only hold rows whole,
     cut rows go to blocks of up to 512), a row's spans fit on the GPU at once (at most SMs of them), rows too wide
-    for that go looped (parts 0), and many rows are cut only as far as they must be."""
+    for that go looped (parts 0), many rows are cut only as far as they must be, and few rows cut finer than they
+    must be never take more than blocks_per_sm blocks per SM (a grid past what runs at once has a second wave wait
+    out the first's meetings)."""
     plan, *_ = cuda_plans
     rules = {"threads": threads}
     for sms, backward, (itemsize, vec) in itertools.product((132, 78, 16), (False, True), ((4, 4), (2, 8), (4, 1))):
@@ -1353,10 +1423,12 @@ def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans, threads: in
             assert threads_ <= 512 or parts == 1, (rows, width, threads_, parts)
             if rows >= sms:
                 assert parts == least, (sms, rows, width, parts)  # many rows: no meetings they do not need
+            elif parts > least:
+                assert rows * parts <= DEFAULT_SPAN_RULES["blocks_per_sm"] * sms, (sms, backward, rows, width, parts)
 
 
 def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cuda_plans) -> None:
-    plan, scratch, *_ = cuda_plans
+    plan, route, *_ = cuda_plans
     r512 = {"threads": 512}
     assert plan(2, 694237, 4, 4, 132, False)[0] == 132  # two rows fill the GPU: 2 x 132 blocks
     assert plan(1, 1_048_576, 4, 4, 132, False)[0] == 132  # one row: as many spans as SMs, never more (nor looped)
@@ -1376,12 +1448,46 @@ def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cud
     assert plan(7, 30000, 8, 2, 132, False, r1024) == (1, 30000, 1024, 4)  # 60 KB rows are not cut
     assert plan(1898, 18944, 4, 4, 132, True, r1024)[:3] == (3, 6316, 512)  # cut anyway: blocks of 512, not 1024
     assert plan(242, 49549, 8, 2, 132, False, r1024)[:3] == (4, 12392, 512)
-    assert scratch(6, 5500, 4, 132, False) == (0, 0)  # whole rows meet nowhere
-    assert scratch(2, 694237, 4, 132, False) == (3, 2 * 2 * 132)  # 1 + rows counters, (max, sum) per span
-    assert scratch(3, 1000, 4, 132, False) == (0, 0)  # warp kernel
-    # rows in packs held whole by a block of 1024, rows read one by one (8 values a thread there) cut: scratch for both
+    assert route(6, 5500, 4, False).scratch == (0, 0)  # whole rows meet nowhere
+    assert route(2, 694237, 4, False).scratch == (3, 2 * 2 * 132)  # 1 + rows counters, (max, sum) per span
+    assert route(3, 1000, 4, False).scratch == (0, 0)  # warp kernel
+    # rows in packs held whole by a block of 1024 need no scratch; rows read one by one (8 values a thread there) are
+    # cut, and need it: the scratch is the launch's own
     assert plan(3, 20000, 4, 4, 132, False, r1024)[0] == 1 and plan(3, 20000, 1, 4, 132, False, r1024)[0] == 9
-    assert scratch(3, 20000, 4, 132, False, r1024) == (4, 2 * 3 * 9)
+    assert route(3, 20000, 4, False, r1024) == ("spans", True, True, 1, (0, 0))
+    assert route(3, 20000, 4, False, r1024, offsets=(4, 0)) == ("spans", False, False, 9, (4, 2 * 3 * 9))
+
+
+def test_cuda_routes_pick_the_launchers_kernels_and_scratch_only_where_spans_meet(cuda_plans) -> None:
+    """softmax_plan.h's `route`, which the launchers and the scratch they ask for both follow: rows of one column
+    elementwise where the rules say so; short contiguous rows of no whole number of packs staged, but not off a 16-byte
+    boundary; rows off a boundary, all at one offset, to the edge warp kernels; aligned rows up to 1024 to the warp
+    kernels; rows too wide for SMs' spans looped. Scratch is the launch's own: none where a block holds a row whole
+    (under the H200's rules bf16 29 x 28 672 asked for 30 counters and 406 partials before, which a CUDA graph zeroed
+    at every replay), counters and partials where the rows are cut and meet: a backward of few wide rows, a forward
+    whose rows, read one element at a time, a block cannot hold whole."""
+    _, route, *_ = cuda_plans
+    h200 = json.loads((Path(plans.__file__).parent / "plans" / "nvidia-h200-sm90.json").read_text())
+    rules = h200["params"]["cuda_spans"]
+    assert route(4097, 1, 4, False, {"single_column_elementwise": 1}).kernels == "single"
+    assert route(4097, 1, 4, True, {"single_column_elementwise": 0}).kernels == "warp"
+    assert route(100_000, 25, 4, False).kernels == "staged"  # 100 bytes a row: the defaults stage up to 128
+    assert route(100_000, 25, 4, False, offsets=(4, 4)).kernels == "warp"  # off a boundary: not staged
+    edges = route(1000, 301, 4, True, {"edge_warp_row_bytes": 4096}, offsets=(4, 4, 4))
+    assert edges[:3] == ("edge_warp", False, True) and edges.scratch == (0, 0)
+    assert route(1000, 1000, 4, False)[:2] == ("warp", True)
+    assert route(1000, 5_000_001, 4, False) == ("looped", False, True, 0, (0, 0))  # no whole packs: one by one
+    assert route(1000, 5_000_000, 2, True)[:4] == ("looped", True, True, 0)
+    # few wide rows under the H200's rules: a 1024-thread block holds 29 x 28 672 bf16 rows whole (no scratch);
+    # the backward of 52 x 32 000 is cut into 5 spans (264 // 52), which meet
+    assert route(29, 28672, 2, False, rules) == ("spans", True, True, 1, (0, 0))
+    assert route(52, 32000, 2, False, rules).scratch == (0, 0)
+    assert route(52, 32000, 2, True, rules) == ("spans", True, True, 5, (53, 2 * 52 * 5))
+    assert route(102, 11008, 2, True, rules) == ("spans", True, True, 1, (0, 0))
+    # x two bytes off a boundary, y on one: read one by one, 8 values a thread, so cut, with scratch
+    scalar = route(29, 28672, 2, False, rules, offsets=(2, 0))
+    assert scalar[:3] == ("spans", False, False) and scalar.parts > 1
+    assert scalar.scratch == (30, 2 * 29 * scalar.parts)
 
 
 def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(cuda_plans) -> None:
@@ -1390,11 +1496,11 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     22 KB that the defaults leave whole. Rules beyond what the kernels are compiled for (blocks over 1024 threads or
     not a power of 2, holds over 32 forward or 16 backward, warp kernels past 1024 columns) are refused by the
     header's check, which the binding applies."""
-    plan, scratch, valid, warp, *_ = cuda_plans
+    plan, route, valid, warp, *_ = cuda_plans
     assert set(DEFAULT_SPAN_RULES) == set(cuda.SPAN_RULES) and valid(DEFAULT_SPAN_RULES)
     assert plan(613, 22711, 4, 4, 132, False, {"threads": 256})[0] == 3  # 256 x 32 values a block: 3 spans
     assert plan(6, 5500, 4, 4, 132, False, {"split_row_bytes": 16384}) == (2, 2752, 128, 6)
-    assert scratch(6, 5500, 4, 132, False, {"split_row_bytes": 16384}) == (7, 2 * 6 * 2)
+    assert route(6, 5500, 4, False, {"split_row_bytes": 16384}).scratch == (7, 2 * 6 * 2)
     assert plan(2, 694237, 4, 4, 132, False, {"blocks_per_sm": 1})[0] == 66  # two rows on one block per SM
     for bad in ({"threads": 2048}, {"threads": 384}, {"threads": 64}, {"hold": 33}, {"backward_hold": 17},
                 {"hold": 0}, {"min_span_bytes": 8}, {"blocks_per_sm": 0}, {"scalar_warp_width_fp32": 0},

@@ -297,21 +297,22 @@ _WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device, stream) -> 
 _HELD: dict[int, tuple[torch.Tensor, int]] = {}  # a kept buffer's address -> (the buffer, its stream)
 
 
-def workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """`numel` elements of a buffer kept from call to call, one per name, dtype, device and current stream, made of
-    zeros (and grown, anew, when too small): for kernels that leave it as they found it (counters set back to
-    zero, scratch written before it is read), so that a call needs no allocation or memset. Calls on one stream run in
-    order, so they never share it at once. A recipe may hold it (`recipe`): its replays then run on that stream alone.
-    While torch traces (torch.compile) or a CUDA graph is captured, fresh zeros: a graph's buffers are its own (and a
-    captured memset runs only when the graph does)."""
+def workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device, zeros: bool = True) -> torch.Tensor:
+    """`numel` elements of a buffer kept from call to call, one per name, dtype, device and current stream, for
+    kernels that leave it as they found it (counters set back to zero: `zeros`, made of zeros) or write it before
+    they read it (scratch: zeros False, made of any values), so that a call needs no allocation or fill. Grown, anew,
+    when too small. Calls on one stream run in order, so they never share it at once. A recipe may hold it
+    (`recipe`): its replays then run on that stream alone. While torch traces (torch.compile) or a CUDA graph is
+    captured, a fresh buffer (a graph's buffers are its own), zeroed only where `zeros` asks: a captured fill runs at
+    every replay, before the kernels that wait on it."""
     if tracing() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        return torch.zeros(numel, dtype=dtype, device=device)
+        return (torch.zeros if zeros else torch.empty)(numel, dtype=dtype, device=device)
     stream = _current_stream(device.index) if device.type == "cuda" and _current_stream is not None else 0
     key = (name, dtype, device, stream)
     buffer = _WORKSPACES.get(key)
     if buffer is None or buffer.numel() < numel:
-        buffer = _WORKSPACES[key] = torch.zeros(max(numel, 2 * buffer.numel() if buffer is not None else 0),
-                                                dtype=dtype, device=device)  # fmt: skip
+        size = max(numel, 2 * buffer.numel() if buffer is not None else 0)
+        buffer = _WORKSPACES[key] = (torch.zeros if zeros else torch.empty)(size, dtype=dtype, device=device)
         _HELD[buffer.data_ptr()] = (buffer, stream)  # the old one stays valid for the recipes that hold it
     return buffer[:numel]
 

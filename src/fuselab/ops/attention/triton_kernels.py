@@ -1462,7 +1462,7 @@ def backward(
         tma = tma_ready(q4, k4, v4, dq, dk, dv)
         if tma and not tma_ready(do4):  # a strided gradient: one copy, and every tile by TMA
             do4 = do4.contiguous()
-        delta = launcher.workspace("attention delta", z * hq * nq, torch.float32, q.device)
+        delta = launcher.workspace("attention delta", z * hq * nq, torch.float32, q.device, zeros=False)
         lse4 = lse.reshape(z, hq, nq)
         block = 16 if INTERPRET else 64
         num = triton.cdiv(nq, block)
@@ -1486,8 +1486,8 @@ def backward(
         dkp = dvp = None
         if splits > 1:  # unscaled fp32 partials of each share of the queries, summed below
             part = z * hkv * nk * (da + db)
-            dkp = launcher.workspace("attention dk partials", splits * part, torch.float32, q.device)
-            dvp = launcher.workspace("attention dv partials", splits * part, torch.float32, q.device)
+            dkp = launcher.workspace("attention dk partials", splits * part, torch.float32, q.device, zeros=False)
+            dvp = launcher.workspace("attention dv partials", splits * part, torch.float32, q.device, zeros=False)
         grid = (num * z * hkv, splits)
         if tma:
             out = [None] * 4  # the partials are written by pointers

@@ -229,7 +229,7 @@ def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
         n_rows = x.shape[0]
         fill = sms is not None and isinstance(n_rows, int)  # a symbolic row count (torch.compile) keeps the plan's
         split, args, meta = spans(plans.split_chunk(plan.block, n_rows, n_cols, sms, p) if fill else plan.block)
-        stats = launcher.workspace("softmax split stats", 2 * n_rows * split, torch.float32, x.device)
+        stats = launcher.workspace("softmax split stats", 2 * n_rows * split, torch.float32, x.device, zeros=False)
         sync = launcher.workspace("softmax split sync", 1 + n_rows, torch.int32, x.device)
         wrap_triton(kernel)[(n_rows * split,)](x, y, stats[: n_rows * split], stats[n_rows * split :], sync, *args,
                                                **meta)  # fmt: skip
@@ -332,7 +332,7 @@ def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: 
             wrap_triton(_backward_looped_kernel)[(n_rows,)](y, dy, dx, *fixed, **meta)
             return
         split = plans.ceil_div(n_cols, block)
-        dots = launcher.workspace("softmax backward dots", n_rows * split, torch.float32, y.device)
+        dots = launcher.workspace("softmax backward dots", n_rows * split, torch.float32, y.device, zeros=False)
         grid, warps = (n_rows * split,), 8 if block >= 4096 else 4
         wrap_triton(_backward_partial_dot_kernel)[grid](y, dy, dots, *fixed[:3], split, BLOCK=block, ALIGN=a,
                                                         num_warps=warps)  # fmt: skip

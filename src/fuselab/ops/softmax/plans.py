@@ -61,7 +61,7 @@ DEFAULTS: dict[str, object] = {
     # The CUDA impl's span rules (softmax_plan.h's SpanRules, handed to its launchers by cuda.configure): a row wider
     # than its warp kernels take is cut into the fewest spans a block of at most `threads` holds (`hold` values a
     # thread forward, `backward_hold` of y and of dy backward); where rows are fewer than SMs and a row is cut anyway
-    # or at least `split_row_bytes` long, finer, down to spans of `min_span_bytes`, until about `blocks_per_sm`
+    # or at least `split_row_bytes` long, finer, down to spans of `min_span_bytes`, while at most `blocks_per_sm`
     # blocks per SM run. Blocks of up to 512 threads cut rows; one of more (fewer values a thread: softmax_plan.h's
     # wide_hold, 64 registers) is used where it holds a row whole. Rows read one element at a time go to the warp
     # kernels up to `scalar_warp_width_fp32` / `_16bit` columns. Contiguous rows of no whole number of 16-byte

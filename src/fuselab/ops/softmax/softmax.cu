@@ -1,6 +1,6 @@
 // Softmax over rows in CUDA C++ (no torch headers: `nvcc -arch=sm_90 -c softmax.cu` checks it anywhere).
 //
-// Forward kernels, chosen in `forward_typed`:
+// Forward kernels, chosen by softmax_plan.h's `route` (forward_typed launches what it picks):
 //   rows of one column    softmax_single_kernel (rules' single_column_elementwise): elementwise, 1 or NaN.
 //   short rows, staged    softmax_staged_kernel: contiguous rows of no whole number of 16-byte packs, up to the
 //                         rules' staged_row_bytes_fp32 / _16bit (`staged_plan`): a block copies its rows into shared
@@ -773,8 +773,6 @@ __global__ void __launch_bounds__(kLoopThreads)
 
 unsigned grid_for(int64_t blocks) { return (unsigned)(blocks < INT_MAX ? blocks : INT_MAX); }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Calls f(std::integral_constant<int, n>{}) for n in 1, 2, 4, ..., 32.
 template <typename F>
 cudaError_t with_pow2(int n, F&& f) {
@@ -803,29 +801,6 @@ cudaError_t with_count(int n, F&& f) {
     case 8: return f(std::integral_constant<int, 8>{});
     default: return n <= 16 ? f(std::integral_constant<int, 16>{}) : f(std::integral_constant<int, 32>{});
   }
-}
-
-// 16-byte accesses in the warp and looped kernels: every row start 16-byte aligned, no pack across a row's end.
-template <typename T>
-bool vectorizable(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides, int64_t width) {
-  constexpr int V = 16 / sizeof(T);
-  bool ok = width % V == 0;
-  for (const void* p : ptrs) ok = ok && aligned16(p);
-  for (int64_t s : strides) ok = ok && s % V == 0;
-  return ok;
-}
-
-// Whether every row of every tensor starts at the same offset from a 16-byte boundary, so the span kernels can read
-// all of them in packs between the edges of the first tensor's row.
-template <typename T>
-bool same_phase(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides) {
-  constexpr int64_t V = 16 / sizeof(T);
-  const uintptr_t phase = reinterpret_cast<uintptr_t>(*ptrs.begin()) % 16;
-  const int64_t stride_phase = *strides.begin() % V;
-  bool ok = true;
-  for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == phase;
-  for (int64_t s : strides) ok = ok && s % V == stride_phase;
-  return ok;
 }
 
 // ---- forward ----
@@ -871,16 +846,6 @@ cudaError_t forward_spans(const T* x, T* y, int64_t rows, int64_t width, int64_t
       return cudaGetLastError();
     }
   });
-}
-
-// Whether the staged kernels take rows x width of these tensors: staged_plan's rows, contiguous (a single row, or
-// strides equal to the width) and 16-byte aligned.
-bool staged(const StagedPlan& p, std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides,
-            int64_t rows, int64_t width) {
-  bool ok = p.rows > 0;
-  for (const void* q : ptrs) ok = ok && aligned16(q);
-  for (int64_t s : strides) ok = ok && (rows == 1 || s == width);
-  return ok;
 }
 
 // Calls f(group, items) as integral constants for a staged plan's (group, items): items <= 4 below a warp.
@@ -948,31 +913,31 @@ cudaError_t forward_typed(const void* x, void* y, int64_t rows, int64_t width, i
   constexpr int V = 16 / sizeof(T);
   const T* xt = static_cast<const T*>(x);
   T* yt = static_cast<T*>(y);
-  if (width == 1 && rules.single_column_elementwise) return forward_single<T>(xt, yt, rows, xs, ys, sms, stream);
-  const StagedPlan staging = staged_plan(rows, width, sizeof(T), sms, rules);
-  if (staged(staging, {x, y}, {xs, ys}, rows, width)) return forward_staged<T>(xt, yt, rows, width, staging, stream);
-  const bool vec = vectorizable<T>({x, y}, {xs, ys}, width);
-  const bool packs = same_phase<T>({x, y}, {xs, ys});
-  if (edge_warp_rows(width, sizeof(T), vec, packs, rules)) {
-    return forward_edge_warp<T>(xt, yt, rows, width, xs, ys, stream);
+  const Route r = route({x, y}, {xs, ys}, rows, width, sizeof(T), sms, false, rules);
+  switch (r.kernels) {
+    case Kernels::single:
+      return forward_single<T>(xt, yt, rows, xs, ys, sms, stream);
+    case Kernels::staged:
+      return forward_staged<T>(xt, yt, rows, width, r.staged, stream);
+    case Kernels::edge_warp:
+      return forward_edge_warp<T>(xt, yt, rows, width, xs, ys, stream);
+    case Kernels::warp:
+      return r.vectorized ? forward_warp<T, V>(xt, yt, rows, width, xs, ys, stream)
+                          : forward_warp<T, 1>(xt, yt, rows, width, xs, ys, stream);
+    case Kernels::looped:
+      if (r.vectorized) {
+        softmax_looped_kernel<T, V><<<grid_for(rows), kLoopThreads, 0, stream>>>(xt, yt, rows, width, xs, ys);
+      } else {
+        softmax_looped_kernel<T, 1><<<grid_for(rows), kLoopThreads, 0, stream>>>(xt, yt, rows, width, xs, ys);
+      }
+      return cudaGetLastError();
+    case Kernels::spans:
+      break;
   }
-  if (warp_rows(width, sizeof(T), vec, false, rules)) {
-    return vec ? forward_warp<T, V>(xt, yt, rows, width, xs, ys, stream)
-               : forward_warp<T, 1>(xt, yt, rows, width, xs, ys, stream);
-  }
-  const SpanPlan p = forward_plan(rows, width, packs ? V : 1, sizeof(T), sms, rules);
-  if (p.parts == 0) {
-    if (vec) {
-      softmax_looped_kernel<T, V><<<grid_for(rows), kLoopThreads, 0, stream>>>(xt, yt, rows, width, xs, ys);
-    } else {
-      softmax_looped_kernel<T, 1><<<grid_for(rows), kLoopThreads, 0, stream>>>(xt, yt, rows, width, xs, ys);
-    }
-    return cudaGetLastError();
-  }
-  if (p.parts > 1 && (scratch.counters == nullptr || scratch.partials == nullptr)) return cudaErrorInvalidValue;
+  if (r.spans.parts > 1 && (scratch.counters == nullptr || scratch.partials == nullptr)) return cudaErrorInvalidValue;
   const Meeting m{scratch.counters, reinterpret_cast<float2*>(scratch.partials)};
-  return packs ? forward_spans<T, V>(xt, yt, rows, width, xs, ys, p, m, stream)
-               : forward_spans<T, 1>(xt, yt, rows, width, xs, ys, p, m, stream);
+  return r.same_phase ? forward_spans<T, V>(xt, yt, rows, width, xs, ys, r.spans, m, stream)
+                      : forward_spans<T, 1>(xt, yt, rows, width, xs, ys, r.spans, m, stream);
 }
 
 // ---- backward ----
@@ -1082,46 +1047,55 @@ cudaError_t backward_typed(const void* y, const void* dy, void* dx, int64_t rows
   const T* yt = static_cast<const T*>(y);
   const T* dyt = static_cast<const T*>(dy);
   T* dxt = static_cast<T*>(dx);
-  if (width == 1 && rules.single_column_elementwise) {
-    return backward_single<T>(yt, dyt, dxt, rows, ys, dys, dxs, sms, stream);
+  const Route r = route({y, dy, dx}, {ys, dys, dxs}, rows, width, sizeof(T), sms, true, rules);
+  switch (r.kernels) {
+    case Kernels::single:
+      return backward_single<T>(yt, dyt, dxt, rows, ys, dys, dxs, sms, stream);
+    case Kernels::staged:
+      return backward_staged<T>(yt, dyt, dxt, rows, width, r.staged, stream);
+    case Kernels::edge_warp:
+      return backward_edge_warp<T>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
+    case Kernels::warp:
+      return r.vectorized ? backward_warp<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream)
+                          : backward_warp<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
+    case Kernels::looped:
+      if (r.vectorized) {
+        softmax_backward_kernel<T, V><<<grid_for(rows), kLoopThreads, 0, stream>>>(yt, dyt, dxt, rows, width, ys,
+                                                                                   dys, dxs);
+      } else {
+        softmax_backward_kernel<T, 1><<<grid_for(rows), kLoopThreads, 0, stream>>>(yt, dyt, dxt, rows, width, ys,
+                                                                                   dys, dxs);
+      }
+      return cudaGetLastError();
+    case Kernels::spans:
+      break;
   }
-  const StagedPlan staging = staged_plan(rows, width, sizeof(T), sms, rules);
-  if (staged(staging, {y, dy, dx}, {ys, dys, dxs}, rows, width)) {
-    return backward_staged<T>(yt, dyt, dxt, rows, width, staging, stream);
-  }
-  const bool vec = vectorizable<T>({y, dy, dx}, {ys, dys, dxs}, width);
-  const bool packs = same_phase<T>({y, dy, dx}, {ys, dys, dxs});
-  if (edge_warp_rows(width, sizeof(T), vec, packs, rules)) {
-    return backward_edge_warp<T>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
-  }
-  if (warp_rows(width, sizeof(T), vec, true, rules)) {
-    return vec ? backward_warp<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream)
-               : backward_warp<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, stream);
-  }
-  const SpanPlan p = backward_plan(rows, width, packs ? V : 1, sizeof(T), sms, rules);
-  if (p.parts == 0) {
-    if (vec) {
-      softmax_backward_kernel<T, V><<<grid_for(rows), kLoopThreads, 0, stream>>>(yt, dyt, dxt, rows, width, ys, dys,
-                                                                                 dxs);
-    } else {
-      softmax_backward_kernel<T, 1><<<grid_for(rows), kLoopThreads, 0, stream>>>(yt, dyt, dxt, rows, width, ys, dys,
-                                                                                 dxs);
-    }
-    return cudaGetLastError();
-  }
-  if (p.parts > 1 && (scratch.counters == nullptr || scratch.partials == nullptr)) return cudaErrorInvalidValue;
+  if (r.spans.parts > 1 && (scratch.counters == nullptr || scratch.partials == nullptr)) return cudaErrorInvalidValue;
   const Meeting m{scratch.counters, reinterpret_cast<float2*>(scratch.partials)};
-  return packs ? backward_spans<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, p, m, stream)
-               : backward_spans<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, p, m, stream);
+  return r.same_phase ? backward_spans<T, V>(yt, dyt, dxt, rows, width, ys, dys, dxs, r.spans, m, stream)
+                      : backward_spans<T, 1>(yt, dyt, dxt, rows, width, ys, dys, dxs, r.spans, m, stream);
 }
 
 int itemsize_of(SoftmaxDType dtype) { return dtype == SoftmaxDType::f32 ? 4 : 2; }
 
 }  // namespace
 
-SoftmaxScratchSize softmax_scratch_size(int64_t rows, int64_t width, SoftmaxDType dtype, int sms, bool backward,
-                                        const SoftmaxRules& rules) {
-  const ScratchElems e = scratch_elems(rows, width, itemsize_of(dtype), sms, backward, rules);
+SoftmaxScratchSize softmax_forward_scratch_size(const void* x, const void* y, int64_t rows, int64_t width,
+                                                int64_t x_stride, int64_t y_stride, SoftmaxDType dtype, int sms,
+                                                const SoftmaxRules& rules) {
+  if (rows <= 0 || width <= 0 || sms < 1) return {0, 0};
+  const Route r = route({x, y}, {x_stride, y_stride}, rows, width, itemsize_of(dtype), sms, false, rules);
+  const ScratchElems e = scratch_elems(rows, r);
+  return {e.counters, e.partials};
+}
+
+SoftmaxScratchSize softmax_backward_scratch_size(const void* y, const void* dy, const void* dx, int64_t rows,
+                                                 int64_t width, int64_t y_stride, int64_t dy_stride, int64_t dx_stride,
+                                                 SoftmaxDType dtype, int sms, const SoftmaxRules& rules) {
+  if (rows <= 0 || width <= 0 || sms < 1) return {0, 0};
+  const Route r = route({y, dy, dx}, {y_stride, dy_stride, dx_stride}, rows, width, itemsize_of(dtype), sms, true,
+                        rules);
+  const ScratchElems e = scratch_elems(rows, r);
   return {e.counters, e.partials};
 }
 

@@ -4,9 +4,10 @@
 // a broadcast row). Launchers return the launch's cudaError_t; they do not synchronize. `sms` is the GPU's
 // multiprocessor count and `rules` the span rules' parameters (softmax_plan.h's SpanRules, from the op's plan table):
 // the launchers' plans depend on them. Where few or wide rows are cut into spans whose blocks
-// meet, a launch needs scratch of softmax_scratch_size(...): counters that are zeros before the first launch (the
-// launches leave them zeros, so one buffer serves every launch on a stream; launches on different streams at once
-// need one each) and partials of any value. Where the size is {0, 0}, the pointers may be null.
+// meet, a launch needs scratch of softmax_forward_scratch_size(...) (backward: softmax_backward_scratch_size), asked
+// with the launch's own arguments: counters that are zeros before the first launch (the launches leave them zeros, so
+// one buffer serves every launch on a stream; launches on different streams at once need one each) and partials of
+// any value (written before they are read). Where the size is {0, 0}, the pointers may be null.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,9 +32,15 @@ struct SoftmaxScratchSize {
 
 using SoftmaxRules = softmax_plan::SpanRules;
 
-// The scratch the forward (backward: the backward) of rows x width needs on a GPU of `sms` SMs.
-SoftmaxScratchSize softmax_scratch_size(int64_t rows, int64_t width, SoftmaxDType dtype, int sms, bool backward,
-                                        const SoftmaxRules& rules);
+// The scratch softmax_forward needs for these arguments (the launch's own route: softmax_plan.h's `route`).
+SoftmaxScratchSize softmax_forward_scratch_size(const void* x, const void* y, int64_t rows, int64_t width,
+                                                int64_t x_stride, int64_t y_stride, SoftmaxDType dtype, int sms,
+                                                const SoftmaxRules& rules);
+
+// The scratch softmax_backward needs for these arguments.
+SoftmaxScratchSize softmax_backward_scratch_size(const void* y, const void* dy, const void* dx, int64_t rows,
+                                                 int64_t width, int64_t y_stride, int64_t dy_stride, int64_t dx_stride,
+                                                 SoftmaxDType dtype, int sms, const SoftmaxRules& rules);
 
 // y[r, :] = softmax(x[r, :]), math in fp32.
 cudaError_t softmax_forward(const void* x, void* y, int64_t rows, int64_t width, int64_t x_stride, int64_t y_stride,

@@ -113,18 +113,20 @@ bool configure(int64_t device, const std::map<std::string, int64_t>& given) {
 }
 
 // A buffer of `numel` elements for the launchers on `stream`, kept from call to call per device, stream and name and
-// grown anew when too small (made of zeros: the launchers leave their counters zeros); while the stream is
-// captured into a CUDA graph, fresh zeros (the graph's own: its memset runs at each replay). `hold` keeps the buffer
+// grown anew when too small; `zeros`: made of zeros (counters, which the launchers leave zeros), else of any value
+// (partials, written before they are read). While the stream is captured into a CUDA graph, a fresh buffer (the
+// graph's own), zeros only where `zeros` asks for them: each fill is a node every replay runs. `hold` keeps the buffer
 // alive for the call.
 template <typename T>
-T* kept_buffer(const char* name, const torch::Device& device, cudaStream_t stream, int64_t numel,
+T* kept_buffer(const char* name, const torch::Device& device, cudaStream_t stream, int64_t numel, bool zeros,
                torch::Tensor& hold) {
   if (numel == 0) return nullptr;
   const auto options = torch::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value).device(device);
+  const auto fresh = [&](int64_t n) { return zeros ? torch::zeros({n}, options) : torch::empty({n}, options); };
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check_launch(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) {
-    hold = torch::zeros({numel}, options);
+    hold = fresh(numel);
     return hold.data_ptr<T>();
   }
   using Key = std::tuple<const char*, int, cudaStream_t>;
@@ -133,19 +135,19 @@ T* kept_buffer(const char* name, const torch::Device& device, cudaStream_t strea
   const std::lock_guard<std::mutex> lock(mutex);
   torch::Tensor& buffer = (*buffers)[Key{name, device.index(), stream}];
   if (!buffer.defined() || buffer.numel() < numel) {
-    buffer = torch::zeros({std::max<int64_t>(numel, buffer.defined() ? 2 * buffer.numel() : 0)}, options);
+    buffer = fresh(std::max<int64_t>(numel, buffer.defined() ? 2 * buffer.numel() : 0));
   }
   hold = buffer;
   return hold.data_ptr<T>();
 }
 
-// The launchers' scratch (softmax.h) for `size` on `stream`: counters and partials kept apart, so the counters are
-// zeros whatever the partials held.
+// The launchers' scratch (softmax.h) for `size` on `stream`: counters (zeros) and partials (any value) kept apart, so
+// the counters are zeros whatever the partials held.
 fuselab::SoftmaxScratch scratch_for(const torch::Device& device, cudaStream_t stream,
                                     fuselab::SoftmaxScratchSize size, torch::Tensor& hold_counters,
                                     torch::Tensor& hold_partials) {
-  return {kept_buffer<int>("counters", device, stream, size.counters, hold_counters),
-          kept_buffer<float>("partials", device, stream, size.partials, hold_partials)};
+  return {kept_buffer<int>("counters", device, stream, size.counters, true, hold_counters),
+          kept_buffer<float>("partials", device, stream, size.partials, false, hold_partials)};
 }
 
 // y = softmax(x) over the width; x, y: (rows, width).
@@ -157,7 +159,8 @@ void forward(const torch::Tensor& x, const torch::Tensor& y) {
   const DevicePlan plan = plan_of(x.device());
   const auto dtype = dtype_of(x);
   torch::Tensor counters, partials;
-  const auto size = fuselab::softmax_scratch_size(x.size(0), x.size(1), dtype, plan.sms, false, plan.rules);
+  const auto size = fuselab::softmax_forward_scratch_size(x.data_ptr(), y.data_ptr(), x.size(0), x.size(1),
+                                                         x.stride(0), y.stride(0), dtype, plan.sms, plan.rules);
   check_launch(fuselab::softmax_forward(x.data_ptr(), y.data_ptr(), x.size(0), x.size(1), x.stride(0), y.stride(0),
                                         dtype, plan.sms, plan.rules,
                                         scratch_for(x.device(), stream, size, counters, partials), stream));
@@ -173,7 +176,9 @@ void backward(const torch::Tensor& y, const torch::Tensor& dy, const torch::Tens
   const DevicePlan plan = plan_of(y.device());
   const auto dtype = dtype_of(y);
   torch::Tensor counters, partials;
-  const auto size = fuselab::softmax_scratch_size(y.size(0), y.size(1), dtype, plan.sms, true, plan.rules);
+  const auto size = fuselab::softmax_backward_scratch_size(y.data_ptr(), dy.data_ptr(), dx.data_ptr(), y.size(0),
+                                                          y.size(1), y.stride(0), dy.stride(0), dx.stride(0), dtype,
+                                                          plan.sms, plan.rules);
   check_launch(fuselab::softmax_backward(y.data_ptr(), dy.data_ptr(), dx.data_ptr(), y.size(0), y.size(1),
                                          y.stride(0), dy.stride(0), dx.stride(0), dtype, plan.sms, plan.rules,
                                          scratch_for(y.device(), stream, size, counters, partials), stream));

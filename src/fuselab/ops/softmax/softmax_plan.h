@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <initializer_list>
 
 namespace fuselab {
 namespace softmax_plan {
@@ -39,7 +40,7 @@ struct SpanRules {
   int backward_hold;                // backward: values of y (and of dy) a thread holds, <= 16
   int64_t min_span_bytes;           // few rows: spans no shorter than this
   int64_t split_row_bytes;          // few rows: rows at least this long are cut
-  int64_t blocks_per_sm;            // few rows: cut into spans until about this many blocks run per SM
+  int64_t blocks_per_sm;            // few rows: cut into spans while at most this many blocks run per SM
   int64_t scalar_warp_width_fp32;   // fp32 rows read one element at a time: the warp kernels up to this width
   int64_t scalar_warp_width_16bit;  // fp16 and bf16 rows read one element at a time: the same
   int64_t staged_row_bytes_fp32;    // contiguous fp32 rows up to this long, no whole number of 16-byte packs: staged
@@ -76,8 +77,9 @@ inline int hold_at(int threads, int hold, int vec, int itemsize, bool backward) 
 // values a thread, `hold_at`) holds it: such blocks only pay where they spare a meeting (where rows are cut anyway,
 // blocks of 512 threads, two to an SM, took less time than blocks of 1024, one to an SM). Where rows are fewer than
 // SMs and a row is either cut anyway or at least r.split_row_bytes long, it is cut finer, down to spans of
-// r.min_span_bytes, until about r.blocks_per_sm blocks per SM run: a meeting costs its blocks a few microseconds,
-// which only rows that long repay. Spans are at most `sms`, so a row's blocks all fit on the GPU at once and may wait
+// r.min_span_bytes, while the grid stays within r.blocks_per_sm blocks per SM (rounded down: blocks past what runs at
+// once would start only as the first ones leave, a second wave waiting out the first's meetings): a meeting costs its
+// blocks a few microseconds, which only rows that long repay. Spans are at most `sms`, so a row's blocks all fit on the GPU at once and may wait
 // for each other. `vec`: elements per pack (spans are whole packs).
 inline SpanPlan span_plan(int64_t rows, int64_t width, int vec, int itemsize, int hold, bool backward, int sms,
                           const SpanRules& r) {
@@ -86,7 +88,7 @@ inline SpanPlan span_plan(int64_t rows, int64_t width, int vec, int itemsize, in
   if (parts > 1 && width <= (int64_t)r.threads * hold_at(r.threads, hold, vec, itemsize, backward)) parts = 1;
   const int64_t row_bytes = width * itemsize;
   if (rows < sms && (parts > 1 || row_bytes >= r.split_row_bytes)) {
-    const int64_t fill = ceil_div(r.blocks_per_sm * sms, rows);
+    const int64_t fill = r.blocks_per_sm * sms / rows;
     parts = std::max(parts, std::min({fill, row_bytes / r.min_span_bytes, (int64_t)sms}));
   }
   if (parts > sms || rows * parts > INT_MAX) return {0, 0, 0, 0};
@@ -181,22 +183,87 @@ inline bool valid_rules(const SpanRules& r) {
          r.single_column_elementwise <= 1;
 }
 
-// Scratch elements a launch needs: {int32 counters, float partials}; {0, 0} where rows are not cut.
+// Whether a pointer is 16-byte aligned.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether tensors of `itemsize`-byte elements are read in 16-byte packs by the warp and looped kernels: every row
+// start 16-byte aligned, no pack across a row's end.
+inline bool vectorizable(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides, int64_t width,
+                         int itemsize) {
+  const int64_t v = 16 / itemsize;
+  bool ok = width % v == 0;
+  for (const void* p : ptrs) ok = ok && aligned16(p);
+  for (int64_t s : strides) ok = ok && s % v == 0;
+  return ok;
+}
+
+// Whether every row of every tensor starts at the same offset from a 16-byte boundary, so the span kernels can read
+// all of them in packs between the edges of the first tensor's row.
+inline bool same_phase(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides, int itemsize) {
+  const int64_t v = 16 / itemsize;
+  const uintptr_t phase = reinterpret_cast<uintptr_t>(*ptrs.begin()) % 16;
+  const int64_t stride_phase = *strides.begin() % v;
+  bool ok = true;
+  for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == phase;
+  for (int64_t s : strides) ok = ok && s % v == stride_phase;
+  return ok;
+}
+
+// The kernels a launch runs (softmax.cu's header lists them).
+enum class Kernels : int { single = 0, staged = 1, edge_warp = 2, warp = 3, spans = 4, looped = 5 };
+
+// Where a launch over rows x width of these tensors goes: its kernels; whether rows are read in 16-byte packs by
+// the warp and looped kernels (`vectorized`) and in packs between edges by the span kernels (`same_phase`); the
+// staged plan (kernels staged) and the span plan (kernels spans).
+struct Route {
+  Kernels kernels;
+  bool vectorized;
+  bool same_phase;
+  StagedPlan staged;
+  SpanPlan spans;
+};
+
+// The route of a forward (backward: the backward) over tensors at `ptrs` with row strides `strides` (elements; x
+// and y, or y, dy and dx), one place for the launchers and for the scratch they need:
+// rows of one column elementwise (rules' single_column_elementwise); staged where staged_plan takes the rows and the
+// tensors are 16-byte aligned and contiguous (a single row, or strides equal to the width); the edge warp kernels;
+// the warp kernels; else the span plan, looped where it has no spans (parts 0).
+inline Route route(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> strides, int64_t rows,
+                   int64_t width, int itemsize, int sms, bool backward, const SpanRules& r) {
+  Route out{Kernels::single, false, false, {0, 0, 0}, {0, 0, 0, 0}};
+  if (width == 1 && r.single_column_elementwise) return out;
+  out.staged = staged_plan(rows, width, itemsize, sms, r);
+  bool contiguous = out.staged.rows > 0;
+  for (const void* p : ptrs) contiguous = contiguous && aligned16(p);
+  for (int64_t s : strides) contiguous = contiguous && (rows == 1 || s == width);
+  if (contiguous) {
+    out.kernels = Kernels::staged;
+    return out;
+  }
+  out.vectorized = vectorizable(ptrs, strides, width, itemsize);
+  out.same_phase = same_phase(ptrs, strides, itemsize);
+  if (edge_warp_rows(width, itemsize, out.vectorized, out.same_phase, r)) {
+    out.kernels = Kernels::edge_warp;
+  } else if (warp_rows(width, itemsize, out.vectorized, backward, r)) {
+    out.kernels = Kernels::warp;
+  } else {
+    const int vec = out.same_phase ? 16 / itemsize : 1;
+    out.spans = backward ? backward_plan(rows, width, vec, itemsize, sms, r)
+                         : forward_plan(rows, width, vec, itemsize, sms, r);
+    out.kernels = out.spans.parts == 0 ? Kernels::looped : Kernels::spans;
+  }
+  return out;
+}
+
+// Scratch elements a launch of `route` over `rows` rows needs: {int32 counters, float partials}; {0, 0} where its
+// rows are not cut into spans that meet.
 struct ScratchElems {
   int64_t counters, partials;
 };
 
-inline ScratchElems scratch_elems(int64_t rows, int64_t width, int itemsize, int sms, bool backward,
-                                  const SpanRules& r) {
-  if (rows <= 0 || sms < 1 || warp_rows(width, itemsize, false, backward, r)) return {0, 0};
-  int64_t parts = 0;  // enough for rows read one element at a time and in 16-byte packs (whose blocks hold more)
-  for (const int vec : {1, 16 / itemsize}) {
-    const SpanPlan p = backward ? backward_plan(rows, width, vec, itemsize, sms, r)
-                                : forward_plan(rows, width, vec, itemsize, sms, r);
-    parts = std::max<int64_t>(parts, p.parts);
-  }
-  if (parts <= 1) return {0, 0};
-  return {1 + rows, 2 * rows * parts};
+inline ScratchElems scratch_elems(int64_t rows, const Route& route) {
+  if (route.kernels != Kernels::spans || route.spans.parts <= 1) return {0, 0};
+  return {1 + rows, 2 * rows * route.spans.parts};
 }
 
 }  // namespace softmax_plan
