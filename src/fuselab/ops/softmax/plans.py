@@ -217,9 +217,12 @@ def grow_rows(rows: int, block: int, num_warps: int, align: int, n_rows: int, sm
     took 0.70x the time on the H200); rows loaded one element at a time keep their tiles (600 001 x 27 took 1.08x
     grown, 14 380 100 x 1 2.4x), and so does a small tensor (docs/ops/softmax.md)."""
     most, per_sm = p["scalar_grow"]
-    while align > 1 and per_sm and 2 * rows * block <= most * 32 * num_warps:
-        if ceil_div(n_rows, 2 * rows) < per_sm * sms:
-            break
+    while (
+        align > 1
+        and per_sm
+        and 2 * rows * block <= most * 32 * num_warps
+        and ceil_div(n_rows, 2 * rows) >= per_sm * sms
+    ):
         rows *= 2
     return rows
 
