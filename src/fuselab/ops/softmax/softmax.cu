@@ -478,20 +478,30 @@ template <typename T, int VEC>
 struct WarpRow {
   RowEdges e;
   int lane;
-  int64_t end;  // the bulk's end (a column)
+  int first;  // the column of this lane's pack 0
+  int count;  // this lane's packs within the bulk (as the span kernels' ThreadPacks: fewer registers than a 64-bit
+              // column tested against the bulk's end per pack)
   __device__ __forceinline__ WarpRow(const T* row, int width, int lane_)
-      : e(edges_of<T, VEC>(row, width)), lane(lane_), end(e.head + e.bulk) {}
+      : e(edges_of<T, VEC>(row, width)), lane(lane_), first(e.head + lane_ * VEC), count(packs(e, first)) {}
+  static __device__ __forceinline__ int packs(const RowEdges& e, int first) {
+    const int end = e.head + (int)e.bulk;
+    return first < end ? (end - first + 32 * VEC - 1) / (32 * VEC) : 0;
+  }
   // This lane's edge column, or -1.
   __device__ __forceinline__ int64_t edge() const { return edge_column(e, lane); }
-  // The column of this lane's pack `it` (at or past `end`: none).
-  __device__ __forceinline__ int64_t pack(int it) const { return e.head + (int64_t)(it * 32 + lane) * VEC; }
+  // The column of this lane's pack `it` (it < count).
+  __device__ __forceinline__ int pack(int it) const { return first + it * 32 * VEC; }
   // This lane's ITERS packs of `row` (a row of this phase) into v, `fill` for packs past the bulk.
   template <int ITERS>
   __device__ __forceinline__ void load(const T* __restrict__ row, float* v, float fill) const {
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int64_t col = pack(it);
-      load_or<T, VEC>(row, col < end ? col : INT64_MAX, INT64_MAX - 1, &v[it * VEC], fill);
+      if (it < count) {
+        fuselab::load<T, VEC>(row + pack(it), &v[it * VEC]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[it * VEC + i] = fill;
+      }
     }
   }
 };
@@ -520,8 +530,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
     T* yr = y + row * y_stride;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int64_t col = r.pack(it);
-      if (col < r.end) store<T, VEC>(yr + col, &v[it * VEC], inv_sum);
+      if (it < r.count) store<T, VEC>(yr + r.pack(it), &v[it * VEC], inv_sum);
     }
     if (edge_col >= 0) yr[edge_col] = from_float<T>(edge * inv_sum);
   }
@@ -554,12 +563,11 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
     T* dxr = dx + row * dx_stride;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int64_t col = r.pack(it);
-      if (col < r.end) {
+      if (it < r.count) {
         float g[VEC];
 #pragma unroll
         for (int i = 0; i < VEC; ++i) g[i] = yv[it * VEC + i] * (dyv[it * VEC + i] - dot);
-        store<T, VEC>(dxr + col, g, 1.f);
+        store<T, VEC>(dxr + r.pack(it), g, 1.f);
       }
     }
     if (edge_col >= 0) dxr[edge_col] = from_float<T>(y_edge * (dy_edge - dot));
