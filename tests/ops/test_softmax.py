@@ -477,11 +477,12 @@ def launch_all():
                             (129, None), (1025, None),  # odd: aligned bulk + edges
                             (50257, st.Plan("split", 8192, num_warps=8)),  # odd, split, with edges
                             (40000, st.Plan("split", 16384, num_warps=16)),
+                            (40004, st.Plan("split", 16384, num_warps=16)),  # fp32 vectors, width no multiple of 16
                             (40000, st.Plan("split_pairs", 8192, num_warps=4)),  # bf16 only; else split
                             (70000, None), (20000, None)):  # looped (no split on the CPU), a wide row (bf16: held)
             x = torch.empty(64, width, dtype=dtype)
             st.launch_forward(x, torch.empty_like(x), plan)
-            if width != 50257:  # the looped backward has no edges path yet: odd wide rows read it scalar
+            if width not in (50257, 40004):  # the looped backward has no edges path yet: rows of no whole vectors
                 st.launch_backward(x, x, torch.empty_like(x))  # 17000: looped backward
         x = torch.empty(2, 20000, dtype=dtype)  # few wide rows: the backward split over programs
         st.launch_backward(x, x, torch.empty_like(x))
@@ -1212,12 +1213,15 @@ def test_split_rows_of_few_rows_get_finer_spans() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_split_rows_in_finer_spans_stay_right(dtype: torch.dtype) -> None:
-    """Few wide rows split finer (split_fill), one by one, in pairs (bf16 of even width) and with edges (x[:, 1:]):
-    against the reference, into NaN-poisoned outputs, with the rules that halve the spans and without."""
+    """Few wide rows split finer (split_fill), one by one, in pairs (bf16 of even width), with edges (x[:, 1:]) and in
+    16-byte vectors of a width no multiple of 16 (fp32 47 692, its width and strides passed divided by their
+    alignment): against the reference, into NaN-poisoned outputs, with the rules that halve the spans and without."""
     base = launch.params(torch.device("cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tol = SOFTMAX.tolerance[dtype]
-    for (rows, width), offset in itertools.product(((104, 36799), (3, 50258), (1, 151937), (40, 65536)), (0, 1)):
+    for (rows, width), offset in itertools.product(
+        ((104, 36799), (3, 50258), (1, 151937), (40, 65536), (163, 47692)), (0, 1)
+    ):
         x, _ = _rows_at_offset(rows, width, offset, dtype, seed=43)
         read = launch.reads(x, x, min_bytes=base["edge_min_bytes"])
         for rules in (base, {**base, "split_fill": [6, 2048]}):

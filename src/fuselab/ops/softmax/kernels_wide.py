@@ -61,11 +61,13 @@ def _forward_split_kernel(
     SPLIT_P2: tl.constexpr,
     CHUNK: tl.constexpr,
     PTX: tl.constexpr,
+    ALIGN: tl.constexpr,
     EDGES: tl.constexpr,
     VEC: tl.constexpr,
 ):
     """One span of `span` columns (<= CHUNK, a multiple of 16) of one row per program, SPLIT programs per row (grid
-    n_rows * SPLIT); GPU only.
+    n_rows * SPLIT); GPU only. n_cols and the row strides come divided by ALIGN (see `launch.alignment`: else a row of
+    whole 16-byte vectors whose width is not a multiple of 16 is read 4 bytes at a time).
 
     max_ptr, sum_ptr: (n_rows * SPLIT,) fp32 scratch. sync_ptr: (1 + n_rows,) int32 zeros, left zeros when the kernel
     ends (a workspace kept from launch to launch on one stream); [0] hands out tickets, [1 + row] counts the chunks
@@ -76,10 +78,11 @@ def _forward_split_kernel(
     EDGES: spans are laid from each row's first 16-byte boundary (`_aligned_bulk`); the first program of a row also
     takes the row's edges.
     """
+    n_cols = n_cols * ALIGN  # ALIGN is 1 from 2^31 columns, so this never overflows
     ticket, row, chunk = _row_of_ticket(sync_ptr, SPLIT)
     lanes = tl.arange(0, CHUNK)
-    x_start = row * x_row_stride
-    y_start = row * y_row_stride
+    x_start = row * x_row_stride * ALIGN
+    y_start = row * y_row_stride * ALIGN
     if EDGES:
         shift, n_bulk, x_bulk = _aligned_bulk(x_start, n_cols, VEC)
         y_bulk = (y_start + shift) // VEC * VEC

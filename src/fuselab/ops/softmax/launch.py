@@ -209,8 +209,9 @@ def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
         kernel, fixed = _forward_split_pairs_kernel, (n_cols // 2, x.stride(0) // 2, y.stride(0) // 2)
         edge_meta = {}
     else:
-        kernel, fixed = _forward_split_kernel, (n_cols, x.stride(0), y.stride(0))
-        edge_meta = {"EDGES": edges(x, y, min_bytes=p["edge_min_bytes"]), "VEC": vector(x)}
+        a = alignment(x, y)
+        kernel, fixed = _forward_split_kernel, (n_cols // a, x.stride(0) // a, y.stride(0) // a)
+        edge_meta = {"ALIGN": a, "EDGES": edges(x, y, min_bytes=p["edge_min_bytes"]), "VEC": vector(x)}
 
     @functools.cache
     def spans(chunk: int) -> tuple[int, tuple, dict]:
