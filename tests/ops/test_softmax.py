@@ -482,10 +482,10 @@ def launch_all():
                             (70000, None), (20000, None)):  # looped (no split on the CPU), a wide row (bf16: held)
             x = torch.empty(64, width, dtype=dtype)
             st.launch_forward(x, torch.empty_like(x), plan)
-            if width not in (50257, 40004):  # the looped backward has no edges path yet: rows of no whole vectors
-                st.launch_backward(x, x, torch.empty_like(x))  # 17000: looped backward
-        x = torch.empty(2, 20000, dtype=dtype)  # few wide rows: the backward split over programs
-        st.launch_backward(x, x, torch.empty_like(x))
+            st.launch_backward(x, x, torch.empty_like(x))  # 17000: looped backward; 50257, 40004: with edges
+        for width in (20000, 20001):  # few wide rows: the backward split over programs, with edges at 20001
+            x = torch.empty(2, width, dtype=dtype)
+            st.launch_backward(x, x, torch.empty_like(x))
     x = torch.empty(64, 20000, dtype=torch.bfloat16)  # chosen for fp16 rows of 32768
     st.launch_forward(x, torch.empty_like(x), st.Plan("rows_ahead", 32768, num_warps=32))
 
@@ -981,7 +981,9 @@ def test_a_nearly_one_hot_row_is_checked_against_the_terms_its_gradient_cancels(
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", EAGER_IMPLS)
 def test_gpu_gradient_matches_reference(name: str, dtype: torch.dtype) -> None:
-    for shape in [(1, 1), (37, 129), (4, 5, 1000), (3, 9000), (2, 70000)]:
+    """Gradients against float64, at rows of every backward path: wide rows of odd widths among them, whose bulk of
+    16-byte vectors and edges the Triton impl's looped backward (278 x 17 729) and split one (5 x 40 001) read apart."""
+    for shape in [(1, 1), (37, 129), (4, 5, 1000), (3, 9000), (2, 70000), (278, 17729), (5, 40001)]:
         (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 4)
         (dy,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 5)
         x.requires_grad_()
@@ -1107,8 +1109,9 @@ def test_gpu_the_tuner_times_each_candidates_launch_as_the_launcher_makes_it() -
 @pytest.mark.parametrize("width", [33, 129, 1025, 4099])
 def test_cpu_triton_edges_path_at_odd_widths(width: int) -> None:
     """Rows that are not whole 16-byte vectors (odd widths, contiguous, aligned buffers) take the aligned bulk +
-    edges path in the rows, looped and one-chunk split kernels and the rows backward; each row's shift differs
-    (row r starts at r * width), so heads and tails of every length are exercised; float64 reference."""
+    edges path in the rows, looped and one-chunk split kernels, and backward in the rows, looped and split
+    (partial sums, then dx) kernels; each row's shift differs (row r starts at r * width), so heads and tails of
+    every length are exercised; float64 reference, NaN-poisoned outputs."""
     rows = 9
     (x,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cpu", width)
     y = torch.full_like(x, float("nan"))
@@ -1121,8 +1124,16 @@ def test_cpu_triton_edges_path_at_odd_widths(width: int) -> None:
     (dy,) = SOFTMAX.make_inputs((rows, width), torch.float32, "cpu", width + 1)
     ys = torch.softmax(x, -1)
     dx = torch.full_like(x, float("nan"))
+    assert launch.edges(ys, dy, dx, min_bytes=plans.DEFAULTS["edge_min_bytes"])
     st.launch_backward(ys, dy, dx, st.Plan("rows", block, rows=2, num_warps=1))
     assert rel_err(dx, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32]
+    split = {**launch.params(x.device), "backward_split": {"below_rows_per_sm": 4, "programs_per_sm": 1,
+                                                           "blocks": [16, 16]}}  # fmt: skip
+    looped = st.Plan("looped", 16)
+    for rules in (launch.params(x.device), split):  # 9 rows: one program a row; 9 < 4 x 3 "SMs": split rows
+        dx = torch.full_like(x, float("nan"))
+        launch.BACKWARD["looped"](ys, dy, dx, looped, rules)(ys, dy, dx)
+        assert rel_err(dx, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32], rules["backward_split"]
 
 
 def test_edges_rule() -> None:

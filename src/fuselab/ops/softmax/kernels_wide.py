@@ -255,30 +255,73 @@ def _forward_looped_kernel(
 
 
 @triton.jit
+def _backward_row_bulk(y_start, dy_start, dx_start, n_cols, EDGES: tl.constexpr, VEC: tl.constexpr):
+    """Where the backward kernels read a row of y, dy and dx that start at these element offsets (one phase from a
+    16-byte boundary, `launch.edges`): (bulk columns, the bulk's start in y, dy and dx, the edges' columns and mask).
+    EDGES: the bulk is the row's whole 16-byte vectors (`_aligned_bulk`), the edges the columns before and after it;
+    else the bulk is the whole row and the edges are none."""
+    if EDGES:
+        shift, n_bulk, y_bulk = _aligned_bulk(y_start, n_cols, VEC)
+        dy_bulk = (dy_start + shift) // VEC * VEC
+        dx_bulk = (dx_start + shift) // VEC * VEC
+        e_cols, e_mask = _edge_columns(shift, n_bulk, n_cols, VEC)
+        e_cols = tl.reshape(e_cols, [2 * VEC])
+        e_mask = tl.reshape(e_mask, [2 * VEC])
+    else:  # one return, of one type either way
+        n_bulk = n_cols.to(tl.int64)
+        y_bulk, dy_bulk, dx_bulk = y_start, dy_start, dx_start
+        e_cols = tl.arange(0, 2 * VEC).to(tl.int64)
+        e_mask = e_cols < 0
+    return n_bulk, y_bulk, dy_bulk, dx_bulk, e_cols, e_mask
+
+
+@triton.jit
 def _backward_looped_kernel(
-    y_ptr, dy_ptr, dx_ptr, n_cols, y_row_stride, dy_row_stride, dx_row_stride, BLOCK: tl.constexpr, ALIGN: tl.constexpr
+    y_ptr,
+    dy_ptr,
+    dx_ptr,
+    n_cols,
+    y_row_stride,
+    dy_row_stride,
+    dx_row_stride,
+    BLOCK: tl.constexpr,
+    ALIGN: tl.constexpr,
+    EDGES: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     """dx = y * (dy - sum(dy * y)), one row per program in steps of BLOCK: a pass for the sum, a pass for dx.
-    n_cols and the row strides come divided by ALIGN (see `launch.alignment`)."""
+    n_cols and the row strides come divided by ALIGN (see `launch.alignment`). EDGES: the steps cover the row's
+    aligned bulk in 16-byte vectors (`_backward_row_bulk`), its edges are taken apart."""
     n_cols = n_cols * ALIGN  # as in _forward_looped_kernel
     row = tl.program_id(0).to(tl.int64)
-    y_row = y_ptr + row * y_row_stride * ALIGN
-    dy_row = dy_ptr + row * dy_row_stride * ALIGN
-    dx_row = dx_ptr + row * dx_row_stride * ALIGN
+    y_start = row * y_row_stride * ALIGN
+    dy_start = row * dy_row_stride * ALIGN
+    dx_start = row * dx_row_stride * ALIGN
+    n_bulk, y_bulk, dy_bulk, dx_bulk, e_cols, e_mask = _backward_row_bulk(
+        y_start, dy_start, dx_start, n_cols, EDGES, VEC
+    )
+    y_row = y_ptr + y_bulk
+    dy_row = dy_ptr + dy_bulk
+    dx_row = dx_ptr + dx_bulk
     cols = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
     start = tl.full((), 0, tl.int64)  # `while`: see _forward_looped_kernel
-    while start < n_cols:
+    while start < n_bulk:
         start = tl.multiple_of(start, BLOCK)
-        mask = start + cols < n_cols
+        mask = start + cols < n_bulk
         y = tl.load(y_row + start + cols, mask=mask, other=0.0).to(tl.float32)
         acc += y * tl.load(dy_row + start + cols, mask=mask, other=0.0).to(tl.float32)
         start += BLOCK
     dot = tl.sum(acc, axis=0)
+    if EDGES:
+        ey = tl.load(y_ptr + y_start + e_cols, mask=e_mask, other=0.0).to(tl.float32)
+        edy = tl.load(dy_ptr + dy_start + e_cols, mask=e_mask, other=0.0).to(tl.float32)
+        dot += tl.sum(ey * edy, axis=0)
+        tl.store(dx_ptr + dx_start + e_cols, (ey * (edy - dot)).to(dx_ptr.dtype.element_ty), mask=e_mask)
     start -= BLOCK
     while start >= 0:
         start = tl.multiple_of(start, BLOCK)
-        mask = start + cols < n_cols
+        mask = start + cols < n_bulk
         y = tl.load(y_row + start + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_row + start + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_row + start + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
@@ -287,19 +330,40 @@ def _backward_looped_kernel(
 
 @triton.jit
 def _backward_partial_dot_kernel(
-    y_ptr, dy_ptr, dot_ptr, n_cols, y_row_stride, dy_row_stride, split, BLOCK: tl.constexpr, ALIGN: tl.constexpr
+    y_ptr,
+    dy_ptr,
+    dot_ptr,
+    n_cols,
+    y_row_stride,
+    dy_row_stride,
+    split,
+    BLOCK: tl.constexpr,
+    ALIGN: tl.constexpr,
+    EDGES: tl.constexpr,
+    VEC: tl.constexpr,
 ):
-    """The backward of few wide rows, first kernel: program p (grid n_rows * split) sums y * dy over columns
-    [c * BLOCK, (c + 1) * BLOCK) of row r (p = r * split + c) into dot_ptr[p] (fp32). n_cols and the row strides come
-    divided by ALIGN (see `launch.alignment`)."""
+    """The backward of few wide rows, first kernel: program p (grid n_rows * split) sums y * dy over the bulk's
+    columns [c * BLOCK, (c + 1) * BLOCK) of row r (p = r * split + c; c = 0 adds the row's edges: EDGES, as in
+    _backward_looped_kernel) into dot_ptr[p] (fp32). n_cols and the row strides come divided by ALIGN (see
+    `launch.alignment`)."""
     n_cols = n_cols * ALIGN
     program = tl.program_id(0).to(tl.int64)
     row = program // split
-    cols = (program % split) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    y = tl.load(y_ptr + row * y_row_stride * ALIGN + cols, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + row * dy_row_stride * ALIGN + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(dot_ptr + program, tl.sum(y * dy, axis=0))
+    part = program % split
+    y_start = row * y_row_stride * ALIGN
+    dy_start = row * dy_row_stride * ALIGN
+    n_bulk, y_bulk, dy_bulk, _, e_cols, e_mask = _backward_row_bulk(y_start, dy_start, dy_start, n_cols, EDGES, VEC)
+    cols = part * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_bulk
+    y = tl.load(y_ptr + y_bulk + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + dy_bulk + cols, mask=mask, other=0.0).to(tl.float32)
+    dot = tl.sum(y * dy, axis=0)
+    if EDGES:
+        e_mask = e_mask & (part == 0)
+        ey = tl.load(y_ptr + y_start + e_cols, mask=e_mask, other=0.0).to(tl.float32)
+        edy = tl.load(dy_ptr + dy_start + e_cols, mask=e_mask, other=0.0).to(tl.float32)
+        dot += tl.sum(ey * edy, axis=0)
+    tl.store(dot_ptr + program, dot)
 
 
 @triton.jit
@@ -316,13 +380,16 @@ def _backward_split_kernel(
     BLOCK: tl.constexpr,
     PARTS: tl.constexpr,
     ALIGN: tl.constexpr,
+    EDGES: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     """The backward of few wide rows, second kernel (the grid of `_backward_partial_dot_kernel`): the row's `split`
     partial sums added in one fixed order (PARTS at a time: the same gradients on every call), then dx = y * (dy -
-    sum) over the program's columns."""
+    sum) over the program's columns of the bulk (and the row's edges where c = 0: EDGES)."""
     n_cols = n_cols * ALIGN
     program = tl.program_id(0).to(tl.int64)
     row = program // split
+    part = program % split
     parts = tl.arange(0, PARTS)
     acc = tl.zeros([PARTS], tl.float32)
     start = 0  # `while`: see _forward_looped_kernel
@@ -330,8 +397,19 @@ def _backward_split_kernel(
         acc += tl.load(dot_ptr + row * split + start + parts, mask=start + parts < split, other=0.0)
         start += PARTS
     dot = tl.sum(acc, axis=0)
-    cols = (program % split) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    y = tl.load(y_ptr + row * y_row_stride * ALIGN + cols, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + row * dy_row_stride * ALIGN + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(dx_ptr + row * dx_row_stride * ALIGN + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+    y_start = row * y_row_stride * ALIGN
+    dy_start = row * dy_row_stride * ALIGN
+    dx_start = row * dx_row_stride * ALIGN
+    n_bulk, y_bulk, dy_bulk, dx_bulk, e_cols, e_mask = _backward_row_bulk(
+        y_start, dy_start, dx_start, n_cols, EDGES, VEC
+    )
+    if EDGES:
+        e_mask = e_mask & (part == 0)
+        ey = tl.load(y_ptr + y_start + e_cols, mask=e_mask, other=0.0).to(tl.float32)
+        edy = tl.load(dy_ptr + dy_start + e_cols, mask=e_mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + dx_start + e_cols, (ey * (edy - dot)).to(dx_ptr.dtype.element_ty), mask=e_mask)
+    cols = part * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_bulk
+    y = tl.load(y_ptr + y_bulk + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + dy_bulk + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dx_ptr + dx_bulk + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)

@@ -323,7 +323,8 @@ def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: 
     n_cols = int(y.shape[1])
     a = alignment(y, dy, dx)
     fixed = (n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)))
-    meta = {"BLOCK": plan.block, "ALIGN": a, "num_warps": plan.num_warps}
+    read = {"ALIGN": a, "EDGES": edges(y, dy, dx, min_bytes=p["edge_min_bytes"]), "VEC": vector(y)}
+    meta = {"BLOCK": plan.block, **read, "num_warps": plan.num_warps}
     sms = sm_count(y.device.index) if y.is_cuda else INTERPRETER_PROGRAMS
 
     def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
@@ -335,10 +336,10 @@ def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: 
         split = plans.ceil_div(n_cols, block)
         dots = launcher.workspace("softmax backward dots", n_rows * split, torch.float32, y.device, zeros=False)
         grid, warps = (n_rows * split,), 8 if block >= 4096 else 4
-        wrap_triton(_backward_partial_dot_kernel)[grid](y, dy, dots, *fixed[:3], split, BLOCK=block, ALIGN=a,
+        wrap_triton(_backward_partial_dot_kernel)[grid](y, dy, dots, *fixed[:3], split, BLOCK=block, **read,
                                                         num_warps=warps)  # fmt: skip
         wrap_triton(_backward_split_kernel)[grid](y, dy, dx, dots, *fixed, split, BLOCK=block, PARTS=SPLIT_PARTS,
-                                                  ALIGN=a, num_warps=warps)  # fmt: skip
+                                                  **read, num_warps=warps)  # fmt: skip
 
     return launch
 
