@@ -1,0 +1,188 @@
+"""The Triton softmax's launches as a GPU's plan table and SM count make them, compiled without that GPU.
+
+For each (rows x width) and dtype, the forward and backward launch under Triton's interpreter with the launches
+intercepted (not run), planned with the table's rules (default: the H200's) and its SM count; each launched kernel is
+compiled for the target as Triton's JIT would specialize it, and ptxas counts its registers. Prints, per launch:
+warps, registers a thread, spilled bytes, programs an SM (by registers, warps and shared memory), the grid, the waves
+it takes, and its widest global load in bytes. What it found (docs/ops/softmax.md): split rows read 4 bytes at a time
+where the width was no multiple of 16, and looped backward rows of odd widths read element by element.
+
+    python scripts/softmax_offline_audit.py --dtype fp32 163x47692 278x17729
+    python scripts/softmax_offline_audit.py --dtype bf16 \
+        --map benchmarks/results/h200/explorations/softmax_map_seed2041.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before a kernel is defined)
+from fuselab.bench.dtypes import parse_dtype
+from fuselab.ops import tuning
+from fuselab.ops.softmax import launch, plans
+from fuselab.profile import inspect_triton
+from fuselab.profile.asm import ptxas_resources
+
+REGISTERS_PER_SM = 65536
+WARPS_PER_SM = 64
+PROGRAMS_PER_SM = 32
+SHARED_PER_SM = 227 * 1024
+
+
+@dataclass(frozen=True)
+class Launched:
+    """One intercepted launch: the kernel's compile job (inspect_triton's form), its grid and warps."""
+
+    job: str  # the job as JSON: equal launches compile once
+    grid: int
+    warps: int
+
+
+@dataclass(frozen=True)
+class Compiled:
+    name: str
+    registers: int | None
+    spills: int | None
+    shared: int
+    widest_load: int  # bytes
+
+
+def plan_as(key: str, sms: int) -> None:
+    """Make the launcher plan as GPU `key` with `sms` SMs would (its table's rules; programs that may wait)."""
+    rules = plans.rule_params(key)
+    launch.params = lambda device: rules
+    launch.sm_count = lambda index: sms
+    launch.can_wait = lambda device: True
+    launch.interpreted = lambda: False  # what a GPU runs: inline PTX, fast exp
+    launch.INTERPRETER_PROGRAMS = sms  # the backward's "SMs" on a CPU tensor
+
+    def forward_plan(width: int, dtype: torch.dtype, device: object, reads: str = "vectors") -> plans.Plan:
+        return plans.choose_forward(width, dtype.itemsize, dtype == torch.bfloat16, sms, rules, reads)
+
+    def backward_plan(width: int, dtype: torch.dtype, device: object = None, reads: str = "vectors") -> plans.Plan:
+        return plans.choose_backward(width, dtype.itemsize, rules, reads)
+
+    launch.forward_plan = forward_plan
+    launch.backward_plan = backward_plan
+
+
+def intercept(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[tuple[int, int], list[Launched]]:
+    """Each shape's forward and backward launches, intercepted under the interpreter."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.interpreter import InterpretedFunction
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    noted: list[tuple[object, tuple, dict, object]] = []
+    original = InterpretedFunction.run
+
+    def record(self: object, *args: object, grid: object, warmup: object, **kwargs: object) -> None:
+        noted.append((self, args, kwargs, grid))
+
+    out: dict[tuple[int, int], list[Launched]] = {}
+    InterpretedFunction.run = record
+    try:
+        for rows, width in shapes:
+            first = len(noted)
+            x = torch.empty(rows, width, dtype=dtype)
+            y = torch.empty_like(x)
+            launch.launch_forward(x, y)
+            launch.launch_backward(y, x, torch.empty_like(x))
+            out[(rows, width)] = [launched(*n, backend) for n in noted[first:]]
+    finally:
+        InterpretedFunction.run = original
+    return out
+
+
+def launched(interp: object, args: tuple, kwargs: dict, grid: object, backend: object) -> Launched:
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    fn = getattr(interp, "fn", interp)
+    jit = JITFunction(fn, **getattr(interp, "kwargs", {}))
+    bound, specialization, options = create_function_from_signature(jit.signature, jit.params, backend)(*args, **kwargs)
+    _, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
+    job = {
+        "module": fn.__module__,
+        "file": inspect.getsourcefile(fn),
+        "name": fn.__name__,
+        "signature": signature,
+        "constexprs": [[list(k), inspect_triton._encode_constexpr(v)] for k, v in constexprs.items()],
+        "attrs": [[list(k), v] for k, v in attrs.items()],
+        "options": {k: v for k, v in kwargs.items() if k not in jit.arg_names},
+    }
+    size = grid(kwargs) if callable(grid) else grid
+    return Launched(json.dumps(job, sort_keys=True, default=str), math.prod(size), int(kwargs.get("num_warps", 4)))
+
+
+def compile_all(jobs: list[str]) -> dict[str, Compiled]:
+    """Each distinct job compiled for sm_90 (in a fresh process: inspect_triton's)."""
+    results = inspect_triton._compile_in_fresh_process([json.loads(j) for j in jobs], 90)
+    out = {}
+    for job, result in zip(jobs, results, strict=True):
+        ptx, name = result["asm"]["ptx"], result["metadata"]["name"]
+        resources = ptxas_resources(ptx)[0].get(name)
+        widths = [int(w) for w in re.findall(r"ld\.global(?:\.\w+)*?\.v(\d)\.b32", ptx)]
+        scalar = 4 if re.search(r"ld\.global(?:\.\w+)*?\.b32", ptx) else 2 if "ld.global.b16" in ptx else 0
+        out[job] = Compiled(
+            name=name,
+            registers=resources.registers if resources else None,
+            spills=resources.spill_stores if resources else None,
+            shared=result["metadata"]["shared"],
+            widest_load=max([4 * w for w in widths] + [scalar]),
+        )
+    return out
+
+
+def programs_per_sm(c: Compiled, warps: int) -> int:
+    """Programs of `warps` warps an SM holds at once: by registers (allocated 8 a thread at a time), warps, shared."""
+    held = PROGRAMS_PER_SM
+    if c.registers:
+        held = min(held, REGISTERS_PER_SM // (math.ceil(c.registers / 8) * 8 * 32 * warps))
+    held = min(held, WARPS_PER_SM // warps)
+    return min(held, SHARED_PER_SM // c.shared) if c.shared else held
+
+
+def map_shapes(path: Path, dtype: torch.dtype) -> list[tuple[int, int]]:
+    """The shapes of a map file's rows of `dtype` (explorations/softmax_map_*.json)."""
+    rows = json.loads(path.read_text())["rows"]
+    name = str(dtype).removeprefix("torch.")
+    return sorted({tuple(int(n) for n in r["shape"].split("x")) for r in rows if r["dtype"] == name})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("shapes", nargs="*", help="rows x width, e.g. 163x47692")
+    parser.add_argument("--dtype", default="fp32", help="fp32, bf16, fp16 (default fp32)")
+    parser.add_argument("--map", type=Path, help="also every shape of this map file (its rows of --dtype)")
+    parser.add_argument("--gpu", default=tuning.key_of("NVIDIA H200", 9, 0), help="plan table key (default: H200)")
+    parser.add_argument("--sms", type=int, default=132, help="the GPU's SM count (default 132)")
+    args = parser.parse_args()
+    dtype = parse_dtype(args.dtype)
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes]
+    if args.map:
+        shapes += map_shapes(args.map, dtype)
+    if not shapes:
+        parser.error("give shapes or --map")
+    plan_as(args.gpu, args.sms)
+    by_shape = intercept(shapes, dtype)
+    compiled = compile_all(sorted({one.job for launches in by_shape.values() for one in launches}))
+    print("shape kernel warps registers spilled_bytes programs_per_sm grid waves widest_load_bytes")
+    for (rows, width), launches in by_shape.items():
+        for one in launches:
+            c = compiled[one.job]
+            held = programs_per_sm(c, one.warps)
+            waves = one.grid / (held * args.sms)
+            print(f"{rows}x{width} {c.name} {one.warps} {c.registers} {c.spills} {held} {one.grid} {waves:.2f} "
+                  f"{c.widest_load}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
