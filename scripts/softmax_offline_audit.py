@@ -55,9 +55,10 @@ class Compiled:
     widest_load: int  # bytes
 
 
-def plan_as(key: str, sms: int) -> None:
-    """Make the launcher plan as GPU `key` with `sms` SMs would (its table's rules; programs that may wait)."""
-    rules = plans.rule_params(key)
+def plan_as(key: str, sms: int, overrides: dict | None = None) -> None:
+    """Make the launcher plan as GPU `key` with `sms` SMs would (its table's rules, with `overrides`; programs that
+    may wait)."""
+    rules = {**plans.rule_params(key), **(overrides or {})}
     launch.params = lambda device: rules
     launch.sm_count = lambda index: sms
     launch.can_wait = lambda device: True
@@ -164,6 +165,7 @@ def main() -> None:
     parser.add_argument("--map", type=Path, help="also every shape of this map file (its rows of --dtype)")
     parser.add_argument("--gpu", default=tuning.key_of("NVIDIA H200", 9, 0), help="plan table key (default: H200)")
     parser.add_argument("--sms", type=int, default=132, help="the GPU's SM count (default 132)")
+    parser.add_argument("--rules", type=json.loads, default={}, help="overrides of the table's rules, as JSON")
     args = parser.parse_args()
     dtype = parse_dtype(args.dtype)
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes]
@@ -171,7 +173,7 @@ def main() -> None:
         shapes += map_shapes(args.map, dtype)
     if not shapes:
         parser.error("give shapes or --map")
-    plan_as(args.gpu, args.sms)
+    plan_as(args.gpu, args.sms, args.rules)
     by_shape = intercept(shapes, dtype)
     compiled = compile_all(sorted({one.job for launches in by_shape.values() for one in launches}))
     print("shape kernel warps registers spilled_bytes programs_per_sm grid waves widest_load_bytes")
