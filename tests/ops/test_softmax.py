@@ -652,9 +652,10 @@ def test_gpu_many_rows_and_wide_rows(name: str) -> None:
 
 # The CUDA span plans (softmax.cu `span_plan`): one row cut into many spans where rows are fewer than SMs (1 x 1025
 # up to 2 x 694 237), rows of whole spans (131 x 5000, 300 x 16 385), odd widths read as a 16-byte bulk and edges,
-# rows past 132 spans (looped: 2 x 5 000 001 forward and backward, 3 x 1 100 001 backward only).
+# rows past 132 spans (looped: 2 x 5 000 001 forward and backward, 3 x 1 100 001 backward only), fp32 rows of
+# 28 672 and 32 000 whole in one block of 1024 threads (28 and 32 values a thread; 16-bit ones already were).
 CUDA_SPAN_SHAPES = ((1, 1025), (3, 513), (1, 256000), (2, 694237), (7, 20001), (13, 3001), (131, 5000), (300, 16385),
-                    (3, 1100001), (2, 5000001))  # fmt: skip
+                    (3, 1100001), (2, 5000001), (29, 28672), (52, 32000))  # fmt: skip
 
 
 def _rows_at_offset(rows: int, width: int, offset: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
@@ -1403,7 +1404,7 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
 
 def wide_hold(vec: int, itemsize: int, backward: bool) -> int:
     """Values a thread of a block past 512 threads holds at most (softmax_plan.h: what 64 registers keep unspilled)."""
-    return 8 if vec == 1 else 16 if backward else 24 if itemsize == 4 else 32
+    return 8 if vec == 1 else 16 if backward else 32
 
 
 @pytest.mark.parametrize("threads", [512, 1024])
@@ -1453,13 +1454,14 @@ def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cud
     assert plan(15, 22769, 4, 4, 132, False, r512)[0] == 11  # cut anyway (22 769 > 16 384): as finely as 8 KiB allows
     assert plan(613, 22711, 4, 4, 132, False, r512)[0] == 2  # many rows: only as far as a block's hold asks
     assert plan(87, 10984, 8, 2, 132, True, r512)[0] == 2  # the backward holds 8192 columns a block
-    # blocks of 1024 threads hold 24 fp32 or 32 16-bit values a thread in packs, 16 of y and dy backward, 8 one by one
+    # blocks of 1024 threads hold 32 values a thread in packs, 16 of y and dy backward, 8 one by one
     r1024 = {"threads": 1024}
     assert plan(613, 22711, 4, 4, 132, False, r1024) == (1, 22712, 1024, 6)
     assert plan(1898, 18944, 8, 2, 132, False, r1024) == (1, 18944, 1024, 3)
     assert plan(3373, 11008, 4, 4, 132, True, r1024) == (1, 11008, 1024, 3)
     assert plan(613, 22711, 1, 4, 132, False, r1024) == (2, 11356, 512, 23)  # one by one: 512 threads, 32 values
-    assert plan(5000, 30000, 4, 4, 132, False, r1024)[:3] == (2, 15000, 512)  # past 24 576: two spans of 512
+    assert plan(5000, 30000, 4, 4, 132, False, r1024) == (1, 30000, 1024, 8)  # whole: 32 values a thread
+    assert plan(5000, 33000, 4, 4, 132, False, r1024)[:3] == (3, 11000, 512)  # past 32 768: spans of 512
     assert plan(7, 30000, 8, 2, 132, False, r1024) == (1, 30000, 1024, 4)  # 60 KB rows are not cut
     assert plan(1898, 18944, 4, 4, 132, True, r1024)[:3] == (3, 6316, 512)  # cut anyway: blocks of 512, not 1024
     assert plan(242, 49549, 8, 2, 132, False, r1024)[:3] == (4, 12392, 512)
@@ -1497,6 +1499,7 @@ def test_cuda_routes_pick_the_launchers_kernels_and_scratch_only_where_spans_mee
     # the backward of 52 x 32 000 is cut into 5 spans (264 // 52), which meet
     assert route(29, 28672, 2, False, rules) == ("spans", True, True, 1, (0, 0))
     assert route(52, 32000, 2, False, rules).scratch == (0, 0)
+    assert route(52, 32000, 4, False, rules) == ("spans", True, True, 1, (0, 0))  # fp32: 32 values a thread, whole
     assert route(52, 32000, 2, True, rules) == ("spans", True, True, 5, (53, 2 * 52 * 5))
     assert route(102, 11008, 2, True, rules) == ("spans", True, True, 1, (0, 0))
     # x two bytes off a boundary, y on one: read one by one, 8 values a thread, so cut, with scratch
