@@ -1402,7 +1402,7 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
     return plan, route, valid, warp, staged, edge_warp
 
 
-def wide_hold(vec: int, itemsize: int, backward: bool) -> int:
+def wide_hold(vec: int, backward: bool) -> int:
     """Values a thread of a block past 512 threads holds at most (softmax_plan.h: what 64 registers keep unspilled)."""
     return 8 if vec == 1 else 16 if backward else 32
 
@@ -1420,7 +1420,7 @@ def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans, threads: in
     rules = {"threads": threads}
     for sms, backward, (itemsize, vec) in itertools.product((132, 78, 16), (False, True), ((4, 4), (2, 8), (4, 1))):
         hold = 16 if backward else 32
-        wide = min(hold, wide_hold(vec, itemsize, backward))
+        wide = min(hold, wide_hold(vec, backward))
         whole = threads * wide if threads > 512 else 0  # a row a block of more than 512 threads holds whole
         for rows, width in itertools.product(
             (1, 2, 7, 15, 77, 131, 132, 5000), (1025, 3011, 16385, 22769, 50257, 694237, 1_048_576, 5_000_001)

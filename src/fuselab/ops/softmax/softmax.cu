@@ -357,7 +357,7 @@ __device__ __forceinline__ void forward_span(const T* xr, T* yr, int64_t width, 
 // kFullHoldThreads (up to 128 registers a thread).
 template <typename T, int VEC, int ITERS, bool BACKWARD>
 constexpr int span_bound() {
-  return VEC * ITERS <= wide_hold(VEC, sizeof(T), BACKWARD) ? kSpanThreads : kFullHoldThreads;
+  return VEC * ITERS <= wide_hold(VEC, BACKWARD) ? kSpanThreads : kFullHoldThreads;
 }
 
 // A block (blockDim.x <= span_bound) per span of `span` columns (a multiple of VEC) of a row, ITERS packs of VEC

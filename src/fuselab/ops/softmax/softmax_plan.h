@@ -30,7 +30,7 @@ constexpr int64_t kEdgeWarpLeastRowBytes = 512;   // edge warp rows: at least a 
 // 1024 threads, 64 registers a thread, and these are the most they keep without spilling at sm_90 (ptxas -v): packs
 // of 16 bytes, forward 32 values, backward 16 of y and 16 of dy; read one by one (vec 1), 8. (Before a thread kept
 // its packs as a first column and a count, forward fp32 packs stopped at 24: rows of 24 577-32 768 fp32 were cut.)
-constexpr int wide_hold(int vec, int itemsize, bool backward) {
+constexpr int wide_hold(int vec, bool backward) {
   return vec == 1 ? 8 : backward ? 16 : 32;
 }
 
@@ -69,8 +69,8 @@ struct SpanPlan {
 };
 
 // Values a thread of a block of `threads` holds at most: `hold`, and past kFullHoldThreads what wide_hold allows.
-inline int hold_at(int threads, int hold, int vec, int itemsize, bool backward) {
-  return threads <= kFullHoldThreads ? hold : std::min(hold, wide_hold(vec, itemsize, backward));
+inline int hold_at(int threads, int hold, int vec, bool backward) {
+  return threads <= kFullHoldThreads ? hold : std::min(hold, wide_hold(vec, backward));
 }
 
 // A row cut into the fewest spans a block of at most kFullHoldThreads threads holds in registers (`hold` values a
@@ -80,13 +80,13 @@ inline int hold_at(int threads, int hold, int vec, int itemsize, bool backward) 
 // SMs and a row is either cut anyway or at least r.split_row_bytes long, it is cut finer, down to spans of
 // r.min_span_bytes, while the grid stays within r.blocks_per_sm blocks per SM (rounded down: blocks past what runs at
 // once would start only as the first ones leave, a second wave waiting out the first's meetings): a meeting costs its
-// blocks a few microseconds, which only rows that long repay. Spans are at most `sms`, so a row's blocks all fit on the GPU at once and may wait
-// for each other. `vec`: elements per pack (spans are whole packs).
+// blocks a few microseconds, which only rows that long repay. Spans are at most `sms`, so a row's blocks all fit on
+// the GPU at once and may wait for each other. `vec`: elements per pack (spans are whole packs).
 inline SpanPlan span_plan(int64_t rows, int64_t width, int vec, int itemsize, int hold, bool backward, int sms,
                           const SpanRules& r) {
   const int full = std::min(r.threads, kFullHoldThreads);
   int64_t parts = ceil_div(width, (int64_t)full * hold);
-  if (parts > 1 && width <= (int64_t)r.threads * hold_at(r.threads, hold, vec, itemsize, backward)) parts = 1;
+  if (parts > 1 && width <= (int64_t)r.threads * hold_at(r.threads, hold, vec, backward)) parts = 1;
   const int64_t row_bytes = width * itemsize;
   if (rows < sms && (parts > 1 || row_bytes >= r.split_row_bytes)) {
     const int64_t fill = r.blocks_per_sm * sms / rows;
