@@ -816,8 +816,7 @@ def test_gpu_a_captured_call_zeroes_only_the_counters_its_spans_meet_by(
     """Captured in a CUDA graph, a call's replays run the impl's kernels and at most one fill of PyTorch's: the zeros
     of the counters by which the spans of a row meet (a buffer of the graph's own), where rows are cut into spans.
     Scratch written before it is read is allocated, not zeroed, and a launch whose rows are not cut asks for none
-    (each fill is a node every replay waits for: the CUDA impl's two at 29 x 28 672 bf16 took it to 1.4x Liger's
-    time). The replays' results are right."""
+    (each fill is a node every replay waits for). The replays' results are right."""
     op = getattr(torch.ops.fuselab, f"softmax_{impl}" + ("_backward" if backward else ""))
     (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 29)
     y = torch.softmax(x.float(), -1).to(dtype)
@@ -1480,9 +1479,8 @@ def test_cuda_routes_pick_the_launchers_kernels_and_scratch_only_where_spans_mee
     elementwise where the rules say so; short contiguous rows of no whole number of packs staged, but not off a 16-byte
     boundary; rows off a boundary, all at one offset, to the edge warp kernels; aligned rows up to 1024 to the warp
     kernels; rows too wide for SMs' spans looped. Scratch is the launch's own: none where a block holds a row whole
-    (under the H200's rules bf16 29 x 28 672 asked for 30 counters and 406 partials before, which a CUDA graph zeroed
-    at every replay), counters and partials where the rows are cut and meet: a backward of few wide rows, a forward
-    whose rows, read one element at a time, a block cannot hold whole."""
+    (a CUDA graph zeroes what a launch asks for at every replay), counters and partials where the rows are cut and
+    meet: a backward of few wide rows, a forward whose rows, read one element at a time, a block cannot hold whole."""
     _, route, *_ = cuda_plans
     h200 = json.loads((Path(plans.__file__).parent / "plans" / "nvidia-h200-sm90.json").read_text())
     rules = h200["params"]["cuda_spans"]

@@ -224,9 +224,8 @@ __device__ __forceinline__ Span span_of(const T* row, int64_t width, int64_t spa
 }
 
 // Thread t's packs of span s: pack `it` at column first + it * blockDim.x * VEC (first = s.begin + t * VEC), for
-// it < count (the packs before the span's end). A column and a count, not a 64-bit column tested against the span's
-// end for each pack: ptxas at sm_90 then gave the span kernels 1004 fewer registers in all (fp32 rows of 28 and 32
-// values a thread at 512 threads: 67 -> 54 and 92 -> 61, two blocks an SM instead of one).
+// it < count (the packs before the span's end). A column and a count rather than a 64-bit column tested against the
+// span's end for each pack: far fewer registers, so more blocks fit on an SM (docs/ops/softmax.md, "Registers").
 struct ThreadPacks {
   int64_t first;  // column of pack 0
   int count;      // packs of this thread within the span
@@ -479,8 +478,7 @@ struct WarpRow {
   RowEdges e;
   int lane;
   int first;  // the column of this lane's pack 0
-  int count;  // this lane's packs within the bulk (as the span kernels' ThreadPacks: fewer registers than a 64-bit
-              // column tested against the bulk's end per pack)
+  int count;  // this lane's packs within the bulk (a count, as in ThreadPacks: fewer registers)
   __device__ __forceinline__ WarpRow(const T* row, int width, int lane_)
       : e(edges_of<T, VEC>(row, width)), lane(lane_), first(e.head + lane_ * VEC), count(packs(e, first)) {}
   static __device__ __forceinline__ int packs(const RowEdges& e, int first) {

@@ -28,8 +28,7 @@ constexpr int64_t kEdgeWarpLeastRowBytes = 512;   // edge warp rows: at least a 
 
 // Values a thread of a block of more than kFullHoldThreads threads holds at most: such kernels are compiled for
 // 1024 threads, 64 registers a thread, and these are the most they keep without spilling at sm_90 (ptxas -v): packs
-// of 16 bytes, forward 32 values, backward 16 of y and 16 of dy; read one by one (vec 1), 8. (Before a thread kept
-// its packs as a first column and a count, forward fp32 packs stopped at 24: rows of 24 577-32 768 fp32 were cut.)
+// of 16 bytes, forward 32 values, backward 16 of y and 16 of dy; read one by one (vec 1), 8.
 constexpr int wide_hold(int vec, bool backward) {
   return vec == 1 ? 8 : backward ? 16 : 32;
 }
