@@ -479,6 +479,7 @@ def launch_all():
                             (40000, st.Plan("split", 16384, num_warps=16)),
                             (40004, st.Plan("split", 16384, num_warps=16)),  # fp32 vectors, width no multiple of 16
                             (40000, st.Plan("split_pairs", 8192, num_warps=4)),  # bf16 only; else split
+                            (40008, st.Plan("split_pairs", 8192, num_warps=4)),  # 20 004 pairs: no multiple of 16
                             (70000, None), (20000, None)):  # looped (no split on the CPU), a wide row (bf16: held)
             x = torch.empty(64, width, dtype=dtype)
             st.launch_forward(x, torch.empty_like(x), plan)
@@ -1225,13 +1226,14 @@ def test_split_rows_of_few_rows_get_finer_spans() -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_split_rows_in_finer_spans_stay_right(dtype: torch.dtype) -> None:
     """Few wide rows split finer (split_fill), one by one, in pairs (bf16 of even width), with edges (x[:, 1:]) and in
-    16-byte vectors of a width no multiple of 16 (fp32 47 692, its width and strides passed divided by their
-    alignment): against the reference, into NaN-poisoned outputs, with the rules that halve the spans and without."""
+    16-byte vectors of a width no multiple of 16 (fp32 47 692, bf16 73 352 in pairs: width and strides passed divided
+    by their alignment): against the reference, into NaN-poisoned outputs, with the rules that halve the spans and
+    without."""
     base = launch.params(torch.device("cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tol = SOFTMAX.tolerance[dtype]
     for (rows, width), offset in itertools.product(
-        ((104, 36799), (3, 50258), (1, 151937), (40, 65536), (163, 47692)), (0, 1)
+        ((104, 36799), (3, 50258), (1, 151937), (40, 65536), (163, 47692), (25, 73352)), (0, 1)
     ):
         x, _ = _rows_at_offset(rows, width, offset, dtype, seed=43)
         read = launch.reads(x, x, min_bytes=base["edge_min_bytes"])

@@ -164,12 +164,18 @@ def _forward_split_pairs_kernel(
     SPLIT_P2: tl.constexpr,
     CHUNK: tl.constexpr,
     PTX: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """_forward_split_kernel for bf16 rows of even width, read and held as int32 pairs: one register per two columns.
 
-    x_ptr, y_ptr: bf16, 4-byte aligned; rows of 2 * n_pairs columns; row strides and CHUNK counted in pairs.
+    x_ptr, y_ptr: bf16, 4-byte aligned; rows of 2 * n_pairs columns; row strides and CHUNK counted in pairs; n_pairs
+    and the row strides come divided by ALIGN pairs (4 for rows of whole 16-byte vectors: else Triton cannot prove
+    a row's start aligned from a stride it sees no multiple of 16, and reads 4 bytes at a time).
     PTX: inline PTX allowed (not under the interpreter). Used for rows of whole 16-byte vectors only (launch.py).
     """
+    n_pairs = n_pairs * ALIGN
+    x_row_stride = x_row_stride * ALIGN
+    y_row_stride = y_row_stride * ALIGN
     ticket, row, chunk = _row_of_ticket(sync_ptr, SPLIT)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = cols < n_pairs

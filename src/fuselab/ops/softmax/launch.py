@@ -205,9 +205,10 @@ def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     n_cols = int(x.shape[1])
     pairs = plan.kernel == "split_pairs" and in_pairs(x, y)  # else one by one
     sms = sm_count(x.device.index) if x.is_cuda else None
-    if pairs:
-        kernel, fixed = _forward_split_pairs_kernel, (n_cols // 2, x.stride(0) // 2, y.stride(0) // 2)
-        edge_meta = {}
+    if pairs:  # in pairs of columns, divided by their alignment (4 pairs: whole 16-byte vectors)
+        a = alignment(x, y) // 2
+        kernel, fixed = _forward_split_pairs_kernel, (n_cols // 2 // a, x.stride(0) // 2 // a, y.stride(0) // 2 // a)
+        edge_meta = {"ALIGN": a}
     else:
         a = alignment(x, y)
         kernel, fixed = _forward_split_kernel, (n_cols // a, x.stride(0) // a, y.stride(0) // a)
