@@ -15,7 +15,6 @@ where the width was no multiple of 16, and looped backward rows of odd widths re
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import re
@@ -104,28 +103,14 @@ def intercept(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[tuple[i
 
 
 def launched(interp: object, args: tuple, kwargs: dict, grid: object, backend: object) -> Launched:
-    from triton.runtime.jit import JITFunction, create_function_from_signature
-
-    fn = getattr(interp, "fn", interp)
-    jit = JITFunction(fn, **getattr(interp, "kwargs", {}))
-    bound, specialization, options = create_function_from_signature(jit.signature, jit.params, backend)(*args, **kwargs)
-    _, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
-    job = {
-        "module": fn.__module__,
-        "file": inspect.getsourcefile(fn),
-        "name": fn.__name__,
-        "signature": signature,
-        "constexprs": [[list(k), inspect_triton._encode_constexpr(v)] for k, v in constexprs.items()],
-        "attrs": [[list(k), v] for k, v in attrs.items()],
-        "options": {k: v for k, v in kwargs.items() if k not in jit.arg_names},
-    }
     size = grid(kwargs) if callable(grid) else grid
+    job = inspect_triton.launch_job(interp, args, kwargs, backend)
     return Launched(json.dumps(job, sort_keys=True, default=str), math.prod(size), int(kwargs.get("num_warps", 4)))
 
 
 def compile_all(jobs: list[str]) -> dict[str, Compiled]:
     """Each distinct job compiled for sm_90 (in a fresh process: inspect_triton's)."""
-    results = inspect_triton._compile_in_fresh_process([json.loads(j) for j in jobs], 90)
+    results = inspect_triton.compile_jobs_offline([json.loads(j) for j in jobs], 90)
     out = {}
     for job, result in zip(jobs, results, strict=True):
         ptx, name = result["asm"]["ptx"], result["metadata"]["name"]

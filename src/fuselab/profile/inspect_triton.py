@@ -105,7 +105,6 @@ def triton_compile_offline(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction, create_function_from_signature
 
     ours = {id(k) for k in map(_unwrap, kernels)}
     launches: list[tuple[object, tuple, dict]] = []
@@ -126,20 +125,7 @@ def triton_compile_offline(
     backend = make_backend(GPUTarget("cuda", _arch_number(arch), 32))
     jobs, seen = [], set()
     for interp, args, kwargs in launches:
-        fn = getattr(interp, "fn", interp)
-        jit = JITFunction(fn, **getattr(interp, "kwargs", {}))  # for the JIT's own specialization rules
-        binder = create_function_from_signature(jit.signature, jit.params, backend)
-        bound, specialization, options = binder(*args, **kwargs)
-        _, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
-        job = {
-            "module": fn.__module__,
-            "file": pyinspect.getsourcefile(fn),
-            "name": fn.__name__,
-            "signature": signature,
-            "constexprs": [[list(k), _encode_constexpr(v)] for k, v in constexprs.items()],
-            "attrs": [[list(k), v] for k, v in attrs.items()],
-            "options": {k: v for k, v in kwargs.items() if k not in jit.arg_names},
-        }
+        job = launch_job(interp, args, kwargs, backend)
         key = json.dumps(job, sort_keys=True, default=str)
         if key not in seen:
             seen.add(key)
@@ -147,7 +133,7 @@ def triton_compile_offline(
     if not jobs:
         return []
     out = []
-    for job, result in zip(jobs, _compile_in_fresh_process(jobs, _arch_number(arch)), strict=True):
+    for job, result in zip(jobs, compile_jobs_offline(jobs, _arch_number(arch)), strict=True):
         compiled = types.SimpleNamespace(
             asm={**result["asm"], "cubin": base64.b64decode(result["cubin"]) if result.get("cubin") else None},
             metadata=types.SimpleNamespace(**result["metadata"]),
@@ -157,6 +143,28 @@ def triton_compile_offline(
         k.notes.append(f"specialization: {job['signature']}, attrs {attrs}")
         out.append(k)
     return out
+
+
+def launch_job(interp: object, args: tuple, kwargs: dict, backend: object) -> dict:
+    """The compile job of one launch intercepted under the interpreter (`interp` the InterpretedFunction, `args` and
+    `kwargs` as launched): the kernel's module, file and name, and its signature, constexprs and attrs as Triton's JIT
+    would specialize them for `backend`, with the launch's options (num_warps, maxnreg, ...). JSON-serializable."""
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    fn = getattr(interp, "fn", interp)
+    jit = JITFunction(fn, **getattr(interp, "kwargs", {}))  # for the JIT's own specialization rules
+    binder = create_function_from_signature(jit.signature, jit.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    _, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
+    return {
+        "module": fn.__module__,
+        "file": pyinspect.getsourcefile(fn),
+        "name": fn.__name__,
+        "signature": signature,
+        "constexprs": [[list(k), _encode_constexpr(v)] for k, v in constexprs.items()],
+        "attrs": [[list(k), v] for k, v in attrs.items()],
+        "options": {k: v for k, v in kwargs.items() if k not in jit.arg_names},
+    }
 
 
 def _encode_constexpr(value: object) -> object:
@@ -171,7 +179,9 @@ def _encode_constexpr(value: object) -> object:
     raise ValueError(f"cannot compile offline with a constexpr of type {type(value).__name__}: {value!r}")
 
 
-def _compile_in_fresh_process(jobs: list[dict], arch: int) -> list[dict]:
+def compile_jobs_offline(jobs: list[dict], arch: int) -> list[dict]:
+    """Each `launch_job` compiled with triton.compile for sm_`arch` in a fresh Python process, the interpreter off:
+    per job {"asm": {"ptx", "ttir", "ttgir"}, "cubin": base64 or None, "metadata": {"name", "num_warps", "shared"}}."""
     with tempfile.TemporaryDirectory() as tmp:
         request, reply = Path(tmp) / "jobs.json", Path(tmp) / "compiled.json"
         request.write_text(json.dumps({"arch": arch, "jobs": jobs, "reply": str(reply)}))
