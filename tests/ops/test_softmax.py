@@ -69,7 +69,7 @@ def reference_grad(y_of: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
 
 def special_rows(dtype: torch.dtype, device: str, width: int = 300) -> torch.Tensor:
     """Rows of `width` random values, each but the first with something special in it."""
-    (x,) = SOFTMAX.make_inputs((9, width), torch.float32, device, 1)
+    (x,) = SOFTMAX.make_inputs((10, width), torch.float32, device, 1)
     big = torch.finfo(dtype).max / 4
     inf, nan = float("inf"), float("nan")
     x[1, ::7] = -inf  # some -inf entries: they get 0
@@ -81,6 +81,8 @@ def special_rows(dtype: torch.dtype, device: str, width: int = 300) -> torch.Ten
     x[6, width - 1] = 3.0  # one finite entry among -inf: exactly 1 there
     x[7] = -big  # all equal: uniform
     x[8, width - 1] = big  # one huge entry at the very end
+    x[9] -= 100.0  # a max below -88.7 (exp(-max) overflows fp32) ...
+    x[9, : width // 2] = -inf  # ... and a first half of -inf: where a row is cut into spans, spans of only -inf
     return x.to(dtype)
 
 

@@ -314,8 +314,9 @@ __device__ __forceinline__ float2 partial_of(const Meeting& m, int64_t row, int 
   return __ldcg(m.partials + row * parts + i);
 }
 
-// A row's max and 1 / sum of exp(x - max) from its spans' partials (max, sum of exp(x - shift)), shift the span's max
-// or 0 where that is -inf; every block of the row computes them in the same order, so they agree to the bit.
+// A row's max and 1 / sum of exp(x - max) from its spans' partials (max, sum of exp(x - max of the span)); a span of
+// only -inf adds nothing (its sum is 0, and exp(0 - max) is inf for a row max below about -88.7: 0 * inf would be
+// NaN). Every block of the row computes them in the same order, so they agree to the bit.
 __device__ __forceinline__ float2 combine_max_sum(const Meeting& m, int64_t row, int parts) {
   float mx = kNegInf;
   for (int i = threadIdx.x; i < parts; i += blockDim.x) mx = fmaxf(mx, partial_of(m, row, parts, i).x);
@@ -323,7 +324,7 @@ __device__ __forceinline__ float2 combine_max_sum(const Meeting& m, int64_t row,
   float sum = 0.f;
   for (int i = threadIdx.x; i < parts; i += blockDim.x) {
     const float2 p = partial_of(m, row, parts, i);
-    sum += p.y * __expf((p.x == kNegInf ? 0.f : p.x) - mx);
+    if (p.x != kNegInf) sum += p.y * __expf(p.x - mx);
   }
   return {mx, 1.f / block_reduce(sum, Sum{}, 0.f)};
 }
@@ -346,7 +347,8 @@ __device__ __forceinline__ void forward_span(const T* xr, T* yr, int64_t width, 
   if (parts > 1) {
     meet(m, row, part, parts, make_float2(mx, sum));
     const float2 row_max_inv = combine_max_sum(m, row, parts);
-    scale = __expf(shift - row_max_inv.x) * row_max_inv.y;
+    // a span of only -inf in a row that is not: zeros (its values are exp(-inf) = 0, and exp(0 - row max) may be inf)
+    scale = mx == kNegInf && row_max_inv.x != kNegInf ? 0.f : __expf(shift - row_max_inv.x) * row_max_inv.y;
   }
   store_span<T, VEC, ITERS>(yr, t, v, scale);
   if (s.edge >= 0) yr[s.edge] = from_float<T>(ev * scale);
