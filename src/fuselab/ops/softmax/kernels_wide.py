@@ -174,12 +174,10 @@ def _forward_split_pairs_kernel(
     PTX: inline PTX allowed (not under the interpreter). Used for rows of whole 16-byte vectors only (launch.py).
     """
     n_pairs = n_pairs * ALIGN
-    x_row_stride = x_row_stride * ALIGN
-    y_row_stride = y_row_stride * ALIGN
-    ticket, row, chunk = _row_of_ticket(sync_ptr, SPLIT)
+    ticket, row, chunk = _row_of_ticket(sync_ptr, SPLIT)  # row: int64, so row * stride * ALIGN never overflows
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = cols < n_pairs
-    x_pairs = x_ptr.to(tl.pointer_type(tl.int32)) + row * x_row_stride
+    x_pairs = x_ptr.to(tl.pointer_type(tl.int32)) + row * x_row_stride * ALIGN
     pairs = tl.load(x_pairs + cols, mask=mask, other=NEG_INF_PAIR)
     first, second = _unpack_bf16_pairs(pairs, 0, PTX)
     chunk_max = tl.maximum(tl.max(first, axis=0), tl.max(second, axis=0))
@@ -191,7 +189,7 @@ def _forward_split_pairs_kernel(
     )
     first, second = _unpack_bf16_pairs(pairs, 2, PTX)
     y = _pack_bf16_pairs(_exp(first - row_max, PTX) * inv_sum, _exp(second - row_max, PTX) * inv_sum)
-    tl.store(y_ptr.to(tl.pointer_type(tl.int32)) + row * y_row_stride + cols, y, mask=mask)
+    tl.store(y_ptr.to(tl.pointer_type(tl.int32)) + row * y_row_stride * ALIGN + cols, y, mask=mask)
 
 
 @triton.jit
