@@ -443,7 +443,8 @@ def test_a_workspace_is_kept_per_name_dtype_and_device_and_fresh_while_tracing()
 def test_a_workspace_of_scratch_is_not_zeroed_while_tracing() -> None:
     """While torch traces (or a CUDA graph is captured), a fresh workspace of counters (zeros=True) is made of zeros
     and one of scratch (zeros=False, written before it is read) is only allocated: no fill for a graph to run at
-    every replay. Kept buffers of scratch are the same buffer call after call, as counters' are."""
+    every replay. Kept buffers of scratch are the same buffer call after call, as counters' are, and apart from a
+    buffer of zeros of the same name."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Noting(TorchDispatchMode):
@@ -464,6 +465,9 @@ def test_a_workspace_of_scratch_is_not_zeroed_while_tracing() -> None:
     assert scratch.ops and all(op.startswith("empty") for op in scratch.ops), scratch.ops
     kept = launcher.workspace("test scratch", 5, torch.float32, cpu, zeros=False)
     assert launcher.workspace("test scratch", 5, torch.float32, cpu, zeros=False).data_ptr() == kept.data_ptr()
+    kept.fill_(3.0)  # a name asked for with zeros too gets zeros, not the scratch
+    asked = launcher.workspace("test scratch", 5, torch.float32, cpu)
+    assert asked.data_ptr() != kept.data_ptr() and not asked.any()
 
 
 def test_a_recipe_keeps_a_workspaces_address_and_holds_it_on_its_stream(monkeypatch) -> None:
@@ -613,7 +617,7 @@ def test_gpu_a_call_with_a_workspace_is_replayed_on_its_stream(shape: tuple, dty
     finally:
         fused._forward = forward
     stream = torch._C._cuda_getCurrentRawStream(x.device.index)
-    sync = launcher._WORKSPACES[("softmax split sync", torch.int32, x.device, stream)]
+    sync = launcher._WORKSPACES[("softmax split sync", torch.int32, x.device, stream, True)]
     assert not sync.any()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

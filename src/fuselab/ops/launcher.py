@@ -293,7 +293,7 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
-_WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device, stream) -> the buffer kept for them
+_WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device, stream, zeros) -> the buffer kept for them
 _HELD: dict[int, tuple[torch.Tensor, int]] = {}  # a kept buffer's address -> (the buffer, its stream)
 
 
@@ -308,7 +308,7 @@ def workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device, z
     if tracing() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return (torch.zeros if zeros else torch.empty)(numel, dtype=dtype, device=device)
     stream = _current_stream(device.index) if device.type == "cuda" and _current_stream is not None else 0
-    key = (name, dtype, device, stream)
+    key = (name, dtype, device, stream, zeros)  # a name asked for with and without zeros: two buffers
     buffer = _WORKSPACES.get(key)
     if buffer is None or buffer.numel() < numel:
         size = max(numel, 2 * buffer.numel() if buffer is not None else 0)
