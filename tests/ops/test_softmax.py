@@ -1139,6 +1139,26 @@ def test_cpu_triton_edges_path_at_odd_widths(width: int) -> None:
         assert rel_err(dx, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32], rules["backward_split"]
 
 
+@interpreter_quiet
+def test_cpu_triton_edges_of_rows_shorter_than_their_shift() -> None:
+    """Rules that send rows narrower than a vector to the edges path (edge_min_bytes 0; the table's rules keep such
+    rows out): where a row ends before its first 16-byte boundary (row r of width 1-3 starts at r * width), its head
+    stops at its end and it has no bulk or tail, forward and backward (rows and looped kernels), against float64."""
+    rules = {**launch.params(torch.device("cpu")), "edge_min_bytes": 0}
+    for width in (1, 2, 3):
+        (x,) = SOFTMAX.make_inputs((9, width), torch.float32, "cpu", width)
+        (dy,) = SOFTMAX.make_inputs((9, width), torch.float32, "cpu", width + 1)
+        ys = torch.softmax(x, -1)
+        assert launch.edges(x, ys, dy, min_bytes=0)
+        for plan in (st.Plan("rows", 4, rows=2, num_warps=1), st.Plan("looped", 16)):
+            y = torch.full_like(x, float("nan"))
+            launch.FORWARD[plan.kernel](x, y, plan, rules)(x, y)
+            assert rel_err(y, reference(x)) <= SOFTMAX.tolerance[torch.float32], f"{plan}, width {width}"
+            dx = torch.full_like(x, float("nan"))
+            launch.BACKWARD[plan.kernel](ys, dy, dx, plan, rules)(ys, dy, dx)
+            assert rel_err(dx, reference_grad(x, dy)) <= SOFTMAX.tolerance[torch.float32], f"{plan}, width {width}"
+
+
 def test_edges_rule() -> None:
     """Edges only where rows are not whole vectors, long enough, 16-byte aligned, row strides agreeing mod a vector."""
     x = torch.empty(4, 129)

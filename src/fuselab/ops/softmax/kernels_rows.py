@@ -89,16 +89,17 @@ def _aligned_bulk(start, n_cols, VEC: tl.constexpr):
     start) such that columns [shift, shift + bulk) of each row are whole 16-byte vectors from `start + shift`, which
     the compiler sees as a multiple of VEC (so it loads 16 bytes at a time); the rest is the row's edges."""
     shift = (VEC - start % VEC) % VEC
-    return shift, (n_cols - shift) // VEC * VEC, (start + shift) // VEC * VEC
+    return shift, tl.maximum(n_cols - shift, 0) // VEC * VEC, (start + shift) // VEC * VEC
 
 
 @triton.jit
 def _edge_columns(shift, n_bulk, n_cols, VEC: tl.constexpr):
     """Columns ([.., 2 VEC]) and mask of the edges of rows split by `_aligned_bulk`: the head [0, shift) in the first
-    VEC lanes, the tail [shift + n_bulk, n_cols) in the last VEC."""
+    VEC lanes, the tail [shift + n_bulk, n_cols) in the last VEC; every column < n_cols (a row shorter than its shift,
+    which the plans' edge_min_bytes keeps out, has no bulk and a head cut at its end)."""
     j = tl.arange(0, 2 * VEC)[None, :]
     cols = tl.where(j < VEC, j, shift + n_bulk + j - VEC)
-    return cols, tl.where(j < VEC, j < shift, cols < n_cols)
+    return cols, tl.where(j < VEC, j < shift, True) & (cols < n_cols)
 
 
 @triton.jit
