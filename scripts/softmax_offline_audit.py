@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +27,6 @@ from fuselab.bench.dtypes import parse_dtype
 from fuselab.ops import tuning
 from fuselab.ops.softmax import launch, plans
 from fuselab.profile import inspect_triton
-from fuselab.profile.asm import ptxas_resources
-
-REGISTERS_PER_SM = 65536
-WARPS_PER_SM = 64
-PROGRAMS_PER_SM = 32
-SHARED_PER_SM = 227 * 1024
 
 
 @dataclass(frozen=True)
@@ -43,15 +36,6 @@ class Launched:
     job: str  # the job as JSON: equal launches compile once
     grid: int
     warps: int
-
-
-@dataclass(frozen=True)
-class Compiled:
-    name: str
-    registers: int | None
-    spills: int | None
-    shared: int
-    widest_load: int  # bytes
 
 
 def plan_as(key: str, sms: int, overrides: dict | None = None) -> None:
@@ -78,18 +62,10 @@ def intercept(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[tuple[i
     """Each shape's forward and backward launches, intercepted under the interpreter."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
-    from triton.runtime.interpreter import InterpretedFunction
 
     backend = make_backend(GPUTarget("cuda", 90, 32))
-    noted: list[tuple[object, tuple, dict, object]] = []
-    original = InterpretedFunction.run
-
-    def record(self: object, *args: object, grid: object, warmup: object, **kwargs: object) -> None:
-        noted.append((self, args, kwargs, grid))
-
     out: dict[tuple[int, int], list[Launched]] = {}
-    InterpretedFunction.run = record
-    try:
+    with inspect_triton.intercepted_launches() as noted:
         for rows, width in shapes:
             first = len(noted)
             x = torch.empty(rows, width, dtype=dtype)
@@ -97,8 +73,6 @@ def intercept(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[tuple[i
             launch.launch_forward(x, y)
             launch.launch_backward(y, x, torch.empty_like(x))
             out[(rows, width)] = [launched(*n, backend) for n in noted[first:]]
-    finally:
-        InterpretedFunction.run = original
     return out
 
 
@@ -106,34 +80,6 @@ def launched(interp: object, args: tuple, kwargs: dict, grid: object, backend: o
     size = grid(kwargs) if callable(grid) else grid
     job = inspect_triton.launch_job(interp, args, kwargs, backend)
     return Launched(json.dumps(job, sort_keys=True, default=str), math.prod(size), int(kwargs.get("num_warps", 4)))
-
-
-def compile_all(jobs: list[str]) -> dict[str, Compiled]:
-    """Each distinct job compiled for sm_90 (in a fresh process: inspect_triton's)."""
-    results = inspect_triton.compile_jobs_offline([json.loads(j) for j in jobs], 90)
-    out = {}
-    for job, result in zip(jobs, results, strict=True):
-        ptx, name = result["asm"]["ptx"], result["metadata"]["name"]
-        resources = ptxas_resources(ptx)[0].get(name)
-        widths = [int(w) for w in re.findall(r"ld\.global(?:\.\w+)*?\.v(\d)\.b32", ptx)]
-        scalar = 4 if re.search(r"ld\.global(?:\.\w+)*?\.b32", ptx) else 2 if "ld.global.b16" in ptx else 0
-        out[job] = Compiled(
-            name=name,
-            registers=resources.registers if resources else None,
-            spills=resources.spill_stores if resources else None,
-            shared=result["metadata"]["shared"],
-            widest_load=max([4 * w for w in widths] + [scalar]),
-        )
-    return out
-
-
-def programs_per_sm(c: Compiled, warps: int) -> int:
-    """Programs of `warps` warps an SM holds at once: by registers (allocated 8 a thread at a time), warps, shared."""
-    held = PROGRAMS_PER_SM
-    if c.registers:
-        held = min(held, REGISTERS_PER_SM // (math.ceil(c.registers / 8) * 8 * 32 * warps))
-    held = min(held, WARPS_PER_SM // warps)
-    return min(held, SHARED_PER_SM // c.shared) if c.shared else held
 
 
 def map_shapes(path: Path, dtype: torch.dtype) -> list[tuple[int, int]]:
@@ -160,12 +106,13 @@ def main() -> None:
         parser.error("give shapes or --map")
     plan_as(args.gpu, args.sms, args.rules)
     by_shape = intercept(shapes, dtype)
-    compiled = compile_all(sorted({one.job for launches in by_shape.values() for one in launches}))
+    jobs = sorted({one.job for launches in by_shape.values() for one in launches})
+    compiled = dict(zip(jobs, inspect_triton.compile_launches([json.loads(j) for j in jobs], 90), strict=True))
     print("shape kernel warps registers spilled_bytes programs_per_sm grid waves widest_load_bytes")
     for (rows, width), launches in by_shape.items():
         for one in launches:
             c = compiled[one.job]
-            held = programs_per_sm(c, one.warps)
+            held = inspect_triton.programs_per_sm(c, one.warps)
             waves = one.grid / (held * args.sms)
             print(f"{rows}x{width} {c.name} {one.warps} {c.registers} {c.spills} {held} {one.grid} {waves:.2f} "
                   f"{c.widest_load}")  # fmt: skip

@@ -5,16 +5,19 @@ without one, by intercepting the launches under the interpreter and compiling ea
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib
 import importlib.util
 import inspect as pyinspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -104,27 +107,13 @@ def triton_compile_offline(
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
-    from triton.runtime.interpreter import InterpretedFunction
 
-    ours = {id(k) for k in map(_unwrap, kernels)}
-    launches: list[tuple[object, tuple, dict]] = []
-    original = InterpretedFunction.run
-
-    def record(self, *args, grid, warmup, **kwargs):
-        if id(self) in ours:
-            launches.append((self, args, kwargs))
-            return None
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    InterpretedFunction.run = record
-    try:
+    with intercepted_launches(kernels) as launches:
         run()
-    finally:
-        InterpretedFunction.run = original
 
     backend = make_backend(GPUTarget("cuda", _arch_number(arch), 32))
     jobs, seen = [], set()
-    for interp, args, kwargs in launches:
+    for interp, args, kwargs, _ in launches:
         job = launch_job(interp, args, kwargs, backend)
         key = json.dumps(job, sort_keys=True, default=str)
         if key not in seen:
@@ -143,6 +132,29 @@ def triton_compile_offline(
         k.notes.append(f"specialization: {job['signature']}, attrs {attrs}")
         out.append(k)
     return out
+
+
+@contextlib.contextmanager
+def intercepted_launches(kernels: list[object] | None = None) -> Iterator[list[tuple[object, tuple, dict, object]]]:
+    """Within the block, launches under the interpreter of `kernels` (None: of every kernel) are noted, not run: a
+    list of (InterpretedFunction, args, kwargs, grid) per launch, as made."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    ours = None if kernels is None else {id(k) for k in map(_unwrap, kernels)}
+    launches: list[tuple[object, tuple, dict, object]] = []
+    original = InterpretedFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        if ours is None or id(self) in ours:
+            launches.append((self, args, kwargs, grid))
+            return None
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = record
+    try:
+        yield launches
+    finally:
+        InterpretedFunction.run = original
 
 
 def launch_job(interp: object, args: tuple, kwargs: dict, backend: object) -> dict:
@@ -193,6 +205,52 @@ def compile_jobs_offline(jobs: list[dict], arch: int) -> list[dict]:
         if proc.returncode != 0 or not reply.exists():
             raise RuntimeError(f"compiling the Triton kernels failed:\n{proc.stderr.strip()[-2000:]}")
         return json.loads(reply.read_text())
+
+
+@dataclass(frozen=True)
+class CompiledLaunch:
+    """What ptxas and Triton say of one compiled launch: registers a thread, spilled bytes (stores), shared memory
+    (bytes), and the widest global load a thread issues (bytes)."""
+
+    name: str
+    registers: int | None
+    spills: int | None
+    shared: int
+    widest_load: int
+
+
+def compile_launches(jobs: list[dict], arch: int) -> list[CompiledLaunch]:
+    """Each `launch_job` compiled for sm_`arch` (`compile_jobs_offline`), read back as a CompiledLaunch."""
+    out = []
+    for result in compile_jobs_offline(jobs, arch):
+        ptx, name = result["asm"]["ptx"], result["metadata"]["name"]
+        resources = ptxas_resources(ptx)[0].get(name)
+        widths = [int(w) for w in re.findall(r"ld\.global(?:\.\w+)*?\.v(\d)\.b32", ptx)]
+        scalar = 4 if re.search(r"ld\.global(?:\.\w+)*?\.b32", ptx) else 2 if "ld.global.b16" in ptx else 0
+        out.append(
+            CompiledLaunch(
+                name=name,
+                registers=resources.registers if resources else None,
+                spills=resources.spill_stores if resources else None,
+                shared=result["metadata"]["shared"],
+                widest_load=max([4 * w for w in widths] + [scalar]),
+            )
+        )
+    return out
+
+
+# An SM of sm_90 (H100, H200): registers, warps, resident programs (blocks), shared memory a program may use
+SM90_LIMITS = {"registers": 65536, "warps": 64, "programs": 32, "shared": 227 * 1024}
+
+
+def programs_per_sm(c: CompiledLaunch, warps: int, limits: dict[str, int] = SM90_LIMITS) -> int:
+    """Programs of `warps` warps an SM holds at once: by registers (allocated 8 a thread at a time), warps and shared
+    memory."""
+    held = limits["programs"]
+    if c.registers:
+        held = min(held, limits["registers"] // (-(-c.registers // 8) * 8 * 32 * warps))
+    held = min(held, limits["warps"] // warps)
+    return min(held, limits["shared"] // c.shared) if c.shared else held
 
 
 def _compile_jobs(request_path: str) -> None:
