@@ -70,3 +70,30 @@ def test_softmax_offline_audit_compiles_the_h200s_plans_without_a_gpu() -> None:
     warps, registers, spilled, per_sm, _, _, widest = rows[("163x47692", "_forward_split_kernel")]
     assert (warps, registers, spilled, per_sm, widest) == ("16", "64", "0", "2", "16"), rows
     assert rows[("278x17729", "_backward_looped_kernel")][-1] == "16", rows
+
+
+@pytest.mark.slow
+def test_attention_offline_audit_compiles_the_h200s_plans_without_a_gpu() -> None:
+    """scripts/attention_offline_audit.py plans as the H200 does (TMA kernels for bf16, the tuned plans) and compiles
+    what it would launch: the forward, delta, dK/dV and dQ kernels at d 80 causal, and a forced dK/dV plan of 16 x 64
+    tiles, which ptxas holds without spilling, in place of the tuned one."""
+    script = ROOT / "scripts" / "attention_offline_audit.py"
+    shape = "2x8x2x3000x3000x80c"
+    runs = {}
+    for force in ([], ["--force", "dkdv=16,64,4,3"]):
+        done = subprocess.run(
+            [sys.executable, str(script), "--dtype", "bf16", *force, shape],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[bool(force)] = {r[1]: r[2:] for r in (line.split() for line in done.stdout.splitlines()[1:])}
+    tuned, forced = runs[False], runs[True]
+    assert set(tuned) == {
+        "attention_fwd_tma_kernel",
+        "attention_bwd_delta_kernel",
+        "attention_bwd_dkdv_tma_kernel",
+        "attention_bwd_dq_tma_kernel",
+    }, tuned
+    tile, warps, registers, spilled, _, per_sm, _, _ = forced["attention_bwd_dkdv_tma_kernel"]
+    assert (tile, warps, spilled) == ("16x64/3", "4", "0") and int(registers) <= 255 and int(per_sm) >= 2, forced
+    assert tuned["attention_bwd_dkdv_tma_kernel"][0] != "16x64/3", tuned  # the table's own plan, not the forced one

@@ -53,6 +53,9 @@ def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
         ]
     elif kernel == "dkdv":
         plans += [Plan(64, 128, 8, 3), Plan(32, 128, 4, 3), Plan(64, 128, 4, 2), Plan(64, 64, 4, 3), Plan(32, 64, 4, 3)]
+        # tiles ptxas holds without spilling at every 16-bit d of 64-128, causal or not (their accumulators take fewer
+        # registers a thread; docs/ops/attention.md, "The dK/dV kernel's registers")
+        plans += [Plan(16, 64, 4, 3), Plan(32, 64, 8, 3)]
     else:
         plans += [
             Plan(128, 64, 8, 3),

@@ -1,0 +1,153 @@
+"""The Triton attention's launches as a GPU's plan table and SM count make them, compiled without that GPU.
+
+For each shape (B x Hq x Hkv x Nq x Nk x d, a trailing "c" for causal) and dtype, the forward and backward launch
+under Triton's interpreter with the launches intercepted (not run), planned as the GPU would (its tuned plans, fitted
+to the shape; TMA descriptors for 16-bit inputs, as on Hopper); each launched kernel is compiled for sm_90 as
+Triton's JIT would specialize it, and ptxas counts its registers. Prints, per launch: the plan (queries x keys a
+tile, warps, stages), registers a thread, spilled bytes, shared memory, programs an SM (by registers, warps and shared
+memory), the grid and the waves it takes. `--force dkdv=16,64,4,3` launches a kernel with a plan of your own (a
+candidate to time). What it found is in docs/ops/attention.md.
+
+    python scripts/attention_offline_audit.py --dtype bf16 16x1x1x16384x16384x64c 1x16x4x11589x11589x128c
+    python scripts/attention_offline_audit.py --dtype bf16 --force dkdv=16,64,4,3 3x8x2x7371x7371x128c
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+
+import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before a kernel is defined)
+from fuselab.bench.dtypes import parse_dtype
+from fuselab.ops import tuning
+from fuselab.ops.attention import triton_kernels as tk
+from fuselab.profile import inspect_triton
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    q_heads: int
+    kv_heads: int
+    nq: int
+    nk: int
+    d: int
+    causal: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Shape:
+        """'1x16x4x11589x11589x128c' (B x Hq x Hkv x Nq x Nk x d, c: causal)."""
+        causal = text.endswith("c")
+        sizes = [int(n) for n in text.removesuffix("c").split("x")]
+        if len(sizes) != 6:
+            raise argparse.ArgumentTypeError(f"{text!r}: give B x Hq x Hkv x Nq x Nk x d, e.g. 1x16x4x3000x3000x128c")
+        return cls(*sizes, causal)
+
+    def __str__(self) -> str:
+        return "x".join(map(str, (self.batch, self.q_heads, self.kv_heads, self.nq, self.nk, self.d))) + (
+            "c" if self.causal else ""
+        )
+
+
+@dataclass(frozen=True)
+class Launched:
+    """One intercepted launch: the kernel's compile job (inspect_triton's form), its grid, warps and tile."""
+
+    job: str  # the job as JSON: equal launches compile once
+    grid: int
+    warps: int
+    tile: str  # "BLOCK_M x BLOCK_N, stages"
+
+
+def plan_as(key: str, sms: int) -> None:
+    """Make the launcher plan as GPU `key` (a Hopper) with `sms` SMs would, for tensors on the CPU."""
+    tk.INTERPRET = False  # plans and launches of a GPU, not the interpreter's 16 x 16 tiles
+    tk._device_info = lambda index: (key, sms, 9)
+    choose = tk._choose_plan
+    tk._choose_plan = lambda kernel, d, dtype, causal, device, *rest: choose(
+        kernel, d, dtype, causal, torch.device("cuda", 0), *rest
+    )
+    splits = tk.query_splits
+    tk.query_splits = lambda programs, nq, block_m, _: splits(programs, nq, block_m, sms)
+
+    def tma_ready(*tensors: torch.Tensor) -> bool:  # as on Hopper, less the device's checks
+        t = tensors[0]
+        return (
+            t.element_size() == 2
+            and tk.d_chunks(t.shape[-1])[0] <= 128
+            and all(
+                x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s * 2 % 16 == 0 for s in x.stride()[:-1])
+                for x in tensors
+            )
+        )
+
+    tk.tma_ready = tma_ready
+
+
+def intercept(shapes: list[Shape], dtype: torch.dtype, forced: dict[str, tk.Plan]) -> dict[Shape, list[Launched]]:
+    """Each shape's forward and backward launches, intercepted under the interpreter."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    out: dict[Shape, list[Launched]] = {}
+    with inspect_triton.intercepted_launches() as noted, tk.forced_plans(forced):
+        for s in shapes:
+            first = len(noted)
+            q = torch.empty(s.batch, s.q_heads, s.nq, s.d, dtype=dtype)
+            k = torch.empty(s.batch, s.kv_heads, s.nk, s.d, dtype=dtype)
+            v = torch.empty_like(k)
+            o, lse = tk.forward(q, k, v, s.causal, s.d**-0.5)
+            tk.backward(torch.empty_like(o), q, k, v, o, lse, s.causal, s.d**-0.5)
+            out[s] = [launched(*n, backend) for n in noted[first:]]
+    return out
+
+
+def launched(interp: object, args: tuple, kwargs: dict, grid: object, backend: object) -> Launched:
+    size = grid(kwargs) if callable(grid) else grid
+    job = inspect_triton.launch_job(interp, args, kwargs, backend)
+    tile = (
+        f"{kwargs.get('BLOCK_M', kwargs.get('BLOCK_R', '-'))}x{kwargs.get('BLOCK_N', '-')}/{kwargs.get('num_stages')}"
+    )
+    return Launched(json.dumps(job, sort_keys=True, default=str), math.prod(size), int(kwargs["num_warps"]), tile)
+
+
+def forced_plan(text: str) -> tuple[str, tk.Plan]:
+    """'dkdv=16,64,4,3' -> ("dkdv", Plan(16, 64, 4, 3))."""
+    kernel, _, plan = text.partition("=")
+    if kernel not in tk.KERNELS or len(plan.split(",")) != 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KERNEL=BLOCK_M,BLOCK_N,WARPS,STAGES, KERNEL in {tk.KERNELS}")
+    return kernel, tk.Plan(*(int(n) for n in plan.split(",")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "shapes", nargs="+", type=Shape.parse, help="B x Hq x Hkv x Nq x Nk x d[c], e.g. 1x8x2x3000x3000x80c"
+    )
+    parser.add_argument("--dtype", default="bf16", help="bf16, fp16, fp32 (default bf16)")
+    parser.add_argument("--gpu", default=tuning.key_of("NVIDIA H200", 9, 0), help="plan table key (default: H200)")
+    parser.add_argument("--sms", type=int, default=132, help="the GPU's SM count (default 132)")
+    parser.add_argument(
+        "--force", type=forced_plan, action="append", default=[], help="KERNEL=BLOCK_M,BLOCK_N,WARPS,STAGES"
+    )
+    args = parser.parse_args()
+    plan_as(args.gpu, args.sms)
+    by_shape = intercept(args.shapes, parse_dtype(args.dtype), dict(args.force))
+    jobs = sorted({one.job for launches in by_shape.values() for one in launches})
+    compiled = dict(zip(jobs, inspect_triton.compile_launches([json.loads(j) for j in jobs], 90), strict=True))
+    print("shape kernel tile warps registers spilled_bytes shared_kib programs_per_sm grid waves")
+    for shape, launches in by_shape.items():
+        for one in launches:
+            c = compiled[one.job]
+            held = inspect_triton.programs_per_sm(c, one.warps)
+            print(f"{shape} {c.name} {one.tile} {one.warps} {c.registers} {c.spills} {c.shared / 1024:.1f} {held} "
+                  f"{one.grid} {one.grid / (held * args.sms):.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
