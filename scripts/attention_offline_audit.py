@@ -1,12 +1,12 @@
 """The Triton attention's launches as a GPU's plan table and SM count make them, compiled without that GPU.
 
 For each shape (B x Hq x Hkv x Nq x Nk x d, a trailing "c" for causal) and dtype, the forward and backward launch
-under Triton's interpreter with the launches intercepted (not run), planned as the GPU would (its tuned plans, fitted
-to the shape; TMA descriptors for 16-bit inputs, as on Hopper); each launched kernel is compiled for sm_90 as
-Triton's JIT would specialize it, and ptxas counts its registers. Prints, per launch: the plan (queries x keys a
-tile, warps, stages), registers a thread, spilled bytes, shared memory, programs an SM (by registers, warps and shared
-memory), the grid and the waves it takes. `--force dkdv=16,64,4,3` launches a kernel with a plan of your own (a
-candidate to time). What it found is in docs/ops/attention.md.
+under Triton's interpreter with the launches intercepted (not run), planned as the GPU would (`tuning.planning_as`:
+its tuned plans, fitted to the shape; TMA descriptors for 16-bit inputs, as on Hopper); each launched kernel is
+compiled for sm_90 as Triton's JIT would specialize it, and ptxas counts its registers. Prints, per launch: the plan
+(queries x keys a tile / stages), warps, registers a thread, spilled bytes, shared memory, programs an SM (by
+registers, warps and shared memory), the grid and the waves it takes. `--force dkdv=16,64,4,3` launches a kernel
+with a plan of your own (a candidate to time). What it found is in docs/ops/attention.md.
 
     python scripts/attention_offline_audit.py --dtype bf16 16x1x1x16384x16384x64c 1x16x4x11589x11589x128c
     python scripts/attention_offline_audit.py --dtype bf16 --force dkdv=16,64,4,3 3x8x2x7371x7371x128c
@@ -63,31 +63,6 @@ class Launched:
     tile: str  # "BLOCK_M x BLOCK_N, stages"
 
 
-def plan_as(key: str, sms: int) -> None:
-    """Make the launcher plan as GPU `key` (a Hopper) with `sms` SMs would, for tensors on the CPU."""
-    tk.INTERPRET = False  # plans and launches of a GPU, not the interpreter's 16 x 16 tiles
-    tk._device_info = lambda index: (key, sms, 9)
-    choose = tk._choose_plan
-    tk._choose_plan = lambda kernel, d, dtype, causal, device, *rest: choose(
-        kernel, d, dtype, causal, torch.device("cuda", 0), *rest
-    )
-    splits = tk.query_splits
-    tk.query_splits = lambda programs, nq, block_m, _: splits(programs, nq, block_m, sms)
-
-    def tma_ready(*tensors: torch.Tensor) -> bool:  # as on Hopper, less the device's checks
-        t = tensors[0]
-        return (
-            t.element_size() == 2
-            and tk.d_chunks(t.shape[-1])[0] <= 128
-            and all(
-                x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s * 2 % 16 == 0 for s in x.stride()[:-1])
-                for x in tensors
-            )
-        )
-
-    tk.tma_ready = tma_ready
-
-
 def intercept(shapes: list[Shape], dtype: torch.dtype, forced: dict[str, tk.Plan]) -> dict[Shape, list[Launched]]:
     """Each shape's forward and backward launches, intercepted under the interpreter."""
     from triton.backends.compiler import GPUTarget
@@ -136,8 +111,8 @@ def main() -> None:
         "--force", type=forced_plan, action="append", default=[], help="KERNEL=BLOCK_M,BLOCK_N,WARPS,STAGES"
     )
     args = parser.parse_args()
-    plan_as(args.gpu, args.sms)
-    by_shape = intercept(args.shapes, parse_dtype(args.dtype), dict(args.force))
+    with tuning.planning_as(tuning.GPUModel(args.gpu, args.sms, 9)):
+        by_shape = intercept(args.shapes, parse_dtype(args.dtype), dict(args.force))
     jobs = sorted({one.job for launches in by_shape.values() for one in launches})
     compiled = dict(zip(jobs, inspect_triton.compile_launches([json.loads(j) for j in jobs], 90), strict=True))
     print("shape kernel tile warps registers spilled_bytes shared_kib programs_per_sm grid waves")

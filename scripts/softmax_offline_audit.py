@@ -15,8 +15,10 @@ where the width was no multiple of 16, and looped backward rows of odd widths re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,7 @@ import torch
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before a kernel is defined)
 from fuselab.bench.dtypes import parse_dtype
 from fuselab.ops import tuning
-from fuselab.ops.softmax import launch, plans
+from fuselab.ops.softmax import launch
 from fuselab.profile import inspect_triton
 
 
@@ -38,24 +40,18 @@ class Launched:
     warps: int
 
 
-def plan_as(key: str, sms: int, overrides: dict | None = None) -> None:
-    """Make the launcher plan as GPU `key` with `sms` SMs would (its table's rules, with `overrides`; programs that
-    may wait)."""
-    rules = {**plans.rule_params(key), **(overrides or {})}
-    launch.params = lambda device: rules
-    launch.sm_count = lambda index: sms
-    launch.can_wait = lambda device: True
-    launch.interpreted = lambda: False  # what a GPU runs: inline PTX, fast exp
-    launch.INTERPRETER_PROGRAMS = sms  # the backward's "SMs" on a CPU tensor
-
-    def forward_plan(width: int, dtype: torch.dtype, device: object, reads: str = "vectors") -> plans.Plan:
-        return plans.choose_forward(width, dtype.itemsize, dtype == torch.bfloat16, sms, rules, reads)
-
-    def backward_plan(width: int, dtype: torch.dtype, device: object = None, reads: str = "vectors") -> plans.Plan:
-        return plans.choose_backward(width, dtype.itemsize, rules, reads)
-
-    launch.forward_plan = forward_plan
-    launch.backward_plan = backward_plan
+@contextlib.contextmanager
+def planned_as(key: str, sms: int, overrides: dict) -> Iterator[None]:
+    """Within the block, the launcher plans as GPU `key` with `sms` SMs would (`tuning.planning_as`), its table's
+    rules with `overrides` (a variant to audit)."""
+    table = launch.params
+    if overrides:
+        launch.params = lambda device: {**table(device), **overrides}
+    try:
+        with tuning.planning_as(tuning.GPUModel(key, sms, 9)):
+            yield
+    finally:
+        launch.params = table
 
 
 def intercept(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[tuple[int, int], list[Launched]]:
@@ -104,8 +100,8 @@ def main() -> None:
         shapes += map_shapes(args.map, dtype)
     if not shapes:
         parser.error("give shapes or --map")
-    plan_as(args.gpu, args.sms, args.rules)
-    by_shape = intercept(shapes, dtype)
+    with planned_as(args.gpu, args.sms, args.rules):
+        by_shape = intercept(shapes, dtype)
     jobs = sorted({one.job for launches in by_shape.values() for one in launches})
     compiled = dict(zip(jobs, inspect_triton.compile_launches([json.loads(j) for j in jobs], 90), strict=True))
     print("shape kernel warps registers spilled_bytes programs_per_sm grid waves widest_load_bytes")

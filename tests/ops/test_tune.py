@@ -536,3 +536,36 @@ def test_writing_a_table_makes_the_launchers_read_the_tables_again(tmp_path, mon
     assert [f.cache_info().currsize for f in cached] == [0, 0, 0, 0]
     assert [index for index, _ in configured] == [0, 1]
     assert configured[0][1] == {name: plans.DEFAULTS["cuda_spans"][name] for name in softmax_cuda.SPAN_RULES}
+
+
+def test_planning_as_a_gpu_makes_the_launchers_plan_cpu_tensors_as_that_gpu_and_forgets_it_after() -> None:
+    """tuning.planning_as (offline inspection, the audit scripts): within the block the Triton launchers plan for the
+    GPU it names (its plan table, SM count, TMA), on CPU tensors; after it, as the interpreter again, none of the
+    GPU's plans kept in their caches."""
+    from fuselab.ops.attention import triton_kernels as tk
+    from fuselab.ops.gelu import plans as gelu_plans
+    from fuselab.ops.gelu import triton_kernels as gelu_kernels
+    from fuselab.ops.softmax import launch, plans
+
+    cpu, h200 = torch.device("cpu"), tuning.MODELS["sm_90"]
+    q = torch.empty(2, 8, 300, 80, dtype=torch.bfloat16)
+    table = tuning.load_table(tk.FOLDER, h200.key)[tk.plan_key("dkdv", 80, torch.bfloat16, True)]
+
+    def planned() -> tuple:
+        return (
+            launch.forward_plan(50257, torch.bfloat16, cpu).kernel,
+            launch.gpu_sms(cpu),
+            launch.inline_ptx(),
+            tk.choose_plan("dkdv", 80, torch.bfloat16, True, cpu, 4096, 4096, 64),
+            tk.tma_ready(q, q),
+            gelu_kernels.launch_config(torch.bfloat16),
+        )
+
+    interpreted = planned()
+    assert interpreted[:5] == ("looped", None, False, tk.Plan(16, 16, 1, 1), False)
+    with tuning.planning_as(h200):
+        kernel, sms, ptx, dkdv, tma, gelu = planned()
+        assert (kernel, sms, ptx, dkdv, tma) == ("split", 132, True, tk.Plan(**table), True)
+        assert gelu == gelu_plans.gelu_config(2, h200.key)
+        assert launch.params(cpu) == plans.rule_params(h200.key)
+    assert planned() == interpreted

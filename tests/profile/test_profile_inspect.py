@@ -140,6 +140,19 @@ def test_inspect_gelu_triton_impl():
     assert "gelu" in result.summary()
 
 
+@needs_offline_triton
+@pytest.mark.slow
+def test_inspect_attention_without_a_gpu_plans_as_the_h200():
+    """Without a GPU, inspect compiles what the H200 would launch (tuning.planning_as): the TMA kernels of a bf16
+    shape on 4-warp tiles of the H200's table, not the interpreter's pointer kernels on one warp; and says so."""
+    _impl_or_skip("attention", "triton")
+    result = inspect_impl("attention", "triton", dtype=torch.bfloat16, shape="2x8x1000x128", arch="sm_90")
+    names = {k.name for k in result.kernels}
+    assert {"attention_fwd_tma_kernel", "attention_bwd_dkdv_tma_kernel", "attention_bwd_dq_tma_kernel"} <= names
+    assert all(k.num_warps >= 4 for k in result.kernels), [(k.name, k.num_warps) for k in result.kernels]
+    assert any("planned as on nvidia-h200-sm90" in note for note in result.notes), result.notes
+
+
 @needs_nvcc
 def test_inspect_gelu_cuda_impl(tmp_path):
     _impl_or_skip("gelu", "cuda")

@@ -29,6 +29,7 @@ summary(measurement) (one line each, for progress), table_key(device) and write(
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -37,7 +38,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,40 @@ def key_of(name: str, major: int, minor: int) -> str:
     """The table key of a GPU named `name` with compute capability major.minor."""
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     return f"{slug}-sm{major}{minor}"
+
+
+@dataclass(frozen=True)
+class GPUModel:
+    """A GPU as the plans see it: its plan table's key, SM count and compute capability's major number."""
+
+    key: str
+    sms: int
+    major: int
+
+
+# The GPUs plans can be made for without them (offline inspection), by target: the one of each with a plan table
+MODELS = {"sm_90": GPUModel(key_of("NVIDIA H200", 9, 0), 132, 9)}
+_PLANNING_AS: list[GPUModel] = []
+
+
+def planning_for() -> GPUModel | None:
+    """The GPU `planning_as` names while its block runs, else None (each device plans for itself)."""
+    return _PLANNING_AS[-1] if _PLANNING_AS else None
+
+
+@contextlib.contextmanager
+def planning_as(gpu: GPUModel) -> Iterator[None]:
+    """Within the block, ops plan the launches of tensors on any device (the CPU's, under the interpreter) as `gpu`
+    would: its plan table, SM count and capability (TMA, inline PTX). For compiling what that GPU would run (offline
+    inspection, scripts/*_offline_audit.py), not for running it under the interpreter (split rows' programs wait for
+    each other). What ops made from plans (cached rules, prepared launches) is made again on entry and on exit."""
+    _PLANNING_AS.append(gpu)
+    _forget_plans()
+    try:
+        yield
+    finally:
+        _PLANNING_AS.pop()
+        _forget_plans()
 
 
 def table_path(folder: Path, key: str) -> Path:
@@ -133,9 +168,13 @@ def write_table(folder: Path, key: str, values: Mapping[str, object], evidence: 
     data = {"version": TABLE_VERSION, "device": key, "params": dict(values), "evidence": dict(evidence)}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     load_table.cache_clear()
+    _forget_plans()
+    return path
+
+
+def _forget_plans() -> None:
     for forget in _ON_WRITE:
         forget()
-    return path
 
 
 # ---------------------------------------------------------------------------------------------- tuners

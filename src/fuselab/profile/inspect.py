@@ -18,6 +18,7 @@ public names stay importable from here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -176,8 +177,18 @@ def inspect_impl(
     else:
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("without a GPU, inspect needs TRITON_INTERPRET=1 (set by importing fuselab first)")
-        asms = triton_compile_offline(kernels, run, arch, impl_name)
+        from fuselab.ops import tuning
+
+        model = tuning.MODELS.get(arch)
+        with tuning.planning_as(model) if model is not None else contextlib.nullcontext():
+            asms = triton_compile_offline(kernels, run, arch, impl_name)
         notes.append(f"no GPU here: compiled with triton.compile for {arch}, as the JIT would on that GPU")
+        notes.append(
+            f"planned as on {model.key} ({model.sms} SMs: its plan table, TMA, inline PTX)"
+            if model is not None
+            else f"planned as under the interpreter (no GPU of {arch} is known to plan for: "
+            f"{', '.join(tuning.MODELS)} are), so tiles and warps may differ from that GPU's"
+        )
     launched = {k.name for k in asms}
     idle = [name for name in (getattr(_unwrap(k), "__name__", "") for k in kernels) if name and name not in launched]
     if idle:

@@ -1243,7 +1243,7 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
     128 bytes), dQ 128 x 64 (8 warps; 128 x 32 past 128 bytes). Wider rows halve the tiles so K/V stages fit in
     shared memory. Under the interpreter: 16 x 16.
     """
-    if INTERPRET:
+    if _interpreter_plans():
         return Plan(16, 16, 1, 1)
     row = d_work(d) * dtype.itemsize
     if row <= 256 and dtype.itemsize == 2:
@@ -1266,6 +1266,20 @@ def _device_info(index: int) -> tuple[str, int, int]:
     """(plan table key, SM count, compute capability's major number) of CUDA device `index`."""
     props = torch.cuda.get_device_properties(index)
     return tuning.device_key(index), props.multi_processor_count, props.major
+
+
+def _gpu(device: torch.device) -> tuple[str, int, int] | None:
+    """_device_info of the GPU launches on `device` are planned for: the one `tuning.planning_as` names, else a CUDA
+    device's own (not under the interpreter); None: the interpreter's plans."""
+    model = tuning.planning_for()
+    if model is not None:
+        return model.key, model.sms, model.major
+    return _device_info(_index(device)) if device.type == "cuda" and not INTERPRET else None
+
+
+def _interpreter_plans() -> bool:
+    """Whether launches take the interpreter's small tiles: under it, unless planned as a GPU."""
+    return INTERPRET and tuning.planning_for() is None
 
 
 FORCED: dict[str, Plan] = {}  # kernel -> plan, set by `forced_plans` (the tuner, tests)
@@ -1303,9 +1317,10 @@ def _choose_plan(
     kernel: str, d: int, dtype: torch.dtype, causal: bool, device: torch.device, nq: int, nk: int, heads: int
 ) -> Plan:
     plan = rule_plan(kernel, d, dtype, causal)
-    if device.type != "cuda" or INTERPRET:
+    gpu = _gpu(device)
+    if gpu is None:
         return plan
-    key, sms, _ = _device_info(_index(device))
+    key, sms, _ = gpu
     tuned = tuning.load_table(FOLDER, key).get(plan_key(kernel, d, dtype, causal))
     return fit_plan(kernel, Plan(**tuned) if tuned else plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
 
@@ -1320,15 +1335,10 @@ def tma_ready(*tensors: torch.Tensor) -> bool:
     128 columns, the last dim contiguous, and the base and every other stride 16-byte aligned (the copy engine's
     rules)."""
     t = tensors[0]
-    if (
-        INTERPRET
-        or type(t) is not torch.Tensor
-        or t.device.type != "cuda"
-        or t.element_size() != 2
-        or d_chunks(t.shape[-1])[0] > 128
-    ):
+    if type(t) is not torch.Tensor or t.element_size() != 2 or d_chunks(t.shape[-1])[0] > 128:
         return False
-    if _device_info(_index(t.device))[2] < 9:
+    gpu = _gpu(t.device)
+    if gpu is None or gpu[2] < 9:
         return False
     return all(
         x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s * 2 % 16 == 0 for s in x.stride()[:-1])
@@ -1464,11 +1474,12 @@ def backward(
             do4 = do4.contiguous()
         delta = launcher.workspace("attention delta", z * hq * nq, torch.float32, q.device, zeros=False)
         lse4 = lse.reshape(z, hq, nq)
-        block = 16 if INTERPRET else 64
+        small = _interpreter_plans()
+        block = 16 if small else 64
         num = triton.cdiv(nq, block)
         _launch(
             attention_bwd_delta_kernel, (num * z * hq,), o4, do4, delta, *o4.stride(), *do4.stride(), hq, nq, num,
-            plan=Plan(block, block, 1 if INTERPRET else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=block,
+            plan=Plan(block, block, 1 if small else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=block,
         )  # fmt: skip
         prec = _precision(q.dtype)
         da, db = d_chunks(d)
@@ -1476,12 +1487,13 @@ def backward(
         num = triton.cdiv(seen_keys(nq, nk, causal), plan.block_n)
         seen = min(nk, num * plan.block_n)
         if seen < nk:  # keys no query sees (top-left causal, nk > nq): their dK and dV are zeros
-            rows, block = z * hkv * (nk - seen), 16 if INTERPRET else 64
+            rows, block = z * hkv * (nk - seen), 16 if small else 64
             _launch(
                 attention_bwd_unseen_kernel, (triton.cdiv(rows, block),), dk, dv, rows, nk, seen,
-                plan=Plan(block, block, 1 if INTERPRET else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_R=block,
+                plan=Plan(block, block, 1 if small else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_R=block,
             )  # fmt: skip
-        sms = _device_info(_index(q.device))[1] if q.device.type == "cuda" and not INTERPRET else 0
+        gpu = _gpu(q.device)
+        sms = gpu[1] if gpu is not None else 0
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
         dkp = dvp = None
         if splits > 1:  # unscaled fp32 partials of each share of the queries, summed below
@@ -1510,10 +1522,10 @@ def backward(
                 QSPLIT=splits > 1, PREC=prec,
             )  # fmt: skip
         if splits > 1:  # a sum in a fixed order: deterministic
-            rows, block = z * hkv * nk, 16 if INTERPRET else 64
+            rows, block = z * hkv * nk, 16 if small else 64
             _launch(
                 attention_bwd_sum_kernel, (triton.cdiv(rows, block),), dkp, dvp, dk, dv, rows, nk, seen, splits, part,
-                scale, plan=Plan(block, block, 1 if INTERPRET else 4, 1), HEAD_DIM=d, WIDTH=da + db, D_PAD=d_pad(d),
+                scale, plan=Plan(block, block, 1 if small else 4, 1), HEAD_DIM=d, WIDTH=da + db, D_PAD=d_pad(d),
                 BLOCK_R=block,
             )  # fmt: skip
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)

@@ -166,8 +166,11 @@ TRITON_KERNELS = (gelu_forward_kernel, gelu_backward_kernel, gelu_forward_rows_k
 
 def launch_config(dtype: torch.dtype, device: int | None = None) -> tuple[int, int]:
     """(BLOCK elements per program, num_warps) for `dtype` on CUDA device `device` (None: the current one, or the
-    defaults without a GPU): from that GPU's plan table (plans/), else the rule. Cached per (dtype, device): the table
-    is read once, not per call."""
+    defaults without a GPU; under `tuning.planning_as`, that GPU's): from that GPU's plan table (plans/), else the
+    rule. Cached per (dtype, device): the table is read once, not per call."""
+    model = tuning.planning_for()
+    if model is not None:
+        return plans.gelu_config(dtype.itemsize, model.key)
     if device is None and torch.cuda.is_available():
         device = torch.cuda.current_device()
     return _launch_config(dtype.itemsize, device)

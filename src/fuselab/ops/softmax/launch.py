@@ -41,9 +41,20 @@ INTERPRETER_PROGRAMS = 3  # persistent grids under the interpreter (and its "SM 
 SPLIT_PARTS = 128  # partial sums of a split backward row added at a time
 
 
+def sm_count(device_index: int | None) -> int:
+    """SMs of CUDA device `device_index`, or of the GPU `tuning.planning_as` names."""
+    model = tuning.planning_for()
+    return model.sms if model is not None else _sm_count(device_index)
+
+
 @functools.cache
-def sm_count(device_index: int) -> int:
+def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def gpu_sms(device: torch.device) -> int | None:
+    """SMs of the GPU launches on `device` are planned for (`sm_count`), None on the CPU."""
+    return sm_count(device.index) if device.type == "cuda" or tuning.planning_for() is not None else None
 
 
 def interpreted() -> bool:
@@ -51,14 +62,24 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def inline_ptx() -> bool:
+    """Whether kernels may use inline PTX: compiled for a GPU (not run by the interpreter, or planned as a GPU)."""
+    return not interpreted() or tuning.planning_for() is not None
+
+
 def can_wait(device: torch.device) -> bool:
-    """Whether programs can wait for each other: on a GPU, not under the interpreter (programs one by one)."""
-    return device.type == "cuda" and not interpreted()
+    """Whether programs can wait for each other: on a GPU, not under the interpreter (programs one by one), or
+    planned as a GPU (`tuning.planning_as`)."""
+    return (device.type == "cuda" and not interpreted()) or tuning.planning_for() is not None
 
 
 @functools.lru_cache(maxsize=64)
 def params(device: torch.device) -> dict:
-    """The plan rules' parameters for `device` (its GPU's plan table, if tuned); read once per device."""
+    """The plan rules' parameters for `device` (its GPU's plan table, if tuned; under `tuning.planning_as`, that
+    GPU's); read once per device."""
+    model = tuning.planning_for()
+    if model is not None:
+        return plans.rule_params(model.key)
     on_gpu = device.type == "cuda" and torch.cuda.is_available()
     return plans.rule_params(tuning.device_key(device.index) if on_gpu else None)
 
@@ -167,7 +188,7 @@ def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     sms = sm_count(x.device.index) if can_wait(x.device) else None
     read = reads(x, y, min_bytes=p["edge_min_bytes"])
     meta = {
-        "BLOCK": plan.block, "HOLD": plan.hold and x.element_size() == 2, "PTX": not interpreted(),
+        "BLOCK": plan.block, "HOLD": plan.hold and x.element_size() == 2, "PTX": inline_ptx(),
         "ALIGN": a, "EDGES": read == "edges", "VEC": vector(x),
         "num_warps": plan.num_warps, "maxnreg": plan.maxnreg,
     }  # fmt: skip
@@ -184,12 +205,12 @@ def _rows(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
 
 def _rows_ahead(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     n_cols = int(x.shape[1])
-    programs = sm_count(x.device.index) if x.is_cuda else INTERPRETER_PROGRAMS
+    programs = gpu_sms(x.device) or INTERPRETER_PROGRAMS
     a = alignment(x, y)
     fixed = (n_cols // a, x.stride(0) // a, y.stride(0) // a)
     rows = plan.rows
     meta = {
-        "ROWS": rows, "BLOCK": plan.block, "PTX": not interpreted(), "ALIGN": a, "num_warps": plan.num_warps,
+        "ROWS": rows, "BLOCK": plan.block, "PTX": inline_ptx(), "ALIGN": a, "num_warps": plan.num_warps,
         "maxnreg": plan.maxnreg,
     }  # fmt: skip
 
@@ -204,7 +225,7 @@ def _rows_ahead(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch
 def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     n_cols = int(x.shape[1])
     pairs = plan.kernel == "split_pairs" and in_pairs(x, y)  # else one by one
-    sms = sm_count(x.device.index) if x.is_cuda else None
+    sms = gpu_sms(x.device)
     if pairs:  # in pairs of columns, divided by their alignment (4 pairs: whole 16-byte vectors)
         a = alignment(x, y) // 2
         kernel, fixed = _forward_split_pairs_kernel, (n_cols // 2 // a, x.stride(0) // 2 // a, y.stride(0) // 2 // a)
@@ -221,7 +242,7 @@ def _split(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
         split, span, padded = plans.split_spans(n_cols // 2 if pairs else n_cols, chunk // (2 if pairs else 1), 16)
         if sms is not None and split > sms:  # all chunks of a row must fit on the GPU at once
             raise ValueError(f"softmax triton: {split} chunks of {span} per row > {sms} SMs")
-        meta = {"SPLIT": split, "SPLIT_P2": triton.next_power_of_2(split), "CHUNK": padded, "PTX": not interpreted()}
+        meta = {"SPLIT": split, "SPLIT_P2": triton.next_power_of_2(split), "CHUNK": padded, "PTX": inline_ptx()}
         return split, fixed if pairs else (*fixed, span), {**meta, **edge_meta, "num_warps": plan.num_warps}
 
     spans(plan.block)  # refuses a plan whose spans do not fit, at once
@@ -244,7 +265,7 @@ def _looped(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     a = alignment(x, y)
     fixed = (n_cols // a, x.stride(0) // a, y.stride(0) // a)
     meta = {
-        "BLOCK": plan.block, "PTX": not interpreted(), "ALIGN": a, "EDGES": edges(x, y, min_bytes=p["edge_min_bytes"]),
+        "BLOCK": plan.block, "PTX": inline_ptx(), "ALIGN": a, "EDGES": edges(x, y, min_bytes=p["edge_min_bytes"]),
         "VEC": vector(x), "num_warps": plan.num_warps,
     }  # fmt: skip
 
@@ -326,7 +347,7 @@ def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: 
     fixed = (n_cols // a, *(t.stride(0) // a for t in (y, dy, dx)))
     read = {"ALIGN": a, "EDGES": edges(y, dy, dx, min_bytes=p["edge_min_bytes"]), "VEC": vector(y)}
     meta = {"BLOCK": plan.block, **read, "num_warps": plan.num_warps}
-    sms = sm_count(y.device.index) if y.is_cuda else INTERPRETER_PROGRAMS
+    sms = gpu_sms(y.device) or INTERPRETER_PROGRAMS
 
     def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
         n_rows = y.shape[0]
