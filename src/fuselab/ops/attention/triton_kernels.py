@@ -838,15 +838,12 @@ def attention_bwd_sum_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, D_PAD)
     mask = ((rows < ROWS) & ((rows % NK) < SEEN))[:, None] & (cols < HEAD_DIM)[None, :]
-    pk = DKP + rows[:, None] * WIDTH + cols[None, :]
-    pv = DVP + rows[:, None] * WIDTH + cols[None, :]
+    offs = rows[:, None] * WIDTH + cols[None, :]
     dk = tl.zeros((BLOCK_R, D_PAD), tl.float32)
     dv = tl.zeros((BLOCK_R, D_PAD), tl.float32)
-    for _ in range(SPLITS):
-        dk += tl.load(pk, mask=mask, other=0.0)
-        dv += tl.load(pv, mask=mask, other=0.0)
-        pk += PART
-        pv += PART
+    for s in range(SPLITS):  # addresses from one offset tile: a tile of pointers carried through the loop spilled
+        dk += tl.load(DKP + s * PART + offs, mask=mask, other=0.0)
+        dv += tl.load(DVP + s * PART + offs, mask=mask, other=0.0)
     out = rows[:, None] * HEAD_DIM + cols[None, :]
     tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=mask)
@@ -1522,7 +1519,7 @@ def backward(
                 QSPLIT=splits > 1, PREC=prec,
             )  # fmt: skip
         if splits > 1:  # a sum in a fixed order: deterministic
-            rows, block = z * hkv * nk, 16 if small else 64
+            rows, block = z * hkv * nk, 16  # 16 rows of fp32 dK and dV a program: 64 spilled its pointers
             _launch(
                 attention_bwd_sum_kernel, (triton.cdiv(rows, block),), dkp, dvp, dk, dv, rows, nk, seen, splits, part,
                 scale, plan=Plan(block, block, 1 if small else 4, 1), HEAD_DIM=d, WIDTH=da + db, D_PAD=d_pad(d),
