@@ -506,6 +506,24 @@ def test_query_splits_fill_the_sms_only_when_the_key_grid_cannot() -> None:
     assert tk.query_splits(programs=8, nq=100, block_m=64, sms=0) == 1  # off the GPU
 
 
+def test_descriptors_are_tritons_own_made_without_its_checks() -> None:
+    """The launchers' TMA descriptors skip TensorDescriptor's checks (tma_ready made them; 2 us of host time each) and
+    are still Triton's class exactly (the C launcher takes no other), equal to the checked constructor's, two for a
+    head dim of two chunks."""
+    pytest.importorskip("triton")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from fuselab.ops.attention import triton_kernels as tk
+
+    assert tk._UNCHECKED  # this Triton's fields: the unchecked path is the one run
+    t = torch.empty(3, 2, 87, 80, dtype=torch.bfloat16)
+    first, second = tk._descriptors(t, 64, *tk.d_chunks(80))
+    assert type(first) is TensorDescriptor and type(second) is TensorDescriptor
+    assert first == TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, 64])
+    assert second == TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, 16])
+    assert tk._descriptors(t[..., :64], 32, 64, 0)[1] is None
+
+
 @needs_triton
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 def test_the_dkdv_query_splits_match_one_program_per_key_block(tma: bool, monkeypatch) -> None:
