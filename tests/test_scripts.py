@@ -97,3 +97,36 @@ def test_attention_offline_audit_compiles_the_h200s_plans_without_a_gpu() -> Non
     tile, warps, registers, spilled, _, per_sm, _, _ = forced["attention_bwd_dkdv_tma_kernel"]
     assert (tile, warps, spilled) == ("16x64/3", "4", "0") and int(registers) <= 255 and int(per_sm) >= 2, forced
     assert tuned["attention_bwd_dkdv_tma_kernel"][0] != "16x64/3", tuned  # the table's own plan, not the forced one
+
+
+def test_impl_map_reduces_a_run_and_compares_two_shape_by_shape(tmp_path) -> None:
+    """scripts/impl_map.py: a bench run's JSON reduces to a map of median µs per impl (a status where an impl did not
+    run), and a new run compared with the old map lists the case that got slower past the threshold, with the
+    impl's ratio over torch before and after."""
+    import json
+
+    def run(revision: str, triton_us: float) -> Path:
+        records = [
+            {"impl": impl, "dtype": "bfloat16", "shape": [29, 28672], "pass": "forward", "status": status,
+             "median_ms": us / 1e3}
+            for impl, status, us in (("torch", "ok", 10.0), ("triton", "ok", triton_us), ("liger", "error", 0.0))
+        ]  # fmt: skip
+        path = tmp_path / f"{revision}.json"
+        path.write_text(json.dumps({"meta": {"env": {"gpu": "G", "revision": revision}}, "records": records}))
+        return path
+
+    script = str(ROOT / "scripts" / "impl_map.py")
+    old_map = tmp_path / "map.json"
+    done = subprocess.run([sys.executable, script, "reduce", str(run("a", 5.0)), "--out", str(old_map)], check=True)
+    rows = json.loads(old_map.read_text())["rows"]
+    assert done.returncode == 0 and rows == [
+        {"dtype": "bfloat16", "shape": "29x28672", "pass": "forward", "torch": 10.0, "triton": 5.0, "liger": "error"}
+    ]
+    done = subprocess.run(
+        [sys.executable, script, "compare", str(old_map), str(run("b", 6.0))],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "triton bfloat16 forward: 1 cases, 0 faster, 1 slower; /torch p95 0.500 -> 0.600" in done.stdout, done.stdout
+    assert "slower 29x28672: 5.00 -> 6.00 us (1.20x)" in done.stdout, done.stdout
