@@ -563,9 +563,23 @@ def test_planning_as_a_gpu_makes_the_launchers_plan_cpu_tensors_as_that_gpu_and_
 
     interpreted = planned()
     assert interpreted[:5] == ("looped", None, False, tk.Plan(16, 16, 1, 1), False)
+    gelu_kernels._CONFIGS[(torch.bfloat16, -1)] = (1, 1)  # a config remembered before the block is not used in it
     with tuning.planning_as(h200):
         kernel, sms, ptx, dkdv, tma, gelu = planned()
         assert (kernel, sms, ptx, dkdv, tma) == ("split", 132, True, tk.Plan(**table), True)
         assert gelu == gelu_plans.gelu_config(2, h200.key)
         assert launch.params(cpu) == plans.rule_params(h200.key)
+        assert not gelu_kernels._CONFIGS
     assert planned() == interpreted
+
+
+def test_planning_as_ends_when_forgetting_the_plans_fails(monkeypatch) -> None:
+    """A callback of on_table_written that raises on entering planning_as leaves no GPU planned for."""
+
+    def fails() -> None:
+        raise ValueError("a launcher could not forget its plans")
+
+    monkeypatch.setattr(tuning, "_ON_WRITE", [*tuning._ON_WRITE, fails])
+    with pytest.raises(ValueError, match="could not forget"), tuning.planning_as(tuning.MODELS["sm_90"]):
+        pass
+    assert tuning.planning_for() is None

@@ -91,10 +91,11 @@ def planning_as(gpu: GPUModel) -> Iterator[None]:
     """Within the block, ops plan the launches of tensors on any device (the CPU's, under the interpreter) as `gpu`
     would: its plan table, SM count and capability (TMA, inline PTX). For compiling what that GPU would run (offline
     inspection, scripts/*_offline_audit.py), not for running it under the interpreter (split rows' programs wait for
-    each other). What ops made from plans (cached rules, prepared launches) is made again on entry and on exit."""
+    each other). What ops made from plans (cached rules, prepared launches) is made again on entry and on exit. For
+    one thread of a process that launches nothing on a GPU meanwhile: the launchers' caches are the process's."""
     _PLANNING_AS.append(gpu)
-    _forget_plans()
     try:
+        _forget_plans()
         yield
     finally:
         _PLANNING_AS.pop()

@@ -826,7 +826,7 @@ def attention_bwd_dkdv_tma_kernel(
             dv_db.store([z, hk, n0, DA], dv_b.to(dv_db.dtype).reshape(1, 1, BLOCK_N, DB))
 
 
-@triton.jit(do_not_specialize=["ROWS", "NK", "SEEN", "PART"])  # lengths: no recompiles per N
+@triton.jit(do_not_specialize=["ROWS", "NK", "SEEN"])  # lengths: no recompiles per N (PART: a multiple of 16)
 def attention_bwd_sum_kernel(
     DKP, DVP, DK, DV, ROWS, NK, SEEN, SPLITS, PART, scale,
     HEAD_DIM: tl.constexpr, WIDTH: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -842,8 +842,9 @@ def attention_bwd_sum_kernel(
     dk = tl.zeros((BLOCK_R, D_PAD), tl.float32)
     dv = tl.zeros((BLOCK_R, D_PAD), tl.float32)
     for s in range(SPLITS):  # addresses from one offset tile: a tile of pointers carried through the loop spilled
-        dk += tl.load(DKP + s * PART + offs, mask=mask, other=0.0)
-        dv += tl.load(DVP + s * PART + offs, mask=mask, other=0.0)
+        at = tl.cast(s, tl.int64) * PART  # in int32, s * PART wraps for many splits of many keys
+        dk += tl.load(DKP + at + offs, mask=mask, other=0.0)
+        dv += tl.load(DVP + at + offs, mask=mask, other=0.0)
     out = rows[:, None] * HEAD_DIM + cols[None, :]
     tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=mask)
@@ -1415,9 +1416,9 @@ _UNCHECKED = tuple(f.name for f in fields(TensorDescriptor)) == _DESCRIPTOR_FIEL
 
 def _descriptor(t: torch.Tensor, shape: list[int], strides: list[int], block: list[int]) -> TensorDescriptor:
     """TensorDescriptor(t, shape, strides, block), without the checks of its __post_init__ where its fields are the
-    ones known here: `tma_ready` made them (16-byte aligned base and strides, a unit last stride; the callers launch
-    only tensors of no empty dimension) and the plans' tiles are powers of two. The checks took 2 us of host time a
-    descriptor, and a backward call makes up to 22."""
+    ones known here: `tma_ready` made them (16-byte aligned base and strides, a unit last stride; a fresh contiguous
+    copy of the gradient where it failed them; the callers launch only tensors of no empty dimension) and the plans'
+    tiles are powers of two. The checks took 2 us of host time a descriptor, and a backward call makes up to 22."""
     if not _UNCHECKED:
         return TensorDescriptor(t, shape, strides, block)
     d = object.__new__(TensorDescriptor)
@@ -1483,8 +1484,8 @@ def backward(
         dv.zero_()
     if dq.numel() > 0:
         tma = tma_ready(q4, k4, v4, dq, dk, dv)
-        if tma and not tma_ready(do4):  # a strided gradient: one copy, and every tile by TMA
-            do4 = do4.contiguous()
+        if tma and not tma_ready(do4):  # a strided or misaligned gradient: one aligned copy, every tile by TMA
+            do4 = do4.clone(memory_format=torch.contiguous_format)
         delta = launcher.workspace("attention delta", z * hq * nq, torch.float32, q.device, zeros=False)
         lse4 = lse.reshape(z, hq, nq)
         small = _interpreter_plans()

@@ -262,6 +262,7 @@ def _launch_rows(
 
 
 _CONFIGS: dict[tuple[torch.dtype, int], tuple[int, int]] = {}  # (dtype, device index or -1) -> launch_config
+tuning.on_table_written(_CONFIGS.clear)  # (and on entering and leaving tuning.planning_as)
 
 
 def _config(x: torch.Tensor) -> tuple[int, int]:
