@@ -11,7 +11,6 @@ import importlib.util
 import inspect as pyinspect
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from fuselab.profile.asm import KernelAsm, Resources, _arch_number, cubin_sass, ptxas_resources
+from fuselab.profile.asm import KernelAsm, Resources, _arch_number, cubin_sass, ptx_global_accesses, ptxas_resources
 
 # Triton
 
@@ -225,15 +224,14 @@ def compile_launches(jobs: list[dict], arch: int) -> list[CompiledLaunch]:
     for result in compile_jobs_offline(jobs, arch):
         ptx, name = result["asm"]["ptx"], result["metadata"]["name"]
         resources = ptxas_resources(ptx)[0].get(name)
-        widths = [int(w) for w in re.findall(r"ld\.global(?:\.\w+)*?\.v(\d)\.b32", ptx)]
-        scalar = 4 if re.search(r"ld\.global(?:\.\w+)*?\.b32", ptx) else 2 if "ld.global.b16" in ptx else 0
+        loads, _ = ptx_global_accesses(ptx)
         out.append(
             CompiledLaunch(
                 name=name,
                 registers=resources.registers if resources else None,
                 spills=resources.spill_stores if resources else None,
                 shared=result["metadata"]["shared"],
-                widest_load=max([4 * w for w in widths] + [scalar]),
+                widest_load=loads[0].bytes if loads else 0,
             )
         )
     return out
