@@ -52,10 +52,9 @@ def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
             Plan(64, 128, 4, 3),
         ]
     elif kernel == "dkdv":
+        # (spill-free tiles of 16 x 64 on 4 warps and 32 x 64 on 8 took 1.1-2.2x the winners' time on the H200:
+        # docs/ops/attention.md, "The dK/dV kernel's registers")
         plans += [Plan(64, 128, 8, 3), Plan(32, 128, 4, 3), Plan(64, 128, 4, 2), Plan(64, 64, 4, 3), Plan(32, 64, 4, 3)]
-        # tiles ptxas holds without spilling at every 16-bit d of 64-128, causal or not (their accumulators take fewer
-        # registers a thread; docs/ops/attention.md, "The dK/dV kernel's registers")
-        plans += [Plan(16, 64, 4, 3), Plan(32, 64, 8, 3)]
     else:
         plans += [
             Plan(128, 64, 8, 3),
