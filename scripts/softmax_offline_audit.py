@@ -4,10 +4,13 @@ For each (rows x width) and dtype, the forward and backward launch under Triton'
 intercepted (not run), planned with the table's rules (default: the H200's) and its SM count; each launched kernel is
 compiled for the target as Triton's JIT would specialize it, and ptxas counts its registers. Prints, per launch:
 warps, registers a thread, spilled bytes, programs an SM (by registers, warps and shared memory), the grid, the waves
-it takes, and its widest global load in bytes. What it found (docs/ops/softmax.md): split rows read 4 bytes at a time
-where the width was no multiple of 16, and looped backward rows of odd widths read element by element.
+it takes, and its widest global load in bytes; `--sass` also how many of its global loads the SASS issues before its
+first warp shuffle (its first reduction): a one-warp program that issues them all first waits on memory once. What it
+found (docs/ops/softmax.md): split rows read 4 bytes at a time where the width was no multiple of 16, looped backward
+rows of odd widths read element by element, and an edge mask that split the fp32 rows backward's loads in four.
 
     python scripts/softmax_offline_audit.py --dtype fp32 163x47692 278x17729
+    python scripts/softmax_offline_audit.py --sass --dtype fp32 168140x39
     python scripts/softmax_offline_audit.py --dtype bf16 \
         --map benchmarks/results/h200/explorations/softmax_map_seed2041.json
 """
@@ -15,14 +18,20 @@ where the width was no multiple of 16, and looped backward rows of odd widths re
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import math
+import re
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import triton
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before a kernel is defined)
 from fuselab.bench.dtypes import parse_dtype
@@ -85,6 +94,23 @@ def map_shapes(path: Path, dtype: torch.dtype) -> list[tuple[int, int]]:
     return sorted({tuple(int(n) for n in r["shape"].split("x")) for r in rows if r["dtype"] == name})
 
 
+def loads_before_shuffle(cubin: str | None) -> str:
+    """Of a compiled kernel's global loads in its SASS (base64 `cubin`), how many come before its first warp shuffle,
+    as "k/n"; "-" where there is no cubin or no cuobjdump (Triton's own, else one on PATH)."""
+    own = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = str(own) if own.exists() else shutil.which("cuobjdump")
+    if cubin is None or tool is None:
+        return "-"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(base64.b64decode(cubin))
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", sass, re.M)
+    loads = [i for i, op in enumerate(ops) if op.startswith("LDG")]
+    first = next((i for i, op in enumerate(ops) if op.startswith("SHFL")), len(ops))
+    return f"{sum(i < first for i in loads)}/{len(loads)}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shapes", nargs="*", help="rows x width, e.g. 163x47692")
@@ -93,6 +119,7 @@ def main() -> None:
     parser.add_argument("--gpu", default=tuning.key_of("NVIDIA H200", 9, 0), help="plan table key (default: H200)")
     parser.add_argument("--sms", type=int, default=132, help="the GPU's SM count (default 132)")
     parser.add_argument("--rules", type=json.loads, default={}, help="overrides of the table's rules, as JSON")
+    parser.add_argument("--sass", action="store_true", help="also the global loads issued before the first shuffle")
     args = parser.parse_args()
     dtype = parse_dtype(args.dtype)
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes]
@@ -104,14 +131,19 @@ def main() -> None:
         by_shape = intercept(shapes, dtype)
     jobs = sorted({one.job for launches in by_shape.values() for one in launches})
     compiled = dict(zip(jobs, inspect_triton.compile_launches([json.loads(j) for j in jobs], 90), strict=True))
-    print("shape kernel warps registers spilled_bytes programs_per_sm grid waves widest_load_bytes")
+    schedule = {}
+    if args.sass:  # compiled again (from Triton's cache) for the cubins
+        cubins = [r["cubin"] for r in inspect_triton.compile_jobs_offline([json.loads(j) for j in jobs], 90)]
+        schedule = {job: " " + loads_before_shuffle(cubin) for job, cubin in zip(jobs, cubins, strict=True)}
+    sass_column = " loads_before_shuffle" if args.sass else ""
+    print(f"shape kernel warps registers spilled_bytes programs_per_sm grid waves widest_load_bytes{sass_column}")
     for (rows, width), launches in by_shape.items():
         for one in launches:
             c = compiled[one.job]
             held = inspect_triton.programs_per_sm(c, one.warps)
             waves = one.grid / (held * args.sms)
             print(f"{rows}x{width} {c.name} {one.warps} {c.registers} {c.spills} {held} {one.grid} {waves:.2f} "
-                  f"{c.widest_load}")  # fmt: skip
+                  f"{c.widest_load}{schedule.get(one.job, '')}")  # fmt: skip
 
 
 if __name__ == "__main__":
