@@ -3,8 +3,10 @@
 A map (benchmarks/results/*/explorations/*_map_*.json) keeps, of a `fuselab bench OP --shapes random:N` run, each
 case's median µs per impl (a status string where it did not run), in rows of (dtype, shape, pass): small enough to
 commit where the run's own JSON is not. `compare` puts a new run (its JSON, or its map) beside an old map: per impl,
-dtype and pass, how many cases got faster or slower past the threshold and which, and each impl's time over torch's
-and over the rival's (95th percentile, as `fuselab bench --shapes` gives it, and worst) before and after.
+dtype and pass, how many cases got faster or slower past the threshold (and by at least `--min-us`: a machine's
+drift at the smallest cases, 0.2-0.4 µs for every impl on 2026-12-05, is not a change of the code) and which, and
+each impl's time over torch's and over the rival's (95th percentile, as `fuselab bench --shapes` gives it, and worst)
+before and after.
 
     python scripts/impl_map.py reduce RUN.json --out MAP.json --what "A map of ..."
     python scripts/impl_map.py compare benchmarks/results/h200/explorations/softmax_map_seed2041.json RUN.json
@@ -57,8 +59,11 @@ def ratios(rows: list[dict], impl: str, over: str) -> list[float]:
     return [a / b for r in rows if (a := timed(r, impl)) is not None and (b := timed(r, over)) is not None]
 
 
-def compare(old: list[dict], new: list[dict], threshold: float, baseline: str, rival: str | None, top: int) -> str:
-    """The report: per impl, dtype and pass, the cases past `threshold` (a fraction) faster or slower, and ratios."""
+def compare(
+    old: list[dict], new: list[dict], threshold: float, baseline: str, rival: str | None, top: int, min_us: float = 0.0
+) -> str:
+    """The report: per impl, dtype and pass, the cases past `threshold` (a fraction) and `min_us` faster or slower,
+    and ratios."""
     before = {(r["dtype"], r["shape"], r["pass"]): r for r in old}
     lines = []
     shared = [r for r in new if (r["dtype"], r["shape"], r["pass"]) in before]
@@ -73,10 +78,11 @@ def compare(old: list[dict], new: list[dict], threshold: float, baseline: str, r
                 a, b = timed(before[(dtype, r["shape"], pas)], impl), timed(r, impl)
                 if a is not None and b is not None:
                     pairs.append((b / a, r["shape"], a, b))
+            moved = [p for p in pairs if abs(p[3] - p[2]) >= min_us]
             if not pairs:
                 continue
-            slower = sorted((p for p in pairs if p[0] > 1 + threshold), reverse=True)
-            faster = sorted(p for p in pairs if p[0] < 1 - threshold)
+            slower = sorted((p for p in moved if p[0] > 1 + threshold), reverse=True)
+            faster = sorted(p for p in moved if p[0] < 1 - threshold)
             line = f"{impl} {dtype} {pas}: {len(pairs)} cases, {len(faster)} faster, {len(slower)} slower"
             if impl != baseline:
                 group_old = [
@@ -110,6 +116,7 @@ def main() -> None:
     cmp_.add_argument("--baseline", default="torch", help="the impl ratios are taken over (default torch)")
     cmp_.add_argument("--rival", default="liger", help="a second impl to take ratios over (default liger)")
     cmp_.add_argument("--top", type=int, default=8, help="cases listed per side (default 8)")
+    cmp_.add_argument("--min-us", type=float, default=0.5, help="µs faster or slower that counts too (default 0.5)")
     args = parser.parse_args()
     if args.action == "reduce":
         rows, env = load(args.run)
@@ -120,7 +127,7 @@ def main() -> None:
     print(
         f"old: {old_env.get('revision')} ({old_env.get('gpu')}); new: {new_env.get('revision')} ({new_env.get('gpu')})"
     )
-    print(compare(old, new, args.threshold / 100, args.baseline, args.rival, args.top))
+    print(compare(old, new, args.threshold / 100, args.baseline, args.rival, args.top, args.min_us))
 
 
 if __name__ == "__main__":
