@@ -23,21 +23,17 @@ import contextlib
 import json
 import math
 import re
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import triton
 
 import fuselab  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before a kernel is defined)
 from fuselab.bench.dtypes import parse_dtype
 from fuselab.ops import tuning
 from fuselab.ops.softmax import launch
-from fuselab.profile import inspect_triton
+from fuselab.profile import asm, inspect_triton
 
 
 @dataclass(frozen=True)
@@ -96,15 +92,10 @@ def map_shapes(path: Path, dtype: torch.dtype) -> list[tuple[int, int]]:
 
 def loads_before_shuffle(cubin: str | None) -> str:
     """Of a compiled kernel's global loads in its SASS (base64 `cubin`), how many come before its first warp shuffle,
-    as "k/n"; "-" where there is no cubin or no cuobjdump (Triton's own, else one on PATH)."""
-    own = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    tool = str(own) if own.exists() else shutil.which("cuobjdump")
-    if cubin is None or tool is None:
+    as "k/n"; "-" where there is no cubin or no cuobjdump (`asm.find_tool`: Triton ships one)."""
+    sass = asm.cubin_sass(base64.b64decode(cubin))[0] if cubin else None
+    if sass is None:
         return "-"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(base64.b64decode(cubin))
-        f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", sass, re.M)
     loads = [i for i, op in enumerate(ops) if op.startswith("LDG")]
     first = next((i for i, op in enumerate(ops) if op.startswith("SHFL")), len(ops))
