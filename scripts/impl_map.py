@@ -78,9 +78,9 @@ def compare(
                 a, b = timed(before[(dtype, r["shape"], pas)], impl), timed(r, impl)
                 if a is not None and b is not None:
                     pairs.append((b / a, r["shape"], a, b))
-            moved = [p for p in pairs if abs(p[3] - p[2]) >= min_us]
             if not pairs:
                 continue
+            moved = [p for p in pairs if abs(p[3] - p[2]) >= min_us]
             slower = sorted((p for p in moved if p[0] > 1 + threshold), reverse=True)
             faster = sorted(p for p in moved if p[0] < 1 - threshold)
             line = f"{impl} {dtype} {pas}: {len(pairs)} cases, {len(faster)} faster, {len(slower)} slower"

@@ -96,10 +96,8 @@ def loads_before_shuffle(cubin: str | None) -> str:
     sass = asm.cubin_sass(base64.b64decode(cubin))[0] if cubin else None
     if sass is None:
         return "-"
-    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", sass, re.M)
-    loads = [i for i, op in enumerate(ops) if op.startswith("LDG")]
-    first = next((i for i, op in enumerate(ops) if op.startswith("SHFL")), len(ops))
-    return f"{sum(i < first for i in loads)}/{len(loads)}"
+    loads = re.compile(r"\bLDG")
+    return f"{len(loads.findall(sass.partition('SHFL')[0]))}/{len(loads.findall(sass))}"
 
 
 def main() -> None:
