@@ -14,31 +14,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 LOGS=${OUT:-gate-logs}
 mkdir -p "$LOGS"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv | tee "$LOGS/nvidia_smi.csv"
-# The C and CUDA extensions built first, each in a process of its own, side by side, out of the gate's budget (and of
-# any timeout: a build killed midway leaves cpp_extension's lock, and the next process waits on it). Left to the
-# gate, the first tests needing them wait on those builds: on a cold machine on 2026-12-04 the GPU suite ran past
-# its 480 s budget; with the extensions built, the whole gate took 384 s. Every module of fuselab.ops with an
-# `extension()` is built, and the launcher's C module and replays. FUSELAB_PREBUILD=0 skips this.
-if [ "${FUSELAB_PREBUILD:-1}" = 1 ]; then
-  t0=$(date +%s)
-  builders=$("${PYTHON:-python3}" - <<'PY'
-import importlib, pkgutil
-import fuselab.ops as ops
-names = ["fuselab.ops.launcher:replays_module"]
-for info in pkgutil.walk_packages(ops.__path__, "fuselab.ops."):
-    try:
-        if callable(getattr(importlib.import_module(info.name), "extension", None)):
-            names.append(f"{info.name}:extension")
-    except Exception:  # a module that needs what this machine lacks: the gate reports it
-        pass
-print(" ".join(names))
-PY
-)
-  for builder in $builders; do
-    "${PYTHON:-python3}" -c "import importlib; m, f = '$builder'.split(':'); getattr(importlib.import_module(m), f)()" \
-      > "$LOGS/build_${builder//[:.]/_}.log" 2>&1 &
-  done
-  wait
-  echo "extensions built first ($builders): $(( $(date +%s) - t0 )) s"
-fi
+# The C and CUDA extensions built first, side by side, out of the gate's budget (scripts/build_extensions.sh). Left to
+# the gate, the first tests needing them wait on those builds: on a cold machine on 2026-12-04 the GPU suite ran past
+# its 480 s budget; with the extensions built, the whole gate took 384 s. FUSELAB_PREBUILD=0 skips this.
+[ "${FUSELAB_PREBUILD:-1}" = 1 ] && bash scripts/build_extensions.sh "$LOGS"
 timeout "${GATE_S:-570}" "${PYTHON:-python3}" -m fuselab.gate --logs "$LOGS" "$@"

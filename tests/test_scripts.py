@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -140,3 +141,44 @@ def test_impl_map_reduces_a_run_and_compares_two_shape_by_shape(tmp_path) -> Non
         check=True,
     )
     assert "triton bfloat16 forward: 1 cases, 0 faster, 0 slower" in done.stdout, done.stdout
+
+
+def test_ab_trees_runs_one_bench_on_two_patched_copies_of_src(tmp_path) -> None:
+    """scripts/ab_trees.sh: AFTER's patch (its src/ part only: the docs/ hunk would not apply to a copy of src/) is
+    applied to one copy of src/, the same bench runs on both copies, and the sleep the patch puts into GELU's naive impl
+    shows as that case slower in the after run alone, its record naming its side."""
+    import difflib
+    import json
+    import tarfile
+
+    bash, patch = shutil.which("bash"), shutil.which("patch")
+    if bash is None or patch is None:
+        pytest.skip("bash or patch(1) not found")
+    path = "src/fuselab/ops/gelu/naive.py"
+    text = (ROOT / path).read_text()
+    slowed = text.replace("    check_form(approximate)\n", "    check_form(approximate)\n    time.sleep(0.003)\n", 1)
+    slowed = slowed.replace("import torch\n", "import time\n\nimport torch\n", 1)
+    assert slowed.count("time.sleep") == 1 and "import time" in slowed
+    diff = "".join(difflib.unified_diff(text.splitlines(True), slowed.splitlines(True), f"a/{path}", f"b/{path}"))
+    docs = "diff --git a/docs/none.md b/docs/none.md\n--- a/docs/none.md\n+++ b/docs/none.md\n@@ -1 +1 @@\n-x\n+y\n"
+    (tmp_path / "slow.patch").write_text(f"{docs}diff --git a/{path} b/{path}\n{diff}")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "BUILD": "0",
+           "AFTER": str(tmp_path / "slow.patch"), "FUSELAB_REVISION": "r1", "PYTHON": sys.executable}  # fmt: skip
+    bench = ["gelu", "--device", "cpu", "--impl", "naive", "--shape", "999", "--dtype", "fp32"]
+    bench += ["--opt", "approximate=tanh", "--rep-ms", "20", "--warmup-ms", "1", "--rounds", "1"]
+    bench += ["--call-cost-ms", "0"]
+    done = subprocess.run(
+        [bash, str(ROOT / "scripts" / "ab_trees.sh"), *bench], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "before: 0 patch files applied" in done.stdout and "after: 1 patch files applied" in done.stdout
+    assert "after: rc 1" in done.stdout and "slower 999:" in done.stdout, done.stdout
+    with tarfile.open(tmp_path / "out" / "ab.tgz") as archive:
+        results = {name: json.load(archive.extractfile(f"./{name}.json")) for name in ("before", "after")}
+    runs = {name: result["records"] for name, result in results.items()}
+    for name, records in runs.items():
+        (record,) = records
+        assert record["status"] == "ok" and record["impl"] == "naive", record
+        assert results[name]["meta"]["env"]["revision"] == f"r1+{name}"
+    assert runs["before"][0]["median_ms"] < 1.0 <= 3.0 <= runs["after"][0]["median_ms"], runs
+    assert "time.sleep" not in (ROOT / path).read_text()  # the tree itself untouched
