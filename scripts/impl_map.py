@@ -1,12 +1,12 @@
 """Maps of an op's impls over a random draw, and two maps compared shape by shape.
 
 A map (benchmarks/results/*/explorations/*_map_*.json) keeps, of a `fuselab bench OP --shapes random:N` run, each
-case's median µs per impl (a status string where it did not run), in rows of (dtype, shape, pass): small enough to
-commit where the run's own JSON is not. `compare` puts a new run (its JSON, or its map) beside an old map: per impl,
-dtype and pass, how many cases got faster or slower past the threshold (and by at least `--min-us`: a machine's
-drift at the smallest cases, 0.2-0.4 µs for every impl on 2026-12-05, is not a change of the code) and which, and
-each impl's time over torch's and over the rival's (95th percentile, as `fuselab bench --shapes` gives it, and worst)
-before and after.
+case's median µs per impl (a status string where it did not run), in rows of (dtype, case, pass), a case being its
+shape with its options and a layout other than contiguous: small enough to commit where the run's own JSON is not.
+`compare` puts a new run (its JSON, or its map) beside an old map: per impl, dtype and pass, how many cases got
+faster or slower past the threshold (and by at least `--min-us`: a machine's drift at the smallest cases, 0.2-0.4 µs
+for every impl on 2026-12-05, is not a change of the code) and which, and each impl's time over torch's and over the
+rival's (95th percentile, as `fuselab bench --shapes` gives it, and worst) before and after.
 
     python scripts/impl_map.py reduce RUN.json --out MAP.json --what "A map of ..."
     python scripts/impl_map.py compare benchmarks/results/h200/explorations/softmax_map_seed2041.json RUN.json
@@ -20,15 +20,26 @@ from pathlib import Path
 
 import numpy as np
 
-Key = tuple[str, str, str]  # (dtype, shape "AxB", pass)
+Key = tuple[str, str, str]  # (dtype, case "AxB[ option=value ...]", pass)
+CASE_FIELDS = {"op", "impl", "dtype", "shape", "layout", "pass"}  # a record key's fields that are not options
+
+
+def case_label(record: dict) -> str:
+    """A case's shape "AxB", then its option values and a layout other than contiguous, from the record's key:
+    "999 approximate=tanh", "164x32000 layout=transposed" (so that cases differing in them stay apart)."""
+    case = json.loads(record["key"]) if "key" in record else {}
+    extras = [f"{name}={value}" for name, value in case.items() if name not in CASE_FIELDS]
+    if record.get("layout", "contiguous") != "contiguous":
+        extras.append(f"layout={record['layout']}")
+    return " ".join(["x".join(map(str, record["shape"])), *extras])
 
 
 def reduce(run: dict) -> list[dict]:
-    """The rows of a map from a `fuselab bench --out` JSON: one per (dtype, shape, pass), each impl's median µs
-    (rounded to 0.01) or its status."""
+    """The rows of a map from a `fuselab bench --out` JSON: one per (dtype, case, pass), each impl's median µs
+    (rounded to 0.01) or its status; a row's "shape" is its `case_label`."""
     rows: dict[Key, dict] = {}
     for r in run["records"]:
-        key = (r["dtype"], "x".join(map(str, r["shape"])), r["pass"])
+        key = (r["dtype"], case_label(r), r["pass"])
         row = rows.setdefault(key, {"dtype": key[0], "shape": key[1], "pass": key[2]})
         row[r["impl"]] = round(r["median_ms"] * 1e3, 2) if r["status"] == "ok" else r["status"]
     return list(rows.values())

@@ -143,6 +143,29 @@ def test_impl_map_reduces_a_run_and_compares_two_shape_by_shape(tmp_path) -> Non
     assert "triton bfloat16 forward: 1 cases, 0 faster, 0 slower" in done.stdout, done.stdout
 
 
+def test_impl_map_keeps_cases_apart_that_differ_in_an_option_or_layout(tmp_path) -> None:
+    """Two GELU cases of one shape, dtype and pass but of two forms, and a softmax case in two layouts, are four rows
+    of the map (they overwrote each other when rows were keyed by dtype, shape and pass alone)."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import impl_map
+    finally:
+        sys.path.pop(0)
+
+    def record(op: str, us: float, layout: str | None = None, **options: str) -> dict:
+        case = {"op": op, "impl": "torch", "dtype": "float32", "shape": [999], "pass": "forward", **options}
+        case.update({"layout": layout} if layout else {})
+        key = json.dumps(case, sort_keys=True)
+        return {**case, "status": "ok", "median_ms": us / 1e3, "key": key}
+
+    run = {"records": [record("gelu", 1.0, approximate="tanh"), record("gelu", 2.0, approximate="none"),
+                       record("softmax", 3.0), record("softmax", 4.0, layout="transposed")]}  # fmt: skip
+    rows = {row["shape"]: row["torch"] for row in impl_map.reduce(run)}
+    assert rows == {"999 approximate=tanh": 1.0, "999 approximate=none": 2.0, "999": 3.0, "999 layout=transposed": 4.0}
+
+
 def test_ab_trees_runs_one_bench_on_two_patched_copies_of_src(tmp_path) -> None:
     """scripts/ab_trees.sh: AFTER's patch (its src/ part only: the docs/ hunk would not apply to a copy of src/) is
     applied to one copy of src/, the same bench runs on both copies, and the sleep the patch puts into GELU's naive impl
@@ -172,7 +195,7 @@ def test_ab_trees_runs_one_bench_on_two_patched_copies_of_src(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "before: 0 patch files applied" in done.stdout and "after: 1 patch files applied" in done.stdout
-    assert "after: rc 1" in done.stdout and "slower 999:" in done.stdout, done.stdout
+    assert "after: rc 1" in done.stdout and "slower 999 approximate=tanh:" in done.stdout, done.stdout
     with tarfile.open(tmp_path / "out" / "ab.tgz") as archive:
         results = {name: json.load(archive.extractfile(f"./{name}.json")) for name in ("before", "after")}
     runs = {name: result["records"] for name, result in results.items()}
