@@ -10,6 +10,7 @@
 #   OUT=$OUT FUSELAB_REVISION=<commit> BEFORE="pending/a/*.patch" AFTER="pending/a/*.patch pending/b/*.patch" \
 #     bash scripts/ab_trees.sh softmax --shape 21250x1741 --dtype bf16 --impl torch,cuda --cuda-graph --backward \
 #     --rep-ms 5 --warmup-ms 2 --rounds 1 --call-cost-ms 0
+# Several bench commands, separated by `---`, share the builds (runs before-1, after-1, before-2, ...).
 # To $OUT: ab.tgz (before.json, after.json, again.json, their logs, the builds' logs); to stdout, the slower cases
 # and `scripts/impl_map.py compare` of before and after. T_RUN: each run's timeout (default 150 s). EXTRA_PATH: more
 # PYTHONPATH (an unzipped Liger-Kernel wheel, for impl liger). BUILD=0: no builds first.
@@ -55,14 +56,25 @@ bench() {  # bench SIDE NAME [extra options]: a run of the tree SIDE into $WORK/
     PYTHONPATH="src${EXTRA_PATH:+:$EXTRA_PATH}" timeout "$T_RUN" "${PYTHON:-python3}" -m fuselab bench "${ARGS[@]}" \
     "$@" --out "$WORK/$name.json" > "$WORK/logs/$name.log" 2>&1)
   local rc=$?
-  echo "$name: rc $rc$([ $rc = 1 ] && echo ' (cases slower than before, above)')"
+  echo "$name: rc $rc$([ $rc = 1 ] && echo ' (cases slower than before, below)')"
   grep -E "regressed|slower" "$WORK/logs/$name.log" | head -40
 }
-ARGS=("$@")
-bench before before
-bench after after --compare "$WORK/before.json"
-[ "${AGAIN:-0}" = 1 ] && bench before again --compare "$WORK/before.json"
 
-(cd "$WORK" && tar czf "$OUT/ab.tgz" ./*.json logs)
-[ -f "$WORK/before.json" ] && [ -f "$WORK/after.json" ] \
-  && "${PYTHON:-python3}" "$ROOT/scripts/impl_map.py" compare "$WORK/before.json" "$WORK/after.json"
+commands=(); current=()  # the bench commands, separated by ---
+for arg in "$@" ---; do
+  if [ "$arg" != --- ]; then current+=("$arg"); continue; fi
+  [ ${#current[@]} -gt 0 ] && commands+=("${current[*]@Q}")
+  current=()
+done
+n=0
+for command in "${commands[@]}"; do
+  n=$((n + 1)); eval "ARGS=($command)"
+  tag=$([ ${#commands[@]} -gt 1 ] && echo "-$n")
+  echo "== command $n: fuselab bench ${ARGS[*]}"
+  bench before "before$tag"
+  bench after "after$tag" --compare "$WORK/before$tag.json"
+  [ "${AGAIN:-0}" = 1 ] && bench before "again$tag" --compare "$WORK/before$tag.json"
+  [ -f "$WORK/before$tag.json" ] && [ -f "$WORK/after$tag.json" ] \
+    && "${PYTHON:-python3}" "$ROOT/scripts/impl_map.py" compare "$WORK/before$tag.json" "$WORK/after$tag.json"
+  (cd "$WORK" && tar czf "$OUT/ab.tgz" ./*.json logs)  # after every command: what ran comes back if a later one fails
+done

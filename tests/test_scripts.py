@@ -169,7 +169,8 @@ def test_impl_map_keeps_cases_apart_that_differ_in_an_option_or_layout(tmp_path)
 def test_ab_trees_runs_one_bench_on_two_patched_copies_of_src(tmp_path) -> None:
     """scripts/ab_trees.sh: AFTER's patch (its src/ part only: the docs/ hunk would not apply to a copy of src/) is
     applied to one copy of src/, the same bench runs on both copies, and the sleep the patch puts into GELU's naive impl
-    shows as that case slower in the after run alone, its record naming its side."""
+    shows as that case slower in the after run alone, its record naming its side; a second bench command after `---`
+    (softmax) runs on the same copies."""
     import difflib
     import json
     import tarfile
@@ -189,19 +190,22 @@ def test_ab_trees_runs_one_bench_on_two_patched_copies_of_src(tmp_path) -> None:
            "AFTER": str(tmp_path / "slow.patch"), "FUSELAB_REVISION": "r1", "PYTHON": sys.executable}  # fmt: skip
     bench = ["gelu", "--device", "cpu", "--impl", "naive", "--shape", "999", "--dtype", "fp32"]
     bench += ["--opt", "approximate=tanh", "--rep-ms", "20", "--warmup-ms", "1", "--rounds", "1"]
-    bench += ["--call-cost-ms", "0"]
+    bench += ["--call-cost-ms", "0", "---", "softmax", "--device", "cpu", "--impl", "torch", "--shape", "3x5"]
     done = subprocess.run(
         [bash, str(ROOT / "scripts" / "ab_trees.sh"), *bench], env=env, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "before: 0 patch files applied" in done.stdout and "after: 1 patch files applied" in done.stdout
-    assert "after: rc 1" in done.stdout and "slower 999 approximate=tanh:" in done.stdout, done.stdout
+    assert "after-1: rc 1" in done.stdout and "slower 999 approximate=tanh:" in done.stdout, done.stdout
+    assert "== command 2: fuselab bench softmax" in done.stdout, done.stdout
     with tarfile.open(tmp_path / "out" / "ab.tgz") as archive:
-        results = {name: json.load(archive.extractfile(f"./{name}.json")) for name in ("before", "after")}
+        names = ("before-1", "after-1", "before-2", "after-2")
+        results = {name: json.load(archive.extractfile(f"./{name}.json")) for name in names}
     runs = {name: result["records"] for name, result in results.items()}
     for name, records in runs.items():
-        (record,) = records
-        assert record["status"] == "ok" and record["impl"] == "naive", record
-        assert results[name]["meta"]["env"]["revision"] == f"r1+{name}"
-    assert runs["before"][0]["median_ms"] < 1.0 <= 3.0 <= runs["after"][0]["median_ms"], runs
+        assert records and all(r["status"] == "ok" for r in records), records
+        assert results[name]["meta"]["env"]["revision"] == f"r1+{name[:-2]}"
+    (before,), (after,) = runs["before-1"], runs["after-1"]
+    assert before["impl"] == "naive" and before["median_ms"] < 1.0 <= 3.0 <= after["median_ms"], runs
+    assert {r["op"] for r in runs["after-2"]} == {"softmax"}
     assert "time.sleep" not in (ROOT / path).read_text()  # the tree itself untouched
