@@ -15,7 +15,7 @@
 # and `scripts/impl_map.py compare` of before and after. T_RUN: each run's timeout (default 150 s). EXTRA_PATH: more
 # PYTHONPATH (an unzipped Liger-Kernel wheel, for impl liger). BUILD=0: no builds first.
 set -uo pipefail
-[ $# -ge 1 ] || { echo "usage: [BEFORE=...] [AFTER=...] $0 OP [fuselab bench options]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: [BEFORE=...] [AFTER=...] $0 OP [bench options] [--- OP [bench options] ...]" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/ab}; T_RUN=${T_RUN:-150}; REV=${FUSELAB_REVISION:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)}
 WORK=${WORK:-/tmp/ab-trees}
