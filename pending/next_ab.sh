@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The next device session's first call (pending/README.md): every untimed series of pending/ timed against the tree
 # with softmax-fixes 1-3 alone (timed in session 39), in one device call: attention's seed-11 draw (issue 25's
-# attention-one-key-block), then the softmax shapes of triton-single-column and cuda-whole-span. drop-in-flat rides
-# along in "after" (no bench measures guards; benchmarks/compiled_guards.py does, after the gate).
+# attention-one-key-block), then the softmax shapes of triton-single-column and cuda-whole-span. drop-in-flat and
+# declared-dtypes ride along in "after" (no bench measures them; benchmarks/compiled_guards.py does drop-in-flat's).
 #   OUT=$OUT FUSELAB_REVISION=<main's commit> timeout 590 bash pending/next_ab.sh
 cd "$(dirname "$0")/.." || exit 2
 base="pending/softmax-fixes/000[1-3]-*.patch"
 export BEFORE="$base" T_RUN=${T_RUN:-200}
 export AFTER="$base pending/triton-single-column/*.patch pending/cuda-whole-span/*.patch pending/drop-in-flat/*.patch
-  pending/attention-one-key-block/*.patch"
+  pending/declared-dtypes/*.patch pending/attention-one-key-block/*.patch"
 exec bash scripts/ab_trees.sh attention --shapes random:40 --seed 11 --backward --dtype bf16 --opt causal=true \
   --impl triton,sdpa-cudnn --rep-ms 10 --warmup-ms 5 --rounds 1 --call-cost-ms 0 \
   --- softmax --shape 20313320x1 --shape 15646710x1 --shape 686556x1 --shape 123457x1 --shape 21250x1741 \
