@@ -20,18 +20,21 @@ from pathlib import Path
 
 import numpy as np
 
+from fuselab.bench.record import CONTIGUOUS, Row
+
 Key = tuple[str, str, str]  # (dtype, case "AxB[ option=value ...]", pass)
-CASE_FIELDS = {"op", "impl", "dtype", "shape", "layout", "pass"}  # a record key's fields that are not options
 
 
 def case_label(record: dict) -> str:
-    """A case's shape "AxB", then its option values and a layout other than contiguous, from the record's key:
-    "999 approximate=tanh", "164x32000 layout=transposed" (so that cases differing in them stay apart)."""
-    case = json.loads(record["key"]) if "key" in record else {}
-    extras = [f"{name}={value}" for name, value in case.items() if name not in CASE_FIELDS]
-    if record.get("layout", "contiguous") != "contiguous":
-        extras.append(f"layout={record['layout']}")
-    return " ".join(["x".join(map(str, record["shape"])), *extras])
+    """A case's shape "AxB", then its option values and a layout other than contiguous, read from the record's key
+    (`Row.from_json`): "999 approximate=tanh", "164x32000 layout=transposed" (so that cases differing in them stay
+    apart). A record without a key is its shape alone."""
+    shape = "x".join(map(str, record["shape"]))
+    if "key" not in record:
+        return shape
+    case = Row.from_json(record).case
+    layout = [] if case.layout == CONTIGUOUS else [f"layout={case.layout}"]
+    return " ".join([shape, *(f"{name}={value}" for name, value in case.options), *layout])
 
 
 def reduce(run: dict) -> list[dict]:
