@@ -14,8 +14,14 @@
 # To $OUT: ab.tgz (before.json, after.json, again.json, their logs, the builds' logs); to stdout, the slower cases
 # and `scripts/impl_map.py compare` of before and after. T_RUN: each run's timeout (default 150 s). EXTRA_PATH: more
 # PYTHONPATH (an unzipped Liger-Kernel wheel, for impl liger). BUILD=0: no builds first.
+# CHECKS: `fuselab check` commands, separated by ';' (e.g. "attention --impl triton --opt causal=true; softmax --impl
+# cuda"), run on the after tree once the benches are done (a bench measures only the forward's error; a check
+# compares forward and gradients with float64): each as check-after-N.json, and where one fails, again on the before
+# tree (check-before-N), so that a failure the patches brought is told from one they found. T_CHECK: each check's
+# timeout (default 150 s).
 set -uo pipefail
-[ $# -ge 1 ] || { echo "usage: [BEFORE=...] [AFTER=...] $0 OP [bench options] [--- OP [bench options] ...]" >&2; exit 2; }
+[ $# -ge 1 ] || [ -n "${CHECKS:-}" ] \
+  || { echo "usage: [BEFORE=...] [AFTER=...] [CHECKS=...] $0 [OP [bench options] [--- OP [bench options] ...]]" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/ab}; T_RUN=${T_RUN:-150}; REV=${FUSELAB_REVISION:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)}
 WORK=${WORK:-/tmp/ab-trees}
@@ -77,4 +83,26 @@ for command in "${commands[@]}"; do
   [ -f "$WORK/before$tag.json" ] && [ -f "$WORK/after$tag.json" ] \
     && "${PYTHON:-python3}" "$ROOT/scripts/impl_map.py" compare "$WORK/before$tag.json" "$WORK/after$tag.json"
   (cd "$WORK" && tar czf "$OUT/ab.tgz" ./*.json logs)  # after every command: what ran comes back if a later one fails
+done
+
+check() {  # check SIDE NAME ARGS...: fuselab check of the tree SIDE into $WORK/NAME.json; its rc
+  local side=$1 name=$2; shift 2
+  (cd "$WORK/$side" && FUSELAB_EXT_DIR="$WORK/ext-$side" FUSELAB_REVISION="$REV+$side" \
+    PYTHONPATH="src${EXTRA_PATH:+:$EXTRA_PATH}" timeout "${T_CHECK:-150}" "${PYTHON:-python3}" -m fuselab check "$@" \
+    --out "$WORK/$name.json" > "$WORK/logs/$name.log" 2>&1)
+}
+
+n=0
+checks_line=${CHECKS:-}; IFS=';' read -ra checks <<< "${checks_line//$'\n'/ }"  # may span lines
+for command in "${checks[@]}"; do
+  [ -n "${command// }" ] || continue
+  n=$((n + 1)); read -ra ARGS <<< "$command"
+  check after "check-after-$n" "${ARGS[@]}"; rc=$?
+  echo "== check $n: fuselab check ${ARGS[*]}: after rc $rc"
+  if [ $rc != 0 ]; then
+    grep -E "fail|Error|error" "$WORK/logs/check-after-$n.log" | head -20
+    check before "check-before-$n" "${ARGS[@]}"
+    echo "   before rc $? (0: the failure is the patches')"
+  fi
+  (cd "$WORK" && tar czf "$OUT/ab.tgz" ./*.json logs)
 done

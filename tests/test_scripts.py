@@ -209,3 +209,39 @@ def test_ab_trees_runs_one_bench_on_two_patched_copies_of_src(tmp_path) -> None:
     assert before["impl"] == "naive" and before["median_ms"] < 1.0 <= 3.0 <= after["median_ms"], runs
     assert {r["op"] for r in runs["after-2"]} == {"softmax"}
     assert "time.sleep" not in (ROOT / path).read_text()  # the tree itself untouched
+
+
+def test_ab_trees_checks_tell_a_failure_the_patches_brought(tmp_path) -> None:
+    """scripts/ab_trees.sh with CHECKS and no bench: `fuselab check` runs on the after tree, and where it fails (a patch
+    that makes GELU's naive impl 1% off), on the before tree too, whose pass says the failure is the patches'."""
+    import difflib
+    import json
+    import tarfile
+
+    bash, patch = shutil.which("bash"), shutil.which("patch")
+    if bash is None or patch is None:
+        pytest.skip("bash or patch(1) not found")
+    path = "src/fuselab/ops/gelu/naive.py"
+    text = (ROOT / path).read_text()
+    wrong = text.replace("0.5 * x * (1.0 + torch.tanh(", "1.01 * 0.5 * x * (1.0 + torch.tanh(", 1)
+    assert wrong.count("1.01 * ") == 1
+    diff = "".join(difflib.unified_diff(text.splitlines(True), wrong.splitlines(True), f"a/{path}", f"b/{path}"))
+    (tmp_path / "wrong.patch").write_text(f"diff --git a/{path} b/{path}\n{diff}")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "BUILD": "0",
+           "AFTER": str(tmp_path / "wrong.patch"), "PYTHON": sys.executable,
+           "CHECKS": "gelu --device cpu --impl naive --dtype fp32 --opt approximate=tanh;\n softmax --device cpu\n"
+                     "  --impl naive --dtype fp32"}  # fmt: skip (a check may span lines)
+    done = subprocess.run(
+        [bash, str(ROOT / "scripts" / "ab_trees.sh")], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "== check 1: fuselab check gelu" in done.stdout and "after rc 1" in done.stdout, done.stdout
+    assert "before rc 0 (0: the failure is the patches')" in done.stdout, done.stdout
+    assert "== check 2: fuselab check softmax --device cpu --impl naive --dtype fp32: after rc 0" in done.stdout, (
+        done.stdout[-3000:]
+    )
+    with tarfile.open(tmp_path / "out" / "ab.tgz") as archive:
+        found = {name: json.load(archive.extractfile(f"./{name}.json")) for name in ("check-after-1", "check-before-1")}
+    after, before = (found[name]["records"] for name in ("check-after-1", "check-before-1"))
+    assert after and before
+    assert any(r["status"] == "FAIL" for r in after) and all(r["status"] == "pass" for r in before), (after, before)
