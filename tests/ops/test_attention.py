@@ -210,6 +210,35 @@ def test_triton_one_key_per_query(shape: tuple, causal: bool) -> None:
     one_key_per_query_gradients("triton", shape, causal, torch.float32, DEVICE)
 
 
+def sees_one_key(shape: tuple, causal: bool) -> bool:
+    """Whether every query of `shape` sees one key alone: one key, or top-left causal with one query."""
+    nq, nk = (shape[-2], shape[-2]) if len(shape) <= 4 else shape[-3:-1]
+    return nk == 1 or (causal and nq == 1)
+
+
+@needs_triton
+def test_triton_random_small_shapes_match_reference() -> None:
+    """Ten shapes drawn afresh each run (batch 1-2, GQA ratios 1-3, queries and keys 1-70 apart, head dims 8-96 in
+    one or two chunks, causal or not): forward and dQ, dK, dV against float64. The draw's seed is in the message."""
+    import random
+
+    from fuselab.evaluate.cases import fresh_seed
+
+    seed = fresh_seed()
+    rng = random.Random(seed)
+    for _ in range(10):
+        hkv = rng.choice([1, 2])
+        sizes = (rng.choice([1, 2]), hkv * rng.choice([1, 2, 3]), hkv, rng.randint(1, 70), rng.randint(1, 70))
+        shape, causal = (*sizes, rng.choice([8, 16, 24, 40, 64, 80, 96])), rng.random() < 0.5
+        try:
+            if sees_one_key(shape, causal):
+                one_key_per_query_gradients("triton", shape, causal, torch.float32, DEVICE)
+            else:
+                check_against_reference("triton", shape, causal, torch.float32, DEVICE)
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed}: shape {shape}, causal={causal}: {e}") from e
+
+
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 1, 70, 45, 16), (1, 2, 1, 33, 66, 24), (1, 2, 2, 37, 29, 40)])
