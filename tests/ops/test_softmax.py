@@ -243,32 +243,6 @@ def test_cpu_triton_backward_paths(plan: str) -> None:
 
 
 @interpreter_quiet
-def test_cpu_triton_random_shapes_forward_and_backward() -> None:
-    """Ten shapes drawn afresh each run (1-3 leading dims, rows of 1-3000 columns, odd ones mostly, a quarter of them
-    sliced views) through the impl as users call it: output and gradient against float64 (the gradient held to
-    ||y * dy||, the op's gradient scale: rows of one column have dx = 0 by the math). The seed is in the message."""
-    from fuselab.evaluate.cases import fresh_seed
-
-    seed = fresh_seed()
-    rng = random.Random(seed)
-    for _ in range(10):
-        width = rng.choice([1, 2, 3, rng.randint(4, 64), rng.randint(65, 1100), rng.randint(1101, 3000)])
-        lead = [rng.randint(1, 40) for _ in range(rng.randint(1, 3))]
-        lead[0] = max(1, min(lead[0], 20000 // (width * max(1, torch.Size(lead[1:]).numel()))))
-        sliced = rng.random() < 0.25
-        (base,) = SOFTMAX.make_inputs((*lead, width + 5 * sliced), torch.float32, "cpu", rng.randrange(1 << 30))
-        x = (base[..., 5:] if sliced else base).requires_grad_()
-        (dy,) = SOFTMAX.make_inputs(tuple(x.shape), torch.float32, "cpu", rng.randrange(1 << 30))
-        y = SOFTMAX.get_impl("triton")(x)
-        y.backward(dy)
-        case = f"seed {seed}: shape {tuple(x.shape)}{', sliced' if sliced else ''}"
-        assert rel_err(y, reference(x.detach())) <= SOFTMAX.tolerance[torch.float32], case
-        scale = SOFTMAX.gradient_scale(x.detach(), dy)
-        err = gradient_error([x.grad], [reference_grad(x, dy)], scale)
-        assert err <= SOFTMAX.tolerance[torch.float32], f"{case}: gradient error {err:.2e}"
-
-
-@interpreter_quiet
 def test_cpu_triton_backward_split_rows() -> None:
     """Few wide rows (fewer than 2 per "SM": the interpreter counts 3): each row split over programs, partial sums of
     y * dy added in a fixed order (bitwise the same dx twice), every element of a NaN-poisoned dx written; with tiny
@@ -593,6 +567,32 @@ def test_cpu_empty_and_scalar() -> None:
 
 # ---------------------------------------------------------------------------------------------- errors
 # (the contract test has the dtype, device and non-tensor ones)
+
+
+@interpreter_quiet
+def test_cpu_triton_random_shapes_forward_and_backward() -> None:
+    """Ten shapes drawn afresh each run (1-3 leading dims, rows of 1-3000 columns, odd ones mostly, a quarter of them
+    sliced views) through the impl as users call it: output and gradient against float64 (the gradient held to
+    ||y * dy||, the op's gradient scale: rows of one column have dx = 0 by the math). The seed is in the message."""
+    from fuselab.evaluate.cases import fresh_seed
+
+    seed = fresh_seed()
+    rng = random.Random(seed)
+    for _ in range(10):
+        width = rng.choice([1, 2, 3, rng.randint(4, 64), rng.randint(65, 1100), rng.randint(1101, 3000)])
+        lead = [rng.randint(1, 40) for _ in range(rng.randint(1, 3))]
+        lead[0] = max(1, min(lead[0], 20000 // (width * max(1, torch.Size(lead[1:]).numel()))))
+        sliced = rng.random() < 0.25
+        (base,) = SOFTMAX.make_inputs((*lead, width + 5 * sliced), torch.float32, "cpu", rng.randrange(1 << 30))
+        x = (base[..., 5:] if sliced else base).requires_grad_()
+        (dy,) = SOFTMAX.make_inputs(tuple(x.shape), torch.float32, "cpu", rng.randrange(1 << 30))
+        y = SOFTMAX.get_impl("triton")(x)
+        y.backward(dy)
+        case = f"seed {seed}: shape {tuple(x.shape)}{', sliced' if sliced else ''}"
+        assert rel_err(y, reference(x.detach())) <= SOFTMAX.tolerance[torch.float32], case
+        scale = SOFTMAX.gradient_scale(x.detach(), dy)
+        err = gradient_error([x.grad], [reference_grad(x, dy)], scale)
+        assert err <= SOFTMAX.tolerance[torch.float32], f"{case}: gradient error {err:.2e}"
 
 
 def test_backward_rejects_mismatched_gradient() -> None:
