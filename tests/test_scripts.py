@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -166,33 +167,44 @@ def test_impl_map_keeps_cases_apart_that_differ_in_an_option_or_layout(tmp_path)
     assert rows == {"999 approximate=tanh": 1.0, "999 approximate=none": 2.0, "999": 3.0, "999 layout=transposed": 4.0}
 
 
+def gelu_naive_patch(path: Path, edit: Callable[[str], str], marks: tuple[str, ...], prefix: str = "") -> Path:
+    """A patch file at `path` (git's diff form, after `prefix`) of GELU's naive impl as `edit` leaves it, each of
+    `marks` once in the edited text; skips the test where bash or patch(1), which scripts/ab_trees.sh needs, is
+    missing."""
+    import difflib
+
+    if shutil.which("bash") is None or shutil.which("patch") is None:
+        pytest.skip("bash or patch(1) not found")
+    name = "src/fuselab/ops/gelu/naive.py"
+    text = (ROOT / name).read_text()
+    edited = edit(text)
+    assert all(edited.count(mark) == 1 for mark in marks), marks
+    diff = "".join(difflib.unified_diff(text.splitlines(True), edited.splitlines(True), f"a/{name}", f"b/{name}"))
+    path.write_text(f"{prefix}diff --git a/{name} b/{name}\n{diff}")
+    return path
+
+
 def test_ab_trees_runs_one_bench_on_two_patched_copies_of_src(tmp_path) -> None:
     """scripts/ab_trees.sh: AFTER's patch (its src/ part only: the docs/ hunk would not apply to a copy of src/) is
     applied to one copy of src/, the same bench runs on both copies, and the sleep the patch puts into GELU's naive impl
     shows as that case slower in the after run alone, its record naming its side; a second bench command after `---`
     (softmax) runs on the same copies."""
-    import difflib
     import json
     import tarfile
 
-    bash, patch = shutil.which("bash"), shutil.which("patch")
-    if bash is None or patch is None:
-        pytest.skip("bash or patch(1) not found")
-    path = "src/fuselab/ops/gelu/naive.py"
-    text = (ROOT / path).read_text()
-    slowed = text.replace("    check_form(approximate)\n", "    check_form(approximate)\n    time.sleep(0.003)\n", 1)
-    slowed = slowed.replace("import torch\n", "import time\n\nimport torch\n", 1)
-    assert slowed.count("time.sleep") == 1 and "import time" in slowed
-    diff = "".join(difflib.unified_diff(text.splitlines(True), slowed.splitlines(True), f"a/{path}", f"b/{path}"))
+    def slowed(text: str) -> str:
+        text = text.replace("    check_form(approximate)\n", "    check_form(approximate)\n    time.sleep(0.003)\n", 1)
+        return text.replace("import torch\n", "import time\n\nimport torch\n", 1)
+
     docs = "diff --git a/docs/none.md b/docs/none.md\n--- a/docs/none.md\n+++ b/docs/none.md\n@@ -1 +1 @@\n-x\n+y\n"
-    (tmp_path / "slow.patch").write_text(f"{docs}diff --git a/{path} b/{path}\n{diff}")
+    slow = gelu_naive_patch(tmp_path / "slow.patch", slowed, ("time.sleep", "import time"), prefix=docs)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "BUILD": "0",
-           "AFTER": str(tmp_path / "slow.patch"), "FUSELAB_REVISION": "r1", "PYTHON": sys.executable}  # fmt: skip
+           "AFTER": str(slow), "FUSELAB_REVISION": "r1", "PYTHON": sys.executable}  # fmt: skip
     bench = ["gelu", "--device", "cpu", "--impl", "naive", "--shape", "999", "--dtype", "fp32"]
     bench += ["--opt", "approximate=tanh", "--rep-ms", "20", "--warmup-ms", "1", "--rounds", "1"]
     bench += ["--call-cost-ms", "0", "---", "softmax", "--device", "cpu", "--impl", "torch", "--shape", "3x5"]
     done = subprocess.run(
-        [bash, str(ROOT / "scripts" / "ab_trees.sh"), *bench], env=env, capture_output=True, text=True, check=False
+        ["bash", str(ROOT / "scripts" / "ab_trees.sh"), *bench], env=env, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "before: 0 patch files applied" in done.stdout and "after: 1 patch files applied" in done.stdout
@@ -208,31 +220,24 @@ def test_ab_trees_runs_one_bench_on_two_patched_copies_of_src(tmp_path) -> None:
     (before,), (after,) = runs["before-1"], runs["after-1"]
     assert before["impl"] == "naive" and before["median_ms"] < 1.0 <= 3.0 <= after["median_ms"], runs
     assert {r["op"] for r in runs["after-2"]} == {"softmax"}
-    assert "time.sleep" not in (ROOT / path).read_text()  # the tree itself untouched
+    assert "time.sleep" not in (ROOT / "src/fuselab/ops/gelu/naive.py").read_text()  # the tree itself untouched
 
 
 def test_ab_trees_checks_tell_a_failure_the_patches_brought(tmp_path) -> None:
     """scripts/ab_trees.sh with CHECKS and no bench: `fuselab check` runs on the after tree, and where it fails (a patch
     that makes GELU's naive impl 1% off), on the before tree too, whose pass says the failure is the patches'."""
-    import difflib
     import json
     import tarfile
 
-    bash, patch = shutil.which("bash"), shutil.which("patch")
-    if bash is None or patch is None:
-        pytest.skip("bash or patch(1) not found")
-    path = "src/fuselab/ops/gelu/naive.py"
-    text = (ROOT / path).read_text()
-    wrong = text.replace("0.5 * x * (1.0 + torch.tanh(", "1.01 * 0.5 * x * (1.0 + torch.tanh(", 1)
-    assert wrong.count("1.01 * ") == 1
-    diff = "".join(difflib.unified_diff(text.splitlines(True), wrong.splitlines(True), f"a/{path}", f"b/{path}"))
-    (tmp_path / "wrong.patch").write_text(f"diff --git a/{path} b/{path}\n{diff}")
+    def off(text: str) -> str:
+        return text.replace("0.5 * x * (1.0 + torch.tanh(", "1.01 * 0.5 * x * (1.0 + torch.tanh(", 1)
+
+    wrong = gelu_naive_patch(tmp_path / "wrong.patch", off, ("1.01 * ",))
+    checks = "gelu --device cpu --impl naive --dtype fp32 --opt approximate=tanh;\n softmax --device cpu\n --impl naive"
     env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "BUILD": "0",
-           "AFTER": str(tmp_path / "wrong.patch"), "PYTHON": sys.executable,
-           "CHECKS": "gelu --device cpu --impl naive --dtype fp32 --opt approximate=tanh;\n softmax --device cpu\n"
-                     "  --impl naive --dtype fp32"}  # fmt: skip (a check may span lines)
+           "AFTER": str(wrong), "PYTHON": sys.executable, "CHECKS": f"{checks} --dtype fp32"}  # fmt: skip
     done = subprocess.run(
-        [bash, str(ROOT / "scripts" / "ab_trees.sh")], env=env, capture_output=True, text=True, check=False
+        ["bash", str(ROOT / "scripts" / "ab_trees.sh")], env=env, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== check 1: fuselab check gelu" in done.stdout and "after rc 1" in done.stdout, done.stdout
