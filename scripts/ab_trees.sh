@@ -56,11 +56,20 @@ done
 wait
 cat "$WORK"/logs/build-*.txt 2>/dev/null
 
+fuselab_on() {  # fuselab_on SIDE NAME SECONDS ARGS...: `fuselab ARGS` on the tree SIDE into $WORK/NAME.json; its rc
+  local side=$1 name=$2 seconds=$3; shift 3
+  (cd "$WORK/$side" && FUSELAB_EXT_DIR="$WORK/ext-$side" FUSELAB_REVISION="$REV+$side" \
+    PYTHONPATH="src${EXTRA_PATH:+:$EXTRA_PATH}" timeout "$seconds" "${PYTHON:-python3}" -m fuselab "$@" \
+    --out "$WORK/$name.json" > "$WORK/logs/$name.log" 2>&1)
+}
+
+archive() {  # everything so far into $OUT/ab.tgz: what ran comes back if a later run fails
+  (cd "$WORK" && tar czf "$OUT/ab.tgz" ./*.json logs)
+}
+
 bench() {  # bench SIDE NAME [extra options]: a run of the tree SIDE into $WORK/NAME.json
   local side=$1 name=$2; shift 2
-  (cd "$WORK/$side" && FUSELAB_EXT_DIR="$WORK/ext-$side" FUSELAB_REVISION="$REV+$side" \
-    PYTHONPATH="src${EXTRA_PATH:+:$EXTRA_PATH}" timeout "$T_RUN" "${PYTHON:-python3}" -m fuselab bench "${ARGS[@]}" \
-    "$@" --out "$WORK/$name.json" > "$WORK/logs/$name.log" 2>&1)
+  fuselab_on "$side" "$name" "$T_RUN" bench "${ARGS[@]}" "$@"
   local rc=$?
   echo "$name: rc $rc$([ $rc = 1 ] && echo ' (cases slower than before, below)')"
   grep -E "regressed|slower" "$WORK/logs/$name.log" | head -40
@@ -82,27 +91,20 @@ for command in "${commands[@]}"; do
   [ "${AGAIN:-0}" = 1 ] && bench before "again$tag" --compare "$WORK/before$tag.json"
   [ -f "$WORK/before$tag.json" ] && [ -f "$WORK/after$tag.json" ] \
     && "${PYTHON:-python3}" "$ROOT/scripts/impl_map.py" compare "$WORK/before$tag.json" "$WORK/after$tag.json"
-  (cd "$WORK" && tar czf "$OUT/ab.tgz" ./*.json logs)  # after every command: what ran comes back if a later one fails
+  archive
 done
-
-check() {  # check SIDE NAME ARGS...: fuselab check of the tree SIDE into $WORK/NAME.json; its rc
-  local side=$1 name=$2; shift 2
-  (cd "$WORK/$side" && FUSELAB_EXT_DIR="$WORK/ext-$side" FUSELAB_REVISION="$REV+$side" \
-    PYTHONPATH="src${EXTRA_PATH:+:$EXTRA_PATH}" timeout "${T_CHECK:-150}" "${PYTHON:-python3}" -m fuselab check "$@" \
-    --out "$WORK/$name.json" > "$WORK/logs/$name.log" 2>&1)
-}
 
 n=0
 checks_line=${CHECKS:-}; IFS=';' read -ra checks <<< "${checks_line//$'\n'/ }"  # may span lines
 for command in "${checks[@]}"; do
   [ -n "${command// }" ] || continue
   n=$((n + 1)); read -ra ARGS <<< "$command"
-  check after "check-after-$n" "${ARGS[@]}"; rc=$?
+  fuselab_on after "check-after-$n" "${T_CHECK:-150}" check "${ARGS[@]}"; rc=$?
   echo "== check $n: fuselab check ${ARGS[*]}: after rc $rc"
   if [ $rc != 0 ]; then
     grep -E "fail|Error|error" "$WORK/logs/check-after-$n.log" | head -20
-    check before "check-before-$n" "${ARGS[@]}"
+    fuselab_on before "check-before-$n" "${T_CHECK:-150}" check "${ARGS[@]}"
     echo "   before rc $? (0: the failure is the patches')"
   fi
-  (cd "$WORK" && tar czf "$OUT/ab.tgz" ./*.json logs)
+  archive
 done
