@@ -1,6 +1,7 @@
-"""The committed GPU gate record (benchmarks/results/h200/gate.json, written by `make gpu-gate` on the H200): it must
-exist, be a whole run (every group), show no failure, and have run on this tree's source (its src/ digest), so that
-no change to code the GPU runs lands without a gate run on its final revision (docs/gate.md)."""
+"""The committed GPU gate record (benchmarks/results/<gpu>/gate.json, written by `make gpu-gate` on the H200 or the
+H100, the newest of them by its date): it must exist, be a whole run (every group), show no failure, and have run on
+this tree's source (its src/ digest), so that no change to code the GPU runs lands without a gate run on its final
+revision (docs/gate.md)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ import pytest
 from fuselab.gate.record import GROUPS, GateRecord, source_digest
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORD = ROOT / "benchmarks" / "results" / "h200" / "gate.json"
-HOW = "run `make gpu-gate` on the H200 on the final revision and commit what it writes (docs/gate.md)"
+RESULTS = ROOT / "benchmarks" / "results"
+HOW = "run `make gpu-gate` on the GPU on the final revision and commit what it writes (docs/gate.md)"
 
 
 @pytest.fixture(scope="module")
 def record() -> GateRecord:
-    assert RECORD.exists(), f"no gate record at {RECORD.relative_to(ROOT)}: {HOW}"
-    return GateRecord.read(RECORD)
+    records = [GateRecord.read(path) for path in sorted(RESULTS.glob("*/gate.json"))]
+    assert records, f"no gate record under {RESULTS.relative_to(ROOT)}/<gpu>/gate.json: {HOW}"
+    return max(records, key=lambda r: r.date)
 
 
 def test_the_gate_ran_on_this_source_tree(record: GateRecord) -> None:

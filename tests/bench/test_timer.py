@@ -92,11 +92,20 @@ def test_host_latency_stays_out_of_the_gpu_time():
 
 @pytest.mark.gpu
 def test_cuda_graph_mode_and_events_agree_for_a_large_kernel():
+    """The fastest sample of each mode, both timed in turns, three runs each. The gate runs this test beside other GPU
+    jobs, whose kernels take turns with it: a sample of the graph mode, one replay of GRAPH_CALLS calls, lets in more
+    of theirs than one call does, so the medians part (H100, two gates of 2026-12-05: graph 230 and 250 µs against
+    events' 182.5, IQR 30 against 0.9). A sample is its own calls' time plus whatever ran between them: the fastest
+    of each mode is the one least taken by others."""
     x = torch.randn(2**26, device="cuda")
-    events = benchmark(lambda: x.mul_(1.0), flush_l2=False, rep_ms=100)
-    graph = benchmark(lambda: x.mul_(1.0), cuda_graph=True, rep_ms=100)
-    assert graph.mode == "cuda_graph"
-    assert abs(graph.median_ms - events.median_ms) / events.median_ms < 0.1
+    events, graph = [], []
+    for _ in range(3):
+        events.append(benchmark(lambda: x.mul_(1.0), flush_l2=False, rep_ms=50))
+        graph.append(benchmark(lambda: x.mul_(1.0), cuda_graph=True, rep_ms=50))
+    assert all(m.mode == "cuda_graph" for m in graph)
+    fastest_events = min(min(m.samples_ms) for m in events)
+    fastest_graph = min(min(m.samples_ms) for m in graph)
+    assert abs(fastest_graph - fastest_events) / fastest_events < 0.1
 
 
 @pytest.mark.gpu
