@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# The next device session's first call (pending/README.md): every untimed series of pending/ timed against the tree
-# with softmax-fixes 1-3 alone (timed in session 39), in one device call: attention's seed-11 draw (issue 25's
+# The next device session's A/B (pending/README.md): every untimed series of pending/ timed against the tree with
+# softmax-fixes 1-3 alone (timed in session 39), in one device call: attention's seed-11 draw (issue 25's
 # attention-one-key-block), then the softmax shapes of triton-single-column and cuda-whole-span. drop-in-flat and
 # declared-dtypes ride along in "after" (no bench measures them; benchmarks/compiled_guards.py does drop-in-flat's).
 #   OUT=$OUT FUSELAB_REVISION=<main's commit> timeout 590 bash pending/next_ab.sh
+# Once the series have landed (gated first), the same A/B with the tree as "after" and the series taken out as
+# "before" (a diff made here, where git is: the device's copy has no .git):
+#   git diff HEAD <the commit before the series> -- src > revert.diff
+#   BEFORE=revert.diff AFTER= OUT=$OUT FUSELAB_REVISION=<rev> timeout 590 bash pending/next_ab.sh
 cd "$(dirname "$0")/.." || exit 2
 base="pending/softmax-fixes/000[1-3]-*.patch"
-export BEFORE="$base" T_RUN=${T_RUN:-200}
-export AFTER="$base pending/triton-single-column/*.patch pending/cuda-whole-span/*.patch pending/drop-in-flat/*.patch
-  pending/declared-dtypes/*.patch pending/attention-one-key-block/*.patch pending/check-upstream/*.patch"
+export BEFORE="${BEFORE-$base}" T_RUN=${T_RUN:-200}
+export AFTER="${AFTER-$base pending/triton-single-column/*.patch pending/cuda-whole-span/*.patch
+  pending/drop-in-flat/*.patch pending/declared-dtypes/*.patch pending/attention-one-key-block/*.patch
+  pending/check-upstream/*.patch pending/check-in-pieces/*.patch}"
 # After the benches, gradients against float64 on the after tree (a bench checks only the forward) where a new
 # series is riskiest: attention's check shapes (N = 1, few keys: the one-key-block path) and three of the seed-11
 # draw's shapes that take it. Last, so that a call cut at its limit loses these, not the A/B (the gate checks all).
