@@ -13,7 +13,7 @@ base="pending/softmax-fixes/000[1-3]-*.patch"
 export BEFORE="${BEFORE-$base}" T_RUN=${T_RUN:-200}
 export AFTER="${AFTER-$base pending/triton-single-column/*.patch pending/cuda-whole-span/*.patch
   pending/drop-in-flat/*.patch pending/declared-dtypes/*.patch pending/attention-one-key-block/*.patch
-  pending/check-upstream/*.patch pending/check-in-pieces/*.patch}"
+  pending/check-upstream/*.patch pending/check-in-pieces/*.patch pending/attention-fp32-tiles/*.patch}"
 # After the benches, gradients against float64 on the after tree (a bench checks only the forward) where a new
 # series is riskiest: attention's check shapes (N = 1, few keys: the one-key-block path) and three of the seed-11
 # draw's shapes that take it. Last, so that a call cut at its limit loses these, not the A/B (the gate checks all).
