@@ -94,9 +94,8 @@ def test_host_latency_stays_out_of_the_gpu_time():
 def test_cuda_graph_mode_and_events_agree_for_a_large_kernel():
     """The fastest sample of each mode, both timed in turns, three runs each. The gate runs this test beside other GPU
     jobs, whose kernels take turns with it: a sample of the graph mode, one replay of GRAPH_CALLS calls, lets in more
-    of theirs than one call does, so the medians part (H100, two gates of 2026-12-05: graph 230 and 250 µs against
-    events' 182.5, IQR 30 against 0.9). A sample is its own calls' time plus whatever ran between them: the fastest
-    of each mode is the one least taken by others."""
+    of theirs than one call does, so the medians part (docs/gate.md). A sample is its own calls' time plus whatever
+    ran between them: the fastest of each mode is the one least taken by others."""
     x = torch.randn(2**26, device="cuda")
     events, graph = [], []
     for _ in range(3):
