@@ -1167,16 +1167,18 @@ def test_cpu_triton_edges_path_at_odd_widths(width: int) -> None:
 
 
 @interpreter_quiet
-def test_cpu_triton_edges_of_rows_shorter_than_their_shift() -> None:
-    """Rules that send rows narrower than a vector to the edges path (edge_min_bytes 0; the table's rules keep such
-    rows out): where a row ends before its first 16-byte boundary (row r of width 1-3 starts at r * width), its head
-    stops at its end and it has no bulk or tail, forward and backward (rows and looped kernels), against float64."""
+def test_cpu_triton_rows_narrower_than_a_vector_never_take_edges() -> None:
+    """Rules that would send rows narrower than a vector to the edges path (edge_min_bytes 0; the table's rules keep
+    such rows out anyway): a row that ends before its first 16-byte boundary (row r of width 1-3 starts at r * width)
+    is read element by element instead, since the kernels' edges assume a row reaches that boundary; right forward
+    and backward (rows and looped kernels), against float64, where edges read past such a row's end."""
     rules = {**launch.params(torch.device("cpu")), "edge_min_bytes": 0}
     for width in (1, 2, 3):
         (x,) = SOFTMAX.make_inputs((9, width), torch.float32, "cpu", width)
         (dy,) = SOFTMAX.make_inputs((9, width), torch.float32, "cpu", width + 1)
         ys = torch.softmax(x, -1)
-        assert launch.edges(x, ys, dy, min_bytes=0)
+        assert not launch.edges(x, ys, dy, min_bytes=0)
+        assert launch.reads(x, ys, dy, min_bytes=0) == "scalars"
         for plan in (st.Plan("rows", 4, rows=2, num_warps=1), st.Plan("looped", 16)):
             y = torch.full_like(x, float("nan"))
             launch.FORWARD[plan.kernel](x, y, plan, rules)(x, y)
@@ -1192,6 +1194,9 @@ def test_edges_rule() -> None:
     assert launch.edges(x, torch.empty(4, 129), min_bytes=128)
     assert not launch.edges(torch.empty(4, 128), torch.empty(4, 128), min_bytes=128)  # whole vectors already
     assert not launch.edges(torch.empty(4, 31), torch.empty(4, 31), min_bytes=128)  # too short
+    assert not launch.edges(torch.empty(4, 3), torch.empty(4, 3), min_bytes=0)  # narrower than a vector
+    assert launch.edges(torch.empty(4, 5), torch.empty(4, 5), min_bytes=0)
+    assert not launch.edges(*(torch.empty(4, 7, dtype=torch.bfloat16) for _ in "xy"), min_bytes=0)
     assert not launch.edges(torch.empty(4, 130)[:, 1:], torch.empty(4, 129), min_bytes=128)  # misaligned buffer
     assert not launch.edges(torch.empty(4, 131)[:, :129], torch.empty(4, 129), min_bytes=128)  # strides 131 vs 129
     assert launch.edges(torch.empty(4, 133)[:, :129], torch.empty(4, 129), min_bytes=128)  # 133 = 129 mod 4

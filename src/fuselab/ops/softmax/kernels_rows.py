@@ -87,19 +87,20 @@ def _softmax_of_rows(x, e, HOLD: tl.constexpr, PTX: tl.constexpr, EDGES: tl.cons
 def _aligned_bulk(start, n_cols, VEC: tl.constexpr):
     """For rows starting at element offsets `start` of a 16-byte aligned buffer: (shift, bulk columns, aligned
     start) such that columns [shift, shift + bulk) of each row are whole 16-byte vectors from `start + shift`, which
-    the compiler sees as a multiple of VEC (so it loads 16 bytes at a time); the rest is the row's edges."""
+    the compiler sees as a multiple of VEC (so it loads 16 bytes at a time); the rest is the row's edges. Rows are at
+    least VEC long (`launch.edges` sends narrower ones elsewhere), so a row never ends before its shift."""
     shift = (VEC - start % VEC) % VEC
-    return shift, tl.maximum(n_cols - shift, 0) // VEC * VEC, (start + shift) // VEC * VEC
+    return shift, (n_cols - shift) // VEC * VEC, (start + shift) // VEC * VEC
 
 
 @triton.jit
 def _edge_columns(shift, n_bulk, n_cols, VEC: tl.constexpr):
     """Columns ([.., 2 VEC]) and mask of the edges of rows split by `_aligned_bulk`: the head [0, shift) in the first
-    VEC lanes, the tail [shift + n_bulk, n_cols) in the last VEC; every column < n_cols (a row shorter than its shift,
-    which the plans' edge_min_bytes keeps out, has no bulk and a head cut at its end)."""
+    VEC lanes, the tail [shift + n_bulk, n_cols) in the last VEC. (The head is not masked by n_cols: that changed how
+    ptxas schedules the rows backward's loads; docs/ops/softmax.md, "Rows narrower than a vector".)"""
     j = tl.arange(0, 2 * VEC)[None, :]
     cols = tl.where(j < VEC, j, shift + n_bulk + j - VEC)
-    return cols, tl.where(j < VEC, j < shift, True) & (cols < n_cols)
+    return cols, tl.where(j < VEC, j < shift, cols < n_cols)
 
 
 @triton.jit

@@ -130,11 +130,12 @@ def aligned16(t: torch.Tensor) -> bool:
 
 def edges(*tensors: torch.Tensor, min_bytes: int = 0) -> bool:
     """Whether rows are read as an aligned bulk of 16-byte vectors plus edges: rows are not whole vectors (else plain
-    loads are vectors already), at least `min_bytes` long, every buffer 16-byte aligned, and every row stride equal
-    to the first modulo a vector (so one shift aligns the row in all of them)."""
+    loads are vectors already), at least `min_bytes` long and never shorter than a vector (the kernels' edges assume a
+    row reaches its first 16-byte boundary), every buffer 16-byte aligned, and every row stride equal to the first
+    modulo a vector (so one shift aligns the row in all of them)."""
     v = vector(tensors[0])
     width = int(tensors[0].shape[1])
-    if alignment(*tensors) == v or width * tensors[0].element_size() < min_bytes or width >= 2**31:
+    if alignment(*tensors) == v or width < v or width * tensors[0].element_size() < min_bytes or width >= 2**31:
         return False
     s = int(tensors[0].stride(0)) % v
     return all(aligned16(t) and int(t.stride(0)) % v == s for t in tensors)
