@@ -231,11 +231,15 @@ struct ThreadPacks {
   int count;      // packs of this thread within the span
 };
 
+// The count is a 32-bit division: what is left of a span past a thread's first column is at most what the block
+// holds, and a 64-bit division is a called routine (two calls and 230 more instructions a kernel of one pack a
+// thread: docs/ops/softmax.md, "The same map on the graph-scratch series").
 template <int VEC>
 __device__ __forceinline__ ThreadPacks packs_of(const Span& s) {
   const int64_t first = s.begin + (int64_t)threadIdx.x * VEC;
-  const int64_t step = (int64_t)blockDim.x * VEC;
-  return {first, first < s.end ? (int)((s.end - first + step - 1) / step) : 0};
+  const int64_t left = s.end - first;
+  const unsigned held = (unsigned)(left < INT_MAX ? left : INT_MAX);
+  return {first, left > 0 ? (int)((held - 1u) / (blockDim.x * VEC) + 1u) : 0};
 }
 
 template <typename T, int VEC, int ITERS>
