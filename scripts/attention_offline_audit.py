@@ -15,9 +15,8 @@ with a plan of your own (a candidate to time). What it found is in docs/ops/atte
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -26,6 +25,7 @@ from fuselab.bench.dtypes import parse_dtype
 from fuselab.ops import tuning
 from fuselab.ops.attention import triton_kernels as tk
 from fuselab.profile import inspect_triton
+from fuselab.profile.inspect_triton import InterceptedLaunch
 
 
 @dataclass(frozen=True)
@@ -53,42 +53,26 @@ class Shape:
         )
 
 
-@dataclass(frozen=True)
-class Launched:
-    """One intercepted launch: the kernel's compile job (inspect_triton's form), its grid, warps and tile."""
-
-    job: str  # the job as JSON: equal launches compile once
-    grid: int
-    warps: int
-    tile: str  # "BLOCK_M x BLOCK_N, stages"
-
-
-def intercept(shapes: list[Shape], dtype: torch.dtype, forced: dict[str, tk.Plan]) -> dict[Shape, list[Launched]]:
+def intercept(
+    shapes: list[Shape], dtype: torch.dtype, forced: dict[str, tk.Plan]
+) -> dict[Shape, list[InterceptedLaunch]]:
     """Each shape's forward and backward launches, intercepted under the interpreter."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
 
-    backend = make_backend(GPUTarget("cuda", 90, 32))
-    out: dict[Shape, list[Launched]] = {}
-    with inspect_triton.intercepted_launches() as noted, tk.forced_plans(forced):
-        for s in shapes:
-            first = len(noted)
-            q = torch.empty(s.batch, s.q_heads, s.nq, s.d, dtype=dtype)
-            k = torch.empty(s.batch, s.kv_heads, s.nk, s.d, dtype=dtype)
-            v = torch.empty_like(k)
-            o, lse = tk.forward(q, k, v, s.causal, s.d**-0.5)
-            tk.backward(torch.empty_like(o), q, k, v, o, lse, s.causal, s.d**-0.5)
-            out[s] = [launched(*n, backend) for n in noted[first:]]
-    return out
+    def run(s: Shape) -> None:
+        q = torch.empty(s.batch, s.q_heads, s.nq, s.d, dtype=dtype)
+        k = torch.empty(s.batch, s.kv_heads, s.nk, s.d, dtype=dtype)
+        v = torch.empty_like(k)
+        o, lse = tk.forward(q, k, v, s.causal, s.d**-0.5)
+        tk.backward(torch.empty_like(o), q, k, v, o, lse, s.causal, s.d**-0.5)
+
+    with tk.forced_plans(forced):
+        return {s: inspect_triton.intercept(partial(run, s)) for s in shapes}
 
 
-def launched(interp: object, args: tuple, kwargs: dict, grid: object, backend: object) -> Launched:
-    size = grid(kwargs) if callable(grid) else grid
-    job = inspect_triton.launch_job(interp, args, kwargs, backend)
-    tile = (
-        f"{kwargs.get('BLOCK_M', kwargs.get('BLOCK_R', '-'))}x{kwargs.get('BLOCK_N', '-')}/{kwargs.get('num_stages')}"
-    )
-    return Launched(json.dumps(job, sort_keys=True, default=str), math.prod(size), int(kwargs["num_warps"]), tile)
+def tile(kwargs: dict) -> str:
+    """A launch's plan as "BLOCK_M x BLOCK_N / stages"."""
+    rows = kwargs.get("BLOCK_M", kwargs.get("BLOCK_R", "-"))
+    return f"{rows}x{kwargs.get('BLOCK_N', '-')}/{kwargs.get('num_stages')}"
 
 
 def forced_plan(text: str) -> tuple[str, tk.Plan]:
@@ -113,15 +97,14 @@ def main() -> None:
     args = parser.parse_args()
     with tuning.planning_as(tuning.GPUModel(args.gpu, args.sms, 9)):
         by_shape = intercept(args.shapes, parse_dtype(args.dtype), dict(args.force))
-    jobs = sorted({one.job for launches in by_shape.values() for one in launches})
-    compiled = dict(zip(jobs, inspect_triton.compile_launches([json.loads(j) for j in jobs], 90), strict=True))
+    compiled = inspect_triton.compile_launches([one.job for launches in by_shape.values() for one in launches], 90)
     print("shape kernel tile warps registers spilled_bytes shared_kib programs_per_sm grid waves")
     for shape, launches in by_shape.items():
         for one in launches:
             c = compiled[one.job]
             held = inspect_triton.programs_per_sm(c, one.warps)
-            print(f"{shape} {c.name} {one.tile} {one.warps} {c.registers} {c.spills} {c.shared / 1024:.1f} {held} "
-                  f"{one.grid} {one.grid / (held * args.sms):.2f}")  # fmt: skip
+            print(f"{shape} {c.name} {tile(one.kwargs)} {one.warps} {c.registers} {c.spills} {c.shared / 1024:.1f} "
+                  f"{held} {one.grid} {one.grid / (held * args.sms):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

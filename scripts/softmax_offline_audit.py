@@ -18,13 +18,11 @@ rows of odd widths read element by element, and an edge mask that split the fp32
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
-import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,15 +32,7 @@ from fuselab.bench.dtypes import parse_dtype
 from fuselab.ops import tuning
 from fuselab.ops.softmax import launch
 from fuselab.profile import asm, inspect_triton
-
-
-@dataclass(frozen=True)
-class Launched:
-    """One intercepted launch: the kernel's compile job (inspect_triton's form), its grid and warps."""
-
-    job: str  # the job as JSON: equal launches compile once
-    grid: int
-    warps: int
+from fuselab.profile.inspect_triton import InterceptedLaunch
 
 
 @contextlib.contextmanager
@@ -59,28 +49,16 @@ def planned_as(key: str, sms: int, overrides: dict) -> Iterator[None]:
         launch.params = table
 
 
-def intercept(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[tuple[int, int], list[Launched]]:
+def intercept(shapes: list[tuple[int, int]], dtype: torch.dtype) -> dict[tuple[int, int], list[InterceptedLaunch]]:
     """Each shape's forward and backward launches, intercepted under the interpreter."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
 
-    backend = make_backend(GPUTarget("cuda", 90, 32))
-    out: dict[tuple[int, int], list[Launched]] = {}
-    with inspect_triton.intercepted_launches() as noted:
-        for rows, width in shapes:
-            first = len(noted)
-            x = torch.empty(rows, width, dtype=dtype)
-            y = torch.empty_like(x)
-            launch.launch_forward(x, y)
-            launch.launch_backward(y, x, torch.empty_like(x))
-            out[(rows, width)] = [launched(*n, backend) for n in noted[first:]]
-    return out
+    def run(rows: int, width: int) -> None:
+        x = torch.empty(rows, width, dtype=dtype)
+        y = torch.empty_like(x)
+        launch.launch_forward(x, y)
+        launch.launch_backward(y, x, torch.empty_like(x))
 
-
-def launched(interp: object, args: tuple, kwargs: dict, grid: object, backend: object) -> Launched:
-    size = grid(kwargs) if callable(grid) else grid
-    job = inspect_triton.launch_job(interp, args, kwargs, backend)
-    return Launched(json.dumps(job, sort_keys=True, default=str), math.prod(size), int(kwargs.get("num_warps", 4)))
+    return {(rows, width): inspect_triton.intercept(partial(run, rows, width)) for rows, width in shapes}
 
 
 def map_shapes(path: Path, dtype: torch.dtype) -> list[tuple[int, int]]:
@@ -90,10 +68,10 @@ def map_shapes(path: Path, dtype: torch.dtype) -> list[tuple[int, int]]:
     return sorted({tuple(int(n) for n in r["shape"].split("x")) for r in rows if r["dtype"] == name})
 
 
-def loads_before_shuffle(cubin: str | None) -> str:
-    """Of a compiled kernel's global loads in its SASS (base64 `cubin`), how many come before its first warp shuffle,
-    as "k/n"; "-" where there is no cubin or no cuobjdump (`asm.find_tool`: Triton ships one)."""
-    sass = asm.cubin_sass(base64.b64decode(cubin))[0] if cubin else None
+def loads_before_shuffle(cubin: bytes | None) -> str:
+    """Of a compiled kernel's global loads in its SASS, how many come before its first warp shuffle, as "k/n"; "-"
+    where there is no cubin or no cuobjdump (`asm.find_tool`: Triton ships one)."""
+    sass = asm.cubin_sass(cubin)[0] if cubin else None
     if sass is None:
         return "-"
     loads = re.compile(r"\bLDG")
@@ -118,12 +96,7 @@ def main() -> None:
         parser.error("give shapes or --map")
     with planned_as(args.gpu, args.sms, args.rules):
         by_shape = intercept(shapes, dtype)
-    jobs = sorted({one.job for launches in by_shape.values() for one in launches})
-    compiled = dict(zip(jobs, inspect_triton.compile_launches([json.loads(j) for j in jobs], 90), strict=True))
-    schedule = {}
-    if args.sass:  # compiled again (from Triton's cache) for the cubins
-        cubins = [r["cubin"] for r in inspect_triton.compile_jobs_offline([json.loads(j) for j in jobs], 90)]
-        schedule = {job: " " + loads_before_shuffle(cubin) for job, cubin in zip(jobs, cubins, strict=True)}
+    compiled = inspect_triton.compile_launches([one.job for launches in by_shape.values() for one in launches], 90)
     sass_column = " loads_before_shuffle" if args.sass else ""
     print(f"shape kernel warps registers spilled_bytes programs_per_sm grid waves widest_load_bytes{sass_column}")
     for (rows, width), launches in by_shape.items():
@@ -132,7 +105,7 @@ def main() -> None:
             held = inspect_triton.programs_per_sm(c, one.warps)
             waves = one.grid / (held * args.sms)
             print(f"{rows}x{width} {c.name} {one.warps} {c.registers} {c.spills} {held} {one.grid} {waves:.2f} "
-                  f"{c.widest_load}{schedule.get(one.job, '')}")  # fmt: skip
+                  f"{c.widest_load}{' ' + loads_before_shuffle(c.cubin) if args.sass else ''}")  # fmt: skip
 
 
 if __name__ == "__main__":

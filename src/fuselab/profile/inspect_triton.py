@@ -10,13 +10,14 @@ import importlib
 import importlib.util
 import inspect as pyinspect
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -104,20 +105,8 @@ def triton_compile_offline(
     The compile runs in a fresh Python process with the interpreter off: kernels that ran under the interpreter
     in this process leave triton.language patched for it, which the compiler cannot use.
     """
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-
-    with intercepted_launches(kernels) as launches:
-        run()
-
-    backend = make_backend(GPUTarget("cuda", _arch_number(arch), 32))
-    jobs, seen = [], set()
-    for interp, args, kwargs, _ in launches:
-        job = launch_job(interp, args, kwargs, backend)
-        key = json.dumps(job, sort_keys=True, default=str)
-        if key not in seen:
-            seen.add(key)
-            jobs.append(job)
+    launches = intercept(run, _arch_number(arch), kernels)
+    jobs = [json.loads(job) for job in dict.fromkeys(one.job for one in launches)]  # distinct, in launch order
     if not jobs:
         return []
     out = []
@@ -207,32 +196,64 @@ def compile_jobs_offline(jobs: list[dict], arch: int) -> list[dict]:
 
 
 @dataclass(frozen=True)
+class InterceptedLaunch:
+    """One launch noted under the interpreter (`intercept`): its compile job as JSON (equal launches compile once),
+    the programs in its grid, its warps, and its keyword arguments as launched (the plan's constexprs)."""
+
+    job: str
+    grid: int
+    warps: int
+    kwargs: dict
+
+
+def intercept(
+    run: Callable[[], object], arch: int = 90, kernels: list[object] | None = None
+) -> list[InterceptedLaunch]:
+    """Without a GPU: the launches of `kernels` (None: of every kernel) that `run()` makes under the interpreter (not
+    executed), each specialized as Triton's JIT would for sm_`arch`."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    backend = make_backend(GPUTarget("cuda", arch, 32))
+    with intercepted_launches(kernels) as noted:
+        run()
+    out = []
+    for interp, args, kwargs, grid in noted:
+        size = grid(kwargs) if callable(grid) else grid
+        job = json.dumps(launch_job(interp, args, kwargs, backend), sort_keys=True, default=str)
+        out.append(InterceptedLaunch(job, math.prod(size), int(kwargs.get("num_warps", 4)), kwargs))
+    return out
+
+
+@dataclass(frozen=True)
 class CompiledLaunch:
     """What ptxas and Triton say of one compiled launch: registers a thread, spilled bytes (stores), shared memory
-    (bytes), and the widest global load a thread issues (bytes)."""
+    (bytes), the widest global load a thread issues (bytes), and the cubin (None where ptxas did not run)."""
 
     name: str
     registers: int | None
     spills: int | None
     shared: int
     widest_load: int
+    cubin: bytes | None = field(default=None, repr=False)
 
 
-def compile_launches(jobs: list[dict], arch: int) -> list[CompiledLaunch]:
-    """Each `launch_job` compiled for sm_`arch` (`compile_jobs_offline`), read back as a CompiledLaunch."""
-    out = []
-    for result in compile_jobs_offline(jobs, arch):
+def compile_launches(jobs: list[str], arch: int) -> dict[str, CompiledLaunch]:
+    """Each distinct job (`InterceptedLaunch.job`) compiled once for sm_`arch` (`compile_jobs_offline`), read back as
+    a CompiledLaunch, by job."""
+    distinct = sorted(set(jobs))
+    out = {}
+    for job, result in zip(distinct, compile_jobs_offline([json.loads(j) for j in distinct], arch), strict=True):
         ptx, name = result["asm"]["ptx"], result["metadata"]["name"]
         resources = ptxas_resources(ptx)[0].get(name)
         loads, _ = ptx_global_accesses(ptx)
-        out.append(
-            CompiledLaunch(
-                name=name,
-                registers=resources.registers if resources else None,
-                spills=resources.spill_stores if resources else None,
-                shared=result["metadata"]["shared"],
-                widest_load=loads[0].bytes if loads else 0,
-            )
+        out[job] = CompiledLaunch(
+            name=name,
+            registers=resources.registers if resources else None,
+            spills=resources.spill_stores if resources else None,
+            shared=result["metadata"]["shared"],
+            widest_load=loads[0].bytes if loads else 0,
+            cubin=base64.b64decode(result["cubin"]) if result.get("cubin") else None,
         )
     return out
 
