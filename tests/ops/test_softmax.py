@@ -244,6 +244,32 @@ def test_cpu_triton_backward_paths(plan: str) -> None:
 
 
 @interpreter_quiet
+def test_cpu_triton_single_column_rows_run_elementwise() -> None:
+    """Rows of one column take the `single` plan both ways (a block of rows a program, elementwise), unless the rule
+    is off. Into NaN-poisoned outputs, with a masked last program (rows no multiple of the block) and through row
+    strides (a column of wider rows): y is 1 where x is finite and NaN where not, dx = y (dy - y dy), as torch."""
+    cpu = torch.device("cpu")
+    assert st.backward_plan(1, torch.bfloat16, cpu) == st.Plan("single", 2048, rows=1, num_warps=4)
+    off = {**launch.params(cpu), "single_column": [0, 4]}
+    assert plans.choose_forward(1, 4, False, 132, off).kernel == "rows"
+    assert plans.choose_backward(1, 2, off).kernel == "rows"
+    rows = 2 * 1024 + 37
+    (wide,) = SOFTMAX.make_inputs((rows, 5), torch.float32, "cpu", 1)
+    wide[5, 2], wide[700, 2], wide[rows - 1, 2], wide[9, 2] = float("inf"), float("-inf"), float("nan"), 3e38
+    (dy,) = SOFTMAX.make_inputs((rows, 3), torch.float32, "cpu", 2)
+    for x, g in ((wide[:, 2:3], dy[:, 1:2]), (wide[:, 2:3].contiguous(), dy[:, 1:2].contiguous())):
+        assert st.forward_plan(1, x.dtype, cpu).kernel == "single"
+        y = torch.full((rows, 1), float("nan"))
+        st.launch_forward(x, y)
+        assert_softmax_like_torch(y, x, f"one column, row stride {x.stride(0)}")
+        dx = torch.full((rows, 1), float("nan"))
+        st.launch_backward(y, g, dx)
+        expected = reference_grad(x, g)
+        assert torch.equal(torch.isnan(dx), torch.isnan(expected)), f"row stride {x.stride(0)}: NaN elsewhere"
+        assert rel_err(dx, expected) <= SOFTMAX.tolerance[torch.float32], f"row stride {x.stride(0)}"
+
+
+@interpreter_quiet
 def test_cpu_triton_backward_split_rows() -> None:
     """Few wide rows (fewer than 2 per "SM": the interpreter counts 3): each row split over programs, partial sums of
     y * dy added in a fixed order (bitwise the same dx twice), every element of a NaN-poisoned dx written; with tiny
@@ -331,7 +357,8 @@ def test_triton_plans_by_width(monkeypatch: pytest.MonkeyPatch) -> None:
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
     assert st.forward_plan(128, f32, cpu) == st.Plan("rows", 128, rows=8, num_warps=1)
     assert st.forward_plan(128, bf16, cpu) == st.Plan("rows", 128, rows=16, num_warps=4)
-    assert st.forward_plan(1, f32, cpu) == st.Plan("rows", 1, rows=st.TILE_BYTES["4"] // 4, num_warps=1)
+    assert st.forward_plan(1, f32, cpu) == st.Plan("single", 1024, rows=1, num_warps=4)  # elementwise
+    assert st.forward_plan(2, f32, cpu) == st.Plan("rows", 2, rows=st.TILE_BYTES["4"] // 8, num_warps=1)
     assert st.forward_plan(129, f32, cpu) == st.Plan("rows", 256, rows=4, num_warps=1)
     assert st.forward_plan(1024, f32, cpu) == st.Plan("rows", 1024, rows=1, num_warps=1)
     assert st.forward_plan(2048, f32, cpu) == st.Plan("rows", 2048, rows=1, num_warps=4)
@@ -406,7 +433,9 @@ def test_triton_plans_by_how_rows_are_read() -> None:
     assert on_h200(25, 4, "scalars") == st.Plan("rows", 32, rows=16, num_warps=4)
     assert on_h200(53, 2, "scalars") == st.Plan("rows", 64, rows=8, num_warps=1)  # padded to 64: scalar_wide's one
     assert on_h200(13, 4, "scalars") == st.Plan("rows", 16, rows=32, num_warps=4)
-    assert on_h200(1, 2, "scalars") == st.Plan("rows", 1, rows=512, num_warps=4)
+    assert on_h200(1, 2, "scalars") == st.Plan("single", 2048, rows=1, num_warps=4)  # one column: elementwise
+    no_single = {**h200, "single_column": [0, 4]}
+    assert plans.choose_forward(1, 2, True, 132, no_single, "scalars") == st.Plan("rows", 1, rows=512, num_warps=4)
     assert on_h200(300, 2, "scalars") == st.Plan("rows", 512, rows=1, num_warps=1)  # the widest in a scalar tile
     # wider: a row a program on the warps of a row read in vectors (not one warp: 512 values a thread at 16384)
     assert on_h200(9248, 4, "scalars") == st.Plan("rows", 16384, rows=1, num_warps=16)
@@ -475,7 +504,7 @@ from fuselab.profile.inspect import triton_compile_offline
 
 def launch_all():
     for dtype in (torch.float32, torch.bfloat16):
-        for width, plan in ((128, None), (512, None), (4096, None), (16384, None),  # bf16 512, 16384: capped
+        for width, plan in ((1, None), (128, None), (512, None), (4096, None), (16384, None),  # bf16 512, 16384: capped
                             (1000, None), (17000, None),  # 16-byte rows whose width is no multiple of 16
                             (129, None), (1025, None),  # odd: aligned bulk + edges
                             (50257, st.Plan("split", 8192, num_warps=8)),  # odd, split, with edges
@@ -785,6 +814,29 @@ def test_gpu_cuda_edge_warp_rows_forward_and_backward(dtype: torch.dtype) -> Non
         assert not torch.isnan(torch.cat([y[:7], y[8:]])).any()
     finally:
         cuda.configure(index, table)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_triton_single_column_rows_elementwise(dtype: torch.dtype) -> None:
+    """Rows of one column on the Triton impl's `single` plan: contiguous (a masked last program, or none) and strided
+    (x[:, 1:] of two columns), forward and backward into NaN-poisoned outputs, against float64; y is exactly 1 where x
+    is finite and NaN where it is +-inf or NaN, as torch.softmax."""
+    tol = SOFTMAX.tolerance[dtype]
+    for (rows, width), offset in itertools.product(((1, 1), (3, 1), (2048, 1), (70001, 1), (1000003, 1)), (0, 1)):
+        x, dy = _rows_at_offset(rows, width, offset, dtype, seed=67)
+        assert launch.forward_plan(1, dtype, x.device).kernel == "single"
+        y = torch.full((rows, 1), float("nan"), dtype=dtype, device="cuda")
+        st.launch_forward(x, y)
+        assert rel_err(y, reference(x)) <= tol, f"forward {dtype} {rows} x 1 offset {offset}"
+        dx = torch.full_like(y, float("nan"))
+        st.launch_backward(y, dy, dx)
+        assert rel_err(dx, _exact_backward(y, dy)) <= tol, f"backward {dtype} {rows} x 1 offset {offset}"
+    x = torch.tensor([[1.5], [float("-inf")], [float("inf")], [float("nan")], [-3e4], [0.0]], dtype=dtype)
+    y = torch.empty_like(x, device="cuda")
+    st.launch_forward(x.cuda(), y)
+    assert torch.equal(torch.isnan(y.cpu()), torch.isnan(torch.softmax(x.double(), -1)))
+    assert (y[[0, 4, 5]] == 1).all()
 
 
 @pytest.mark.gpu

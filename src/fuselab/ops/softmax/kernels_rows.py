@@ -1,5 +1,6 @@
 """Triton softmax kernels that hold whole rows in registers: the rows kernel (several short rows per program, or
-one), its persistent one-row-ahead variant, and the rows backward; with the helpers the wide kernels share (fast
+one), its persistent one-row-ahead variant, the rows backward, and the single-column kernels (rows of one element,
+elementwise); with the helpers the wide kernels share (fast
 exp, 16-bit conversions, the aligned-bulk split of a misaligned row).
 
 Rows are (n_rows, n_cols) with unit column stride and a row stride; row offsets are int64. Math is in fp32; the max
@@ -240,3 +241,36 @@ def _backward_rows_kernel(
         dy = tl.load(dy_ptr + src * dy_row_stride * ALIGN + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         dx = y * (dy - tl.sum(y * dy, axis=1, keep_dims=True))
         tl.store(dx_ptr + rows * dx_row_stride * ALIGN + cols, dx.to(out_ty), mask=(rows < n_rows) & (cols < n_cols))
+
+
+@triton.jit
+def _forward_single_kernel(x_ptr, y_ptr, n_rows, x_stride, y_stride, BLOCK: tl.constexpr):
+    """Rows of one column, BLOCK rows a program, elementwise: the softmax of one value, 1 where x is finite and NaN
+    where not (x - max is inf - inf). Programs whose BLOCK lies inside the rows run unmasked (16-byte vectors where
+    the strides are 1, whatever n_rows is); only the last is masked."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    rows = start + tl.arange(0, BLOCK)
+    if start + BLOCK <= n_rows:
+        x = tl.load(x_ptr + rows * x_stride).to(tl.float32)
+        y = tl.where(tl.abs(x) < float("inf"), 1.0, float("nan"))
+        tl.store(y_ptr + rows * y_stride, y.to(y_ptr.dtype.element_ty))
+    else:
+        x = tl.load(x_ptr + rows * x_stride, mask=rows < n_rows, other=0.0).to(tl.float32)
+        y = tl.where(tl.abs(x) < float("inf"), 1.0, float("nan"))
+        tl.store(y_ptr + rows * y_stride, y.to(y_ptr.dtype.element_ty), mask=rows < n_rows)
+
+
+@triton.jit
+def _backward_single_kernel(y_ptr, dy_ptr, dx_ptr, n_rows, y_stride, dy_stride, dx_stride, BLOCK: tl.constexpr):
+    """Rows of one column, as _forward_single_kernel: dx = y * (dy - y * dy), the row's sum of y * dy being its one
+    term (0 where y and dy are finite; NaN where either is not, as the rows kernel gives)."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    rows = start + tl.arange(0, BLOCK)
+    if start + BLOCK <= n_rows:
+        y = tl.load(y_ptr + rows * y_stride).to(tl.float32)
+        dy = tl.load(dy_ptr + rows * dy_stride).to(tl.float32)
+        tl.store(dx_ptr + rows * dx_stride, (y * (dy - y * dy)).to(dx_ptr.dtype.element_ty))
+    else:
+        y = tl.load(y_ptr + rows * y_stride, mask=rows < n_rows, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows * dy_stride, mask=rows < n_rows, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + rows * dx_stride, (y * (dy - y * dy)).to(dx_ptr.dtype.element_ty), mask=rows < n_rows)

@@ -26,7 +26,13 @@ from fuselab.ops import launcher, tuning
 from fuselab.ops.backends import triton_unavailable
 from fuselab.ops.library import on_device, wrap_triton
 from fuselab.ops.softmax import plans
-from fuselab.ops.softmax.kernels_rows import _backward_rows_kernel, _forward_rows_ahead_kernel, _forward_rows_kernel
+from fuselab.ops.softmax.kernels_rows import (
+    _backward_rows_kernel,
+    _backward_single_kernel,
+    _forward_rows_ahead_kernel,
+    _forward_rows_kernel,
+    _forward_single_kernel,
+)
 from fuselab.ops.softmax.kernels_wide import (
     _backward_looped_kernel,
     _backward_partial_dot_kernel,
@@ -276,6 +282,17 @@ def _looped(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
     return launch
 
 
+def _single(x: torch.Tensor, y: torch.Tensor, plan: Plan, p: dict) -> Launch:
+    meta = {"BLOCK": plan.block, "num_warps": plan.num_warps}
+
+    def launch(x: torch.Tensor, y: torch.Tensor) -> None:
+        n_rows = x.shape[0]
+        grid = ((n_rows + plan.block - 1) // plan.block,)
+        wrap_triton(_forward_single_kernel)[grid](x, y, n_rows, x.stride(0), y.stride(0), **meta)
+
+    return launch
+
+
 Launcher = Callable[..., Launch]
 FORWARD: dict[str, Launcher] = {
     "rows": _rows,
@@ -283,6 +300,7 @@ FORWARD: dict[str, Launcher] = {
     "split": _split,
     "split_pairs": _split,
     "looped": _looped,
+    "single": _single,
 }
 _READY = tuning.Prepared()  # eager launches by layout (`_layout`), both directions
 
@@ -367,7 +385,19 @@ def _backward_looped(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: 
     return launch
 
 
-BACKWARD: dict[str, Launcher] = {"rows": _backward_rows, "looped": _backward_looped}
+def _backward_single(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan, p: dict) -> Launch:
+    meta = {"BLOCK": plan.block, "num_warps": plan.num_warps}
+
+    def launch(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
+        n_rows = y.shape[0]
+        grid = ((n_rows + plan.block - 1) // plan.block,)
+        strides = (y.stride(0), dy.stride(0), dx.stride(0))
+        wrap_triton(_backward_single_kernel)[grid](y, dy, dx, n_rows, *strides, **meta)
+
+    return launch
+
+
+BACKWARD: dict[str, Launcher] = {"rows": _backward_rows, "looped": _backward_looped, "single": _backward_single}
 
 
 def launch_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, plan: Plan | None = None) -> None:
@@ -397,8 +427,10 @@ TRITON_KERNELS = (
     _forward_split_kernel,
     _forward_split_pairs_kernel,
     _forward_looped_kernel,
+    _forward_single_kernel,
     _backward_rows_kernel,
     _backward_looped_kernel,
     _backward_partial_dot_kernel,
     _backward_split_kernel,
+    _backward_single_kernel,
 )

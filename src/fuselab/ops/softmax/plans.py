@@ -13,6 +13,7 @@ without a GPU.
   of even width), a row cut into equal spans of at most `split[itemsize]` columns, one program each, as long as a
   row's programs fit on the GPU at once (spans <= SMs); finer for a tensor of few rows (`split_fill`).
 - otherwise: `looped`, an online softmax (reads the row twice).
+- rows of one column, in both directions: `single`, elementwise (y is 1, or NaN where x is not finite).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ DEFAULTS: dict[str, object] = {
     # ... and a tensor of many such rows, loaded two elements or more at a time: rows per program doubled while a
     # thread holds at most scalar_grow[0] values and the grid keeps at least scalar_grow[1] programs per SM (0: never)
     "scalar_grow": [16, 0],
+    # Rows of one column, elementwise (`single`): (input bytes per program, warps); 0 bytes: the rows kernels instead
+    "single_column": [4096, 4],
     # Rows tiles of a small tensor: rows per program halved (down to 1) until the grid holds this many warps per SM
     "fill_warps_per_sm": 6,
     # Backward of wide rows, fewer than below_rows_per_sm per SM: a row split over programs of `blocks` columns (the
@@ -101,8 +104,10 @@ READS = ("vectors", "edges", "scalars")  # how a launch reads its rows (launch.r
 class Plan:
     """How one launch covers the rows.
 
-    kernel: a name in launch.FORWARD or launch.BACKWARD ("rows", "rows_ahead", "split", "split_pairs", "looped").
-    block: columns per tile (rows: the padded row; split: the most columns of one program's span; looped: one step).
+    kernel: a name in launch.FORWARD or launch.BACKWARD ("rows", "rows_ahead", "split", "split_pairs", "looped",
+    "single").
+    block: columns per tile (rows: the padded row; split: the most columns of one program's span; looped: one step;
+    single: rows per program).
     rows: rows per program (rows kernels). num_warps: warps per program. maxnreg: registers per thread at most (ptxas
     spills the rest), so more programs fit on an SM; None: no cap. hold: rows kernel, 16-bit rows held in their
     storage type between the passes (half the registers).
@@ -169,6 +174,8 @@ def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: di
     how the rows are read (READS); the register caps (`maxnreg`) and rows one ahead (`ahead`, which has no edges
     path: it would read a misaligned row element by element) hold for rows read in vectors only; a cap brings the
     warps it was fitted at."""
+    if width == 1 and (single := single_plan(itemsize, p)):
+        return single
     block = next_power_of_2(width)
     if block <= p["row_max"]:
         if bf16 and str(block) in p["held_bf16"]:
@@ -192,10 +199,20 @@ def choose_forward(width: int, itemsize: int, bf16: bool, sms: int | None, p: di
 def choose_backward(width: int, itemsize: int, p: dict, reads: str = "vectors") -> Plan:
     """The backward plan: whole rows up to backward_row_max, else looped (which splits a row over programs where
     there are few rows: `backward_split_block`)."""
+    if width == 1 and (single := single_plan(itemsize, p)):
+        return single
     block = next_power_of_2(width)
     if block <= p["backward_row_max"]:
         return rows_plan(block, itemsize, p, reads)
     return Plan("looped", p["loop"][0], 1, p["loop"][1])
+
+
+def single_plan(itemsize: int, p: dict) -> Plan | None:
+    """Rows of one column run elementwise, single_column[0] bytes of input a program on single_column[1] warps (a
+    row of one value needs no reduction: the rows kernels read one element a row, in tiles of 512 rows); None where
+    single_column[0] is 0."""
+    block_bytes, num_warps = p["single_column"]
+    return Plan("single", max(16, block_bytes // itemsize), 1, num_warps) if block_bytes else None
 
 
 def fill_rows(rows: int, num_warps: int, n_rows: int, sms: int, p: dict) -> int:
