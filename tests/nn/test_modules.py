@@ -102,7 +102,7 @@ def test_under_torch_compile_the_default_gelu_hands_its_formula_to_the_compiler_
 def test_a_drop_in_without_a_traced_impl_runs_its_native_impl_under_torch_compile():
     """Softmax declares no traced_impl: compiled, the default runs what it runs eager (torch.softmax on the CPU)."""
     assert get_op("softmax").traced_impl is None
-    assert "traced" not in get_op("softmax").drop_in_fns("auto")
+    assert get_op("softmax").drop_in("auto").traced is None
     gm, out = _traced_graph(fuselab.nn.Softmax(dim=-1), torch.randn(3, 11, generator=torch.Generator().manual_seed(5)))
     assert any("softmax" in t for t in _targets(gm)), _targets(gm)
     assert out.shape == (3, 11)

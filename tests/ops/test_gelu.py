@@ -219,6 +219,17 @@ def test_module_default_runs_the_native_impl_of_the_device_and_a_named_interpret
     assert len([w for w in caught if "interpreter" in str(w.message)]) == 1
 
 
+def test_the_compile_impl_takes_float64_as_it_declares() -> None:
+    """impl "compile" declares float64 (so does fuselab.nn.GELU's docstring), but it called the naive impl, whose input
+    check refused float64 ("gelu naive: dtype float64 is not supported", until 2026-12-05). Eager and as the module
+    runs it (in torch.compile), both forms, against F.gelu in float64."""
+    x = 4 * torch.randn(3, 257, dtype=torch.float64, generator=torch.Generator().manual_seed(11))
+    for form in FORMS:
+        expected = F.gelu(x, approximate=form)
+        torch.testing.assert_close(GELU.get_impl("compile").fn(x, form), expected, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(GELUModule(form, impl="compile")(x), expected, rtol=1e-12, atol=1e-14)
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 # (the contract test covers every impl x dtype x form with gradients, opcheck and compile)
 

@@ -10,8 +10,10 @@ from here and never special-case one. Registration is discovery: every package u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
+import math
 import pkgutil
 import re
 import sys
@@ -204,7 +206,7 @@ class Op:
     options: typed keyword options the impls accept (given as a sequence of Option, kept by name).
     bound: "memory" (quoted in GB/s against the copy ceiling) or "compute" (TFLOP/s against the matmul ceiling).
     traced_impl: the impl a drop-in with impl="auto" runs while torch.compile traces it on an input of fewer than
-        `traced_below` elements (None: any), `drop_in_fns`: one of plain PyTorch ops, which Inductor fuses with the
+        `traced_below` elements (None: any), `DropIn`: one of plain PyTorch ops, which Inductor fuses with the
         ops around it (a pointwise op into the matmul before it), where a kernel of its own would cost more host
         time than GPU time. None: the native impl, as in eager mode.
     package: the op's folder (`fuselab.ops.gelu`; None for an op without one), where the tools find by name what
@@ -338,29 +340,29 @@ class Op:
             _NATIVE[key] = natives[0] if natives else self.defaults.baseline
         return _NATIVE[key]
 
-    def drop_in_fns(self, impl: str) -> dict[str, tuple[str, Callable]]:
-        """For a drop-in module running `impl` ("auto": `native_impl`): per device type ("cpu", "cuda"), the impl's
-        name and function (a compiled impl wrapped in torch.compile once); for "auto" on an op with a
-        `traced_impl`, also "traced": a function running that impl's own (never wrapped: it runs inside a trace)
-        below `traced_below` elements, the native impl above. Pick with `drop_in_choice`. An unknown name raises
-        ValueError."""
-        fns = {}
+    def drop_in(self, impl: str) -> DropIn:
+        """What a drop-in module running `impl` ("auto": `native_impl`) calls: on the CPU and on a GPU, the impl's
+        function (a compiled impl wrapped in torch.compile once; a Triton impl on the CPU warns first, once a process,
+        that it runs interpreted); for "auto" on an op with a `traced_impl`, that impl's while torch.compile traces
+        an input of fewer than `traced_below` elements. An unknown name raises ValueError."""
+        chosen = {}
         for device_type in ("cpu", "cuda"):
             name = self.native_impl(device_type) if impl == "auto" else impl
             found = self._drop_in_impl(name)
-            fns[device_type] = (name, torch.compile(found.fn) if found.compiled else found.fn)
-        if impl == "auto" and self.traced_impl is not None:
-            formula, limit = self._drop_in_impl(self.traced_impl).fn, self.traced_below
-            cpu, cuda = fns["cpu"][1], fns["cuda"][1]
-
-            def traced(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-                if limit is None or x.numel() < limit:
-                    return formula(x, *args, **kwargs)
-                return (cuda if x.is_cuda else cpu)(x, *args, **kwargs)
-
-            traced.below = limit  # type: ignore[attr-defined]  (for the repr: describe_drop_in)
-            fns["traced"] = (self.traced_impl, traced)
-        return fns
+            fn = torch.compile(found.fn) if found.compiled else found.fn
+            if device_type == "cpu" and found.triton_kernels is not None:
+                fn = _warning_first(self, name, fn)
+            chosen[device_type] = (name, fn)
+        traced = self.traced_impl if impl == "auto" else None
+        return DropIn(
+            cpu_impl=chosen["cpu"][0],
+            cpu=chosen["cpu"][1],
+            cuda_impl=chosen["cuda"][0],
+            cuda=chosen["cuda"][1],
+            traced_impl=traced,
+            traced=self._drop_in_impl(traced).fn if traced is not None else None,
+            traced_below=(self.traced_below or math.inf) if traced is not None else 0,
+        )
 
     def _drop_in_impl(self, name: str) -> Impl:
         try:
@@ -412,25 +414,35 @@ def _exported(package: str | None, name: str) -> dict[str, object]:
 _NATIVE: dict[tuple[str, str], str] = {}  # (op, device type) -> its native impl (Op.native_impl)
 
 
-def drop_in_choice(fns: dict[str, tuple[str, Callable]], x: torch.Tensor) -> tuple[str, Callable]:
-    """The (impl name, function) of `fns` (`Op.drop_in_fns`) that a drop-in runs on `x`: while torch.compile traces,
-    the "traced" one where there is one; else the one of x's device type."""
-    if "traced" in fns and torch.compiler.is_compiling():
-        return fns["traced"]
-    return fns["cuda" if x.is_cuda else "cpu"]
+@dataclass(frozen=True)
+class DropIn:
+    """What a drop-in module (fuselab.nn) calls, from `Op.drop_in`: `cpu` or `cuda` by the input's device, and while
+    torch.compile traces an input of fewer than `traced_below` elements (0: never), `traced`. Kept flat, and chosen
+    by `pick` alone, because while tracing every object the module reads becomes a guard that each compiled call
+    evaluates: the path through a dict and a closure cost 0.8 µs of guards a call more (docs/call-cost.md)."""
 
+    cpu_impl: str
+    cpu: Callable
+    cuda_impl: str
+    cuda: Callable
+    traced_impl: str | None = None
+    traced: Callable | None = None
+    traced_below: float = 0
 
-def describe_drop_in(fns: dict[str, tuple[str, Callable]]) -> str:
-    """What runs where, for a drop-in's repr: "torch on cpu, triton on cuda, compile under torch.compile below
-    1,048,576 elements" (the last for an op with a `traced_impl`)."""
-    return ", ".join(f"{name} {_where(where, fn)}" for where, (name, fn) in fns.items())
+    def pick(self, x: torch.Tensor) -> Callable:
+        """The function to call on `x`."""
+        if torch.compiler.is_compiling() and x.numel() < self.traced_below:
+            return self.traced
+        return self.cuda if x.is_cuda else self.cpu
 
-
-def _where(where: str, fn: Callable) -> str:
-    if where != "traced":
-        return f"on {where}"
-    below = getattr(fn, "below", None)
-    return "under torch.compile" + (f" below {below:,} elements" if below is not None else "")
+    def describe(self) -> str:
+        """What runs where, for a module's repr: "torch on cpu, triton on cuda, compile under torch.compile below
+        1,048,576 elements" (the last for an op with a `traced_impl`)."""
+        where = f"{self.cpu_impl} on cpu, {self.cuda_impl} on cuda"
+        if self.traced_impl is None:
+            return where
+        below = f" below {self.traced_below:,} elements" if self.traced_below != math.inf else ""
+        return f"{where}, {self.traced_impl} under torch.compile{below}"
 
 
 _WARNED: set[tuple[str, str]] = set()  # (op, impl) already warned of running interpreted, in this process
@@ -448,6 +460,18 @@ def warn_if_interpreted(op: Op, impl: str) -> None:
         UserWarning,
         stacklevel=_outside_stacklevel(),
     )
+
+
+def _warning_first(op: Op, impl: str, fn: Callable) -> Callable:
+    """fn, calling `warn_if_interpreted` first, except while torch.compile traces it."""
+
+    @functools.wraps(fn)
+    def warning_first(*args: object, **kwargs: object) -> object:
+        if not torch.compiler.is_compiling():
+            warn_if_interpreted(op, impl)
+        return fn(*args, **kwargs)
+
+    return warning_first
 
 
 _INSIDE = tuple(str(Path(m.__file__).parent) + "/" for m in (torch, importlib.import_module("fuselab")))

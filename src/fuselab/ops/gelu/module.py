@@ -6,7 +6,6 @@ import torch
 
 from fuselab.ops.gelu.spec import GELU as GELU_OP
 from fuselab.ops.gelu.spec import check_form
-from fuselab.ops.registry import describe_drop_in, drop_in_choice, warn_if_interpreted
 
 
 class GELU(torch.nn.Module):
@@ -26,18 +25,14 @@ class GELU(torch.nn.Module):
         check_form(approximate)
         self.approximate = approximate
         self.impl = impl
-        self._fns = GELU_OP.drop_in_fns(impl)
-        self._warned = False
+        self._drop_in = GELU_OP.drop_in(impl)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        name, fn = drop_in_choice(self._fns, x)
-        if not x.is_cuda and not self._warned and not torch.compiler.is_compiling():
-            warn_if_interpreted(GELU_OP, name)
-            self._warned = True
+        fn = self._drop_in.pick(x)
         return fn(x, self.approximate)
 
     def extra_repr(self) -> str:
-        chosen = f" ({describe_drop_in(self._fns)})" if self.impl == "auto" else ""
+        chosen = f" ({self._drop_in.describe()})" if self.impl == "auto" else ""
         return f"approximate={self.approximate!r}, impl={self.impl!r}{chosen}"
 
     @classmethod

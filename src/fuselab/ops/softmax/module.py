@@ -6,7 +6,6 @@ import warnings
 
 import torch
 
-from fuselab.ops.registry import describe_drop_in, drop_in_choice, warn_if_interpreted
 from fuselab.ops.softmax.spec import SOFTMAX
 
 
@@ -33,14 +32,10 @@ class Softmax(torch.nn.Module):
             )
         self.dim = dim
         self.impl = impl
-        self._fns = SOFTMAX.drop_in_fns(impl)
-        self._warned = False
+        self._drop_in = SOFTMAX.drop_in(impl)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        name, fn = drop_in_choice(self._fns, x)
-        if not x.is_cuda and not self._warned and not torch.compiler.is_compiling():
-            warn_if_interpreted(SOFTMAX, name)
-            self._warned = True
+        fn = self._drop_in.pick(x)
         dim = self.dim
         if dim is None:
             dim = 0 if x.dim() in (0, 1, 3) else 1
@@ -52,7 +47,7 @@ class Softmax(torch.nn.Module):
         return fn(x.movedim(dim, -1)).movedim(-1, dim)
 
     def extra_repr(self) -> str:
-        chosen = f" ({describe_drop_in(self._fns)})" if self.impl == "auto" else ""
+        chosen = f" ({self._drop_in.describe()})" if self.impl == "auto" else ""
         return f"dim={self.dim}, impl={self.impl!r}{chosen}"
 
     @classmethod
