@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import Literal
 
 import torch
+from torch.compiler import is_compiling
 
 from fuselab.bench.dtypes import dtype_name
 from fuselab.ops.backends import InputSpec, checked_inputs
@@ -414,7 +415,7 @@ def _exported(package: str | None, name: str) -> dict[str, object]:
 _NATIVE: dict[tuple[str, str], str] = {}  # (op, device type) -> its native impl (Op.native_impl)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DropIn:
     """What a drop-in module (fuselab.nn) calls, from `Op.drop_in`: `cpu` or `cuda` by the input's device, and while
     torch.compile traces an input of fewer than `traced_below` elements (0: never), `traced`. Kept flat, and chosen
@@ -431,7 +432,7 @@ class DropIn:
 
     def pick(self, x: torch.Tensor) -> Callable:
         """The function to call on `x`."""
-        if torch.compiler.is_compiling() and x.numel() < self.traced_below:
+        if x.numel() < self.traced_below and is_compiling():
             return self.traced
         return self.cuda if x.is_cuda else self.cpu
 
