@@ -133,3 +133,28 @@ def test_the_cs336_function_checks_its_inputs_as_the_impl_does() -> None:
         FlashAttentionTiled.apply(q, q.long(), q)
     with pytest.raises(TypeError, match=r"q, k, v must share one dtype"):
         FlashAttentionTiled.apply(q, q.double(), q)
+
+
+def test_every_impl_runs_every_dtype_it_declares_on_the_cpu() -> None:
+    """Each impl available on the CPU, called on each dtype it declares (its own, else its op's) at a small odd shape,
+    returns that dtype's result: a declared dtype another layer refuses is a defect. Found this way (2026-12-05): gelu
+    "compile" declared float64 but called the naive impl, whose check refused it; attention "triton" declared float64,
+    which its kernels cannot take (an AssertionError inside Triton)."""
+    from fuselab.ops import all_ops
+
+    ran = []
+    for op in all_ops():
+        shape = {"gelu": (3, 37), "softmax": (3, 37), "attention": (1, 2, 1, 19, 21, 16)}.get(op.name)
+        if shape is None:  # an op registered by another test: not this test's
+            continue
+        options = op.default_options()
+        for name, impl in op.impls.items():
+            for dtype in impl.dtypes or op.dtypes:
+                if impl.unavailable("cpu", dtype) is not None:
+                    continue
+                inputs = op.make_inputs(shape, dtype, "cpu", 5, **options)
+                out = impl.fn(*inputs, **options)
+                out = out[0] if isinstance(out, tuple) else out
+                assert out.dtype == dtype and out.shape == inputs[0].shape, (op.name, name, dtype)
+                ran.append((op.name, name, dtype))
+    assert ("gelu", "compile", torch.float64) in ran and ("attention", "tiled", torch.float64) in ran, ran

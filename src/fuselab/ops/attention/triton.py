@@ -21,11 +21,14 @@ from types import ModuleType
 
 import torch
 
-from fuselab.ops.attention.spec import ATTENTION, FLOATS, QKV_RANK, check_qkv, default_scale, flash_function
-from fuselab.ops.backends import input_check, triton_unavailable
+from fuselab.ops.attention.spec import ATTENTION, QKV_RANK, check_qkv, default_scale, flash_function
+from fuselab.ops.backends import FLOAT_DTYPES, input_check, triton_unavailable
 from fuselab.ops.library import define_op
 
 DEVICES = ("cpu", "cuda")  # the CPU under TRITON_INTERPRET=1 only (slow: for tests)
+# The kernels' dtypes: not float64, which the other impls take (tl.dot of float64 tiles will not accumulate in fp32;
+# until 2026-12-05 a float64 input reached the kernel and failed there with an AssertionError)
+KERNEL_DTYPES = FLOAT_DTYPES
 
 
 def _kernels() -> ModuleType:
@@ -71,7 +74,7 @@ def _backward_fake(do, q, k, v, o, lse, causal, scale) -> tuple:
 
 def _checks(impl: str) -> Callable[..., None]:
     """check(q, k, v, ...): each accepted as the registered impl accepts it, the three agreeing, Triton ready."""
-    inputs = input_check(impl=impl, names=("q", "k", "v"), devices=DEVICES, dtypes=FLOATS, min_dim=QKV_RANK)
+    inputs = input_check(impl=impl, names=("q", "k", "v"), devices=DEVICES, dtypes=KERNEL_DTYPES, min_dim=QKV_RANK)
 
     def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *options: object) -> None:
         inputs(q, k, v)
@@ -99,7 +102,7 @@ attention_triton = define_op(
 ATTENTION.impl(
     "triton",
     devices=DEVICES,
-    dtypes=FLOATS,
+    dtypes=KERNEL_DTYPES,
     min_dim=QKV_RANK,
     requires=triton_unavailable,
     backward=True,
