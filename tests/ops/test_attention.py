@@ -275,6 +275,60 @@ def test_triton_causal_backward_launches_only_keys_some_query_sees(monkeypatch) 
 
 
 @needs_triton
+def test_one_key_block_for_every_query_writes_dq_in_the_dkdv_kernel(monkeypatch) -> None:
+    """Where one key block holds every key a query sees (few keys; top-left causal with few queries), each query
+    block's dQ is one product, dS K: the dK/dV kernel writes it and the dQ kernel is not launched. dQ, dK and dV
+    against float64 with GQA, a head dim in two chunks (48), causal and not, Nq > Nk and Nq < Nk; with 17 keys (two
+    16-key blocks) the dQ kernel runs as before. Bitwise the same on a repeat."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    launched: list = []
+    monkeypatch.setattr(tk, "attention_bwd_dq_kernel", _Recording(tk.attention_bwd_dq_kernel, launched))
+    with tk.forced_plans({"dkdv": tk.Plan(16, 16, 1, 1), "dq": tk.Plan(16, 16, 1, 1)}):
+        for shape, causal in [((1, 4, 2, 37, 9, 48), False), ((2, 2, 2, 45, 11, 24), True),
+                              ((1, 3, 3, 12, 70, 24), True), ((1, 2, 1, 29, 16, 16), False)]:  # fmt: skip
+            check_against_reference("triton", shape, causal, torch.float32, DEVICE)
+        assert launched == []
+        check_against_reference("triton", (1, 2, 1, 29, 17, 16), False, torch.float32, DEVICE)
+        assert len(launched) == 1
+        q, k, v = inputs((1, 4, 2, 37, 9, 48), torch.float32, DEVICE)
+        grads = []
+        for _ in range(2):
+            xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            attention(*xs, causal=True, impl="triton").square().sum().backward()
+            grads.append([x.grad for x in xs])
+        assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_planned_as_the_h200_few_seen_keys_take_one_block_that_writes_dq(monkeypatch) -> None:
+    """Planned as the H200 (tuning.planning_as; the launches are noted, not run): 12 causal queries over 9243 keys
+    (d 96, a shape of the random draw where the backward took 2.2x cuDNN's time) are seen by 12 keys, so the dK/dV
+    plan is fitted to those (one 16-key block, not 64 of the 9243) and that kernel writes dQ: no dQ kernel, its dQ
+    tile of at most 32 fp32 values a thread (`dq_tile_rows`). 1000 x 1000 keeps its dQ kernel."""
+    pytest.importorskip("triton")
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    launched: list = []
+    monkeypatch.setattr(tk, "_launch", lambda kernel, grid, *a, plan, **c: launched.append((kernel, plan, c)))
+    with tuning.planning_as(tuning.MODELS["sm_90"]):
+        for nq, nk in ((12, 9243), (1000, 1000)):
+            q = torch.randn(1, 2, nq, 96, dtype=torch.bfloat16)
+            k, v = (torch.randn(1, 2, nk, 96, dtype=torch.bfloat16) for _ in range(2))
+            o, lse = torch.empty_like(q), torch.zeros(1, 2, nq)
+            launched.clear()
+            tk.backward(torch.randn_like(q), q, k, v, o, lse, True, 96**-0.5)
+            names = {getattr(kernel, "__name__", str(kernel)): (plan, c) for kernel, plan, c in launched}
+            dkdv = next(name for name in names if "dkdv" in name)
+            if nq == 12:
+                plan, constexprs = names[dkdv]
+                assert constexprs["WRITE_DQ"] and plan.block_n == 16 and not any("dq" in n for n in names), names
+                assert plan.block_m <= tk.dq_tile_rows(96, plan.warps)
+            else:
+                assert any("_dq_" in n for n in names) and not names[dkdv][1].get("WRITE_DQ"), names
+
+
+@needs_triton
 def test_the_zeros_of_unseen_keys_are_written_by_a_kernel_and_seen_keys_are_left_alone() -> None:
     """attention_bwd_unseen_kernel writes the dK and dV zeros of the keys no query sees (a kernel, so that a call
     replayed from C, launches only, writes them too): on NaN-filled (2, 3, 70, 24) gradients with 12 keys seen,
@@ -659,8 +713,8 @@ from fuselab.ops.attention import triton_kernels as tk
 POINTERS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
 FP32_POINTERS = {"LSE", "DELTA", "DKP", "DVP"}
 CONSTANTS = {"HEAD_DIM": 80, "D_PAD": 128, "DA": 64, "DB": 16, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True,
-             "QSPLIT": True, "PREC": "tf32", "WIDTH": 80, "BLOCK_R": 64}  # d 80 in two chunks (64 + 16); dK/dV
-# into partials, and their sum
+             "QSPLIT": True, "PREC": "tf32", "WIDTH": 80, "BLOCK_R": 64, "WRITE_DQ": True}  # d 80 in two chunks
+# (64 + 16); dK/dV into partials, and their sum; dK/dV writing dQ
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4, "num_stages": 2})

@@ -34,7 +34,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -432,7 +432,7 @@ def _dkdv_step(
 ):
     """One query block's share of one key block's dK (unscaled) and dV, in the transposed frame (keys x queries):
     S^T = K Q^T, P^T = exp2(S^T c - L log2 e), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
-    MASKED: queries outside in_m (and, CAUSAL, those before the key) get no weight."""
+    MASKED: queries outside in_m (and, CAUSAL, those before the key) get no weight. Returns dS^T too (in q's dtype)."""
     st = tl.dot(k_a, tl.trans(q_a), input_precision=PREC)  # (BLOCK_N, BLOCK_M) = S^T
     if SPLIT:
         st = tl.dot(k_b, tl.trans(q_b), st, input_precision=PREC)
@@ -452,7 +452,7 @@ def _dkdv_step(
     dk_a = tl.dot(dst, q_a, dk_a, input_precision=PREC)
     if SPLIT:
         dk_b = tl.dot(dst, q_b, dk_b, input_precision=PREC)
-    return dk_a, dk_b, dv_a, dv_b
+    return dk_a, dk_b, dv_a, dv_b, dst
 
 
 @triton.jit
@@ -516,6 +516,11 @@ def _dkdv_inner(
     hi,
     NQ,
     qk_scale,
+    dq_base,
+    dq_offs_a,
+    dq_offs_b,
+    sdqn,
+    sm_scale,
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -523,8 +528,10 @@ def _dkdv_inner(
     SPLIT: tl.constexpr,
     MASK_B: tl.constexpr,
     PREC: tl.constexpr,
+    WRITE_DQ: tl.constexpr,
 ):
-    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), read by pointers."""
+    """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), read by pointers. WRITE_DQ (the
+    only key block any query sees): also each query block's dQ = dS K scale, whole, into dq_base's rows."""
     for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
         q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn
         do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn
@@ -543,10 +550,18 @@ def _dkdv_inner(
         else:
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
-        dk_a, dk_b, dv_a, dv_b = _dkdv_step(
+        dk_a, dk_b, dv_a, dv_b, dst = _dkdv_step(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_a, q_b, do_a, do_b, lse, delta, offs_m, offs_n, in_m,
             qk_scale, MASKED, CAUSAL, SPLIT, PREC,
         )  # fmt: skip
+        if WRITE_DQ:  # keys past NK were read as zeros: they add nothing
+            dq_ptrs = dq_base + tl.cast(start_m, tl.int64) * sdqn
+            ds = tl.trans(dst)
+            dq_a = tl.dot(ds, k_a, input_precision=PREC) * sm_scale
+            tl.store(dq_ptrs + dq_offs_a, dq_a.to(dq_base.dtype.element_ty), mask=in_m[:, None] & ok_a[None, :])
+            if SPLIT:
+                dq_b = tl.dot(ds, k_b, input_precision=PREC) * sm_scale
+                tl.store(dq_ptrs + dq_offs_b, dq_b.to(dq_base.dtype.element_ty), mask=in_m[:, None] & ok_b[None, :])
     return dk_a, dk_b, dv_a, dv_b
 
 
@@ -586,6 +601,11 @@ def attention_bwd_dkdv_kernel(
     sdvd,
     DKP,
     DVP,
+    DQ,
+    sdqz,
+    sdqh,
+    sdqn,
+    sdqd,
     HKV,
     GROUP,
     NQ,
@@ -601,12 +621,14 @@ def attention_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr,
     QSPLIT: tl.constexpr,
     PREC: tl.constexpr,
+    WRITE_DQ: tl.constexpr,
 ):
     """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV, S).
 
     S = 1 (QSPLIT False): into DK and DV. S > 1: program (i, s) takes the s-th of S shares of the query blocks and
     writes its unscaled fp32 dK and dV into the partial buffers DKP, DVP ((S, Z, HKV, NK, DA + DB), contiguous),
-    which the launcher sums over S in a fixed order."""
+    which the launcher sums over S in a fixed order. WRITE_DQ (NUM_N 1: one key block holds every key a query sees):
+    each query block's dQ has no other term, so it is written here, whole, into DQ (no dQ kernel, deterministic)."""
     SPLIT: tl.constexpr = DB > 0
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
@@ -629,6 +651,7 @@ def attention_bwd_dkdv_kernel(
     dv_a = tl.zeros([BLOCK_N, DA], dtype=tl.float32)
     q_offs_a = rows[:, None] * sqn + offs_a[None, :] * sqd
     do_offs_a = rows[:, None] * sdn + offs_a[None, :] * sdd
+    dq_offs_a = rows[:, None] * sdqn + offs_a[None, :] * sdqd
     if SPLIT:
         offs_b = DA + tl.arange(0, DB)
         ok_b = offs_b < HEAD_DIM
@@ -638,8 +661,10 @@ def attention_bwd_dkdv_kernel(
         dv_b = tl.zeros([BLOCK_N, DB], dtype=tl.float32)
         q_offs_b = rows[:, None] * sqn + offs_b[None, :] * sqd
         do_offs_b = rows[:, None] * sdn + offs_b[None, :] * sdd
+        dq_offs_b = rows[:, None] * sdqn + offs_b[None, :] * sdqd
     else:  # placeholders, never read
         ok_b, k_b, v_b, dk_b, dv_b, q_offs_b, do_offs_b = ok_a, k_a, v_a, dk_a, dv_a, q_offs_a, do_offs_a
+        dq_offs_b = dq_offs_a
     r0, r1, r2, r3, r4, r5 = _query_ranges(n0, NQ, BLOCK_M, BLOCK_N, CAUSAL, QSPLIT)
     # a `while` (not `for`): the interpreter takes no runtime range bound (see _fwd_inner); the inner loops stay `for`
     g = tl.full((), 0, tl.int32)
@@ -649,21 +674,25 @@ def attention_bwd_dkdv_kernel(
         do_base = DO + z.to(tl.int64) * sdz + h.to(tl.int64) * sdh
         lse_base = LSE + (z * HKV * GROUP + h).to(tl.int64) * NQ
         delta_base = DELTA + (z * HKV * GROUP + h).to(tl.int64) * NQ
+        dq_base = DQ + z.to(tl.int64) * sdqz + h.to(tl.int64) * sdqh
         if CAUSAL:  # the diagonal's blocks, masked
             dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
                 dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
                 q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r0, r1, NQ, qk_scale,
-                BLOCK_M, True, True, MASK_A, SPLIT, MASK_B, PREC,
+                dq_base, dq_offs_a, dq_offs_b, sdqn, sm_scale, BLOCK_M, True, True, MASK_A, SPLIT, MASK_B, PREC,
+                WRITE_DQ,
             )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
             q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r2, r3, NQ, qk_scale,
-            BLOCK_M, False, False, MASK_A, SPLIT, MASK_B, PREC,
+            dq_base, dq_offs_a, dq_offs_b, sdqn, sm_scale, BLOCK_M, False, False, MASK_A, SPLIT, MASK_B, PREC,
+            WRITE_DQ,
         )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
-            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r4, r5, NQ,
-            qk_scale, BLOCK_M, True, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
+            q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r4, r5, NQ, qk_scale,
+            dq_base, dq_offs_a, dq_offs_b, sdqn, sm_scale, BLOCK_M, True, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
+            WRITE_DQ,
         )  # fmt: skip
         g += 1
     if QSPLIT:
@@ -732,7 +761,7 @@ def _dkdv_inner_tma(
         else:
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
-        dk_a, dk_b, dv_a, dv_b = _dkdv_step(
+        dk_a, dk_b, dv_a, dv_b, _ = _dkdv_step(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_a, q_b, do_a, do_b, lse, delta, offs_m, offs_n, in_m,
             qk_scale, MASKED, CAUSAL, DB > 0, PREC,
         )  # fmt: skip
@@ -1227,6 +1256,14 @@ def d_work(d: int) -> int:
     return sum(d_chunks(d))
 
 
+def dq_tile_rows(d: int, warps: int) -> int:
+    """The most query rows a dK/dV tile takes where the kernel also writes dQ (one key block): its fp32 dQ tile
+    (rows x d_work) at most 32 values a thread, at least 16 rows. Compiled for sm_90 (attention_offline_audit.py),
+    tiles of 64 queries x 16 keys on 2 warps at d 80-96 spilled 552-948 bytes a thread, 16 x 16 72-196."""
+    rows = 32 * 32 * warps // d_work(d)
+    return max(16, 1 << (rows.bit_length() - 1)) if rows > 0 else 16
+
+
 def plan_key(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> str:
     """The plan table's key: kernel, the head dim as the tiles hold it (d_work), element size, causal."""
     return f"{kernel}|d{d_work(d)}|{dtype.itemsize * 8}bit|{'causal' if causal else 'full'}"
@@ -1497,7 +1534,8 @@ def backward(
         )  # fmt: skip
         prec = _precision(q.dtype)
         da, db = d_chunks(d)
-        plan = choose_plan("dkdv", d, q.dtype, causal, q.device, nq, nk, z * hkv)
+        # fitted to the keys some query sees: 12 causal queries over 9243 keys are one block of 16 keys, not 64
+        plan = choose_plan("dkdv", d, q.dtype, causal, q.device, nq, seen_keys(nq, nk, causal), z * hkv)
         num = triton.cdiv(seen_keys(nq, nk, causal), plan.block_n)
         seen = min(nk, num * plan.block_n)
         if seen < nk:  # keys no query sees (top-left causal, nk > nq): their dK and dV are zeros
@@ -1506,6 +1544,11 @@ def backward(
                 attention_bwd_unseen_kernel, (triton.cdiv(rows, block),), dk, dv, rows, nk, seen,
                 plan=Plan(block, block, 1 if small else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_R=block,
             )  # fmt: skip
+        # One key block holds every key a query sees (short or few keys): each query block's dQ has one term, which
+        # the dK/dV kernel writes (by pointers), so the dQ kernel and its recomputed products are not needed.
+        one_block = num == 1
+        if one_block:
+            plan = replace(plan, block_m=min(plan.block_m, dq_tile_rows(d, plan.warps)))
         gpu = _gpu(q.device)
         sms = gpu[1] if gpu is not None else 0
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
@@ -1515,7 +1558,7 @@ def backward(
             dkp = launcher.workspace("attention dk partials", splits * part, torch.float32, q.device, zeros=False)
             dvp = launcher.workspace("attention dv partials", splits * part, torch.float32, q.device, zeros=False)
         grid = (num * z * hkv, splits)
-        if tma:
+        if tma and not one_block:
             out = [None] * 4  # the partials are written by pointers
             if splits == 1:
                 out = [*_descriptors(dk, plan.block_n, da, db), *_descriptors(dv, plan.block_n, da, db)]
@@ -1531,9 +1574,9 @@ def backward(
             _launch(
                 attention_bwd_dkdv_kernel, grid, q4, k4, v4, do4, lse4, delta, dk, dv,
                 *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(), dkp, dvp,
-                hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                dq, *dq.stride(), hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
                 plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-                QSPLIT=splits > 1, PREC=prec,
+                QSPLIT=splits > 1, PREC=prec, WRITE_DQ=one_block,
             )  # fmt: skip
         if splits > 1:  # a sum in a fixed order: deterministic
             rows, block = z * hkv * nk, 16  # 16 rows of fp32 dK and dV a program: 64 spilled its pointers
@@ -1542,6 +1585,8 @@ def backward(
                 scale, plan=Plan(block, block, 1 if small else 4, 1), HEAD_DIM=d, WIDTH=da + db, D_PAD=d_pad(d),
                 BLOCK_R=block,
             )  # fmt: skip
+        if one_block:
+            return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num = triton.cdiv(nq, plan.block_m)
         if tma:
