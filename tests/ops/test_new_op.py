@@ -33,6 +33,26 @@ def test_check_cli_runs_every_impl_of_the_new_op(toy, tmp_path, capsys):
     assert all(r["status"] == "pass" and r["alpha"] == -1.5 for r in rows)
 
 
+def test_check_cli_counts_a_failure_of_pytorchs_own_impls_apart(toy, capsys):
+    """An impl marked upstream (PyTorch's own) that fails is shown and counted apart: the exit status is fuselab's
+    impls' (torch.softmax on the CPU misses the fp32 tolerance at rows of 40 000 now and then: docs/gate.md). The
+    same failure in an impl of fuselab's exits 1."""
+
+    def off(a, b, alpha=0.5):
+        return (a + b * alpha) * 1.01
+
+    toy.impl("upstream-off", upstream=True)(off)
+    argv = ["check", toy_op.NAME, "--dtype", "fp32", "--device", "cpu", "--impl"]
+    assert main([*argv, "naive,upstream-off"]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "3 passed, 0 failed, 3 failed in PyTorch's own impls (not counted), 0 unavailable" in out
+    assert main([*argv, "upstream-off"]) == 0  # nothing of fuselab's ran, and nothing of fuselab's failed
+    capsys.readouterr()
+    toy.impl("ours-off")(off)
+    assert main([*argv, "naive,ours-off"]) == 1
+    assert "3 passed, 3 failed, 0 unavailable" in capsys.readouterr().out
+
+
 def test_bench_cli_times_the_new_op(toy, tmp_path):
     out = tmp_path / "bench.json"
     argv = [
