@@ -1,8 +1,10 @@
-"""bench's float64 reference in pieces: a case needs at most ~3x its input in memory, whatever the dtype (issue 24:
-a 2 GiB tensor peaked at 19.3 GB), and the need bench states when it refuses a case covers what it takes.
+"""The float64 reference in pieces: a case of bench, or a forward-only case of check (the gate's past-2^31 checks),
+needs at most ~3x its input in memory, whatever the dtype (issue 24: a 2 GiB tensor peaked at 19.3 GB in bench; on an
+80 GB H100 the gate refused its 2^31-element checks, each said to need 72-80 GiB), and the need stated in a refusal
+covers what it takes.
 
 Measured as the process's peak resident memory (Linux: VmHWM, reset through /proc/self/clear_refs) in a child
-process, over one bench_case of GELU; the pieces are made small (REFERENCE_PIECE_BYTES) so that a 64 MiB input shows
+process, over one case of GELU; the pieces are made small (REFERENCE_PIECE_BYTES) so that a 64 MiB input shows
 the structure (inputs, one output, the kept reference) and not the fixed size of a piece."""
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ CHILD = r"""
 import json, sys, torch
 import fuselab.ops
 from fuselab.evaluate import cases as evaluate
+from fuselab.bench import accuracy
 from fuselab.evaluate.bench import bench_case
+from fuselab.evaluate.check import check_case
 from fuselab.bench.sweep import TooBig
 from fuselab.ops.registry import get_op
 from fuselab.bench.timer import Timing
@@ -33,10 +37,17 @@ def status(key):
             return int(line.split()[1]) * 1024
 
 evaluate.REFERENCE_PIECE_BYTES = int(sys.argv[3])
-op, dtype, numel = get_op("gelu"), getattr(torch, sys.argv[1]), int(sys.argv[2])
+op, dtype, numel, what = get_op("gelu"), getattr(torch, sys.argv[1]), int(sys.argv[2]), sys.argv[4]
 options = {"approximate": "tanh"}
-warm = bench_case(op, [op.get_impl("torch")], (4096,), dtype, "cpu", options, Timing(rep_ms=1, warmup_ms=1),
-                           call_cost_ms=0)  # the first call's one-time costs (kernels, thread pools) out of the way
+accuracy.POISON_BYTES = numel * dtype.itemsize  # check poisons one block of the output's size (a GPU's past 8 GiB)
+
+def run(numel):
+    if what == "check":
+        return check_case(op, op.get_impl("torch"), (numel,), dtype, "cpu", options, 7, grad=False)
+    return bench_case(op, [op.get_impl("torch")], (numel,), dtype, "cpu", options,
+                      Timing(rep_ms=1, warmup_ms=1, min_reps=3), call_cost_ms=0)["torch"]
+
+warm = run(4096)  # the first call's one-time costs (kernels, thread pools) out of the way
 free = evaluate.free_bytes
 evaluate.free_bytes = lambda device: 0  # what the refusal says this case needs
 try:
@@ -46,19 +57,19 @@ except TooBig as exc:
 evaluate.free_bytes = free
 start = status("VmRSS")
 open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
-row = bench_case(op, [op.get_impl("torch")], (numel,), dtype, "cpu", options,
-                          Timing(rep_ms=1, warmup_ms=1, min_reps=3), call_cost_ms=0)["torch"]
+row = run(numel)
 print(json.dumps({"start": start, "peak": status("VmHWM"), "rel_err": row["rel_err"], "stated": stated,
                   "need": evaluate.case_memory(op, (numel,), dtype, options, pieces=True)}))
 """
 
 
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's /proc/self/clear_refs")
+@pytest.mark.parametrize("what", ["bench", "check"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_bench_needs_at_most_three_times_its_input_in_memory(dtype: str) -> None:
+def test_a_case_needs_at_most_three_times_its_input_in_memory(dtype: str, what: str) -> None:
     numel, piece = 2**24, 2**20  # 64 MiB of float32 input (32 MiB of bfloat16); pieces of 1 MiB of float64
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD, dtype, str(numel), str(piece)],
+    done = subprocess.run([sys.executable, "-c", CHILD, dtype, str(numel), str(piece), what],
                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])

@@ -166,6 +166,11 @@ class Reference:
         keep = self.rows is None or torch.promote_types(dtype, torch.float32).itemsize <= dtype.itemsize
         self.kept = reference_of(op, inputs, options, self.rows) if keep else None
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The reference's shape (an output's): the input's where it is made in pieces and not kept."""
+        return tuple((self.kept if self.kept is not None else self.inputs[0]).shape)
+
     def error(self, out: torch.Tensor) -> float:
         """||out - ref|| / ||ref|| (`relative_error`), a piece at a time where the reference is made in pieces."""
         if self.kept is not None:
