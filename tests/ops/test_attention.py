@@ -764,6 +764,37 @@ def test_triton_kernels_compile_with_the_scalars_torch_compile_passes() -> None:
     assert done.stdout.count("ok ") == len(tk.TRITON_KERNELS) == 9, done.stdout
 
 
+@pytest.mark.slow
+def test_fp32_kernels_compile_for_sm_90_keeping_their_tiles_in_registers() -> None:
+    """fp32 products are "ieee", unrolled into FMAs by ptxas: past d 64 the rule's tiles hold at most 16 x 32 x 128
+    of them a product, and the kernels planned as the H200 plans them compile for sm_90 (no GPU) with at most 128
+    bytes spilled a thread. The tiles before (64 x 32 forward, 32 x 64 dK/dV at d 128) spilled 33-101 KB a thread at
+    2 x 16 x 4 x 4096 x 4096 x 128 causal and took 78 s to compile here, not 16."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    with tuning.planning_as(tuning.GPUModel("nvidia-h200-sm90", 132, 9)):  # the GPU's rules, not the interpreter's
+        for d in (80, 96, 128, 192, 256):
+            for kernel in ("fwd", "dkdv", "dq"):
+                plan = tk.rule_plan(kernel, d, torch.float32, True)
+                assert plan.block_m * plan.block_n * tk.d_work(d) / (32 * plan.warps) <= 512, (d, kernel, plan)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "attention_offline_audit.py"
+    shapes = ["2x16x4x4096x4096x128c", "1x4x1x1024x1024x256c"]
+    done = subprocess.run([sys.executable, str(script), "--dtype", "fp32", *shapes],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] and line.split()[0] in shapes]
+    products = [r for r in rows if r[1] in {f"attention_{k}_kernel" for k in ("fwd", "bwd_dkdv", "bwd_dq")}]
+    assert len(products) == 6, done.stdout
+    for shape, kernel, tile, warps, _, spilled, *_ in products:
+        if spilled != "None":  # None: no ptxas found
+            assert int(spilled) <= 128, f"{shape} {kernel} {tile} on {warps} warps: {spilled} bytes spilled a thread"
+
+
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) -> None:

@@ -1274,26 +1274,26 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
 
     16-bit rows up to 256 bytes (d <= 128): what tuning chose at d 80, 96 and 128 on the H200 and what timing found
     best at d 48 too (docs/ops/attention.md): forward 64 x 64, dK/dV 32 queries x 64 keys, dQ 64 x 64, 4 warps. fp32
-    (its registers): forward 128 x 64 (4 warps to 128-byte rows, 8 past), dK/dV 64 x 128 (8 warps; 32 x 128 past
-    128 bytes), dQ 128 x 64 (8 warps; 128 x 32 past 128 bytes). Wider rows halve the tiles so K/V stages fit in
-    shared memory. Under the interpreter: 16 x 16.
+    to d 64 (its registers): forward 128 x 64 (4 warps to 128-byte rows, 8 past), dK/dV 64 x 128 (8 warps; 32 x 128
+    past 128 bytes), dQ 128 x 64 (8 warps; 128 x 32 past 128 bytes). fp32 past d 64, whose "ieee" products ptxas
+    unrolls into FMAs: forward and dQ 16 x 32, dK/dV 32 x 16 (16 x 16 past d 128), 4 warps, at most 512 FMAs a
+    thread a product. Under the interpreter: 16 x 16.
     """
     if _interpreter_plans():
         return Plan(16, 16, 1, 1)
     row = d_work(d) * dtype.itemsize
     if row <= 256 and dtype.itemsize == 2:
         return {"fwd": Plan(64, 64, 4, 3), "dkdv": Plan(32, 64, 4, 3), "dq": Plan(64, 64, 4, 3)}[kernel]
+    if row > 256:  # fp32 past d 64: "ieee" products, unrolled into FMAs; at most 16 x 32 x 128 of them a product
+        # (512 a thread of 4 warps), so that the tiles stay in registers
+        if row > 512:
+            return Plan(16, 16, 4, 1)
+        return {"fwd": Plan(16, 32, 4, 1), "dkdv": Plan(32, 16, 4, 1), "dq": Plan(16, 32, 4, 1)}[kernel]
     if kernel == "fwd":
-        if row <= 256:
-            return Plan(128, 64, 4, 3) if row <= 128 else Plan(128, 64, 8, 3)
-        return Plan(64, 32, 4, 2) if row <= 512 else Plan(32, 32, 4, 1)
+        return Plan(128, 64, 4, 3) if row <= 128 else Plan(128, 64, 8, 3)
     if kernel == "dkdv":
-        if row <= 256:
-            return Plan(64, 128, 8, 3) if row <= 128 else Plan(32, 128, 8, 2)
-        return Plan(32, 64, 4, 1) if row <= 512 else Plan(16, 32, 4, 1)
-    if row <= 256:  # dq
-        return Plan(128, 64, 8, 3) if row <= 128 else Plan(128, 32, 8, 2)
-    return Plan(64, 32, 4, 1) if row <= 512 else Plan(32, 16, 4, 1)
+        return Plan(64, 128, 8, 3) if row <= 128 else Plan(32, 128, 8, 2)
+    return Plan(128, 64, 8, 3) if row <= 128 else Plan(128, 32, 8, 2)  # dq
 
 
 @functools.cache
