@@ -90,7 +90,7 @@ for command in "${commands[@]}"; do
   bench after "after$tag" --compare "$WORK/before$tag.json"
   [ "${AGAIN:-0}" = 1 ] && bench before "again$tag" --compare "$WORK/before$tag.json"
   [ -f "$WORK/before$tag.json" ] && [ -f "$WORK/after$tag.json" ] \
-    && "${PYTHON:-python3}" "$ROOT/scripts/impl_map.py" compare "$WORK/before$tag.json" "$WORK/after$tag.json"
+    && PYTHONPATH="$ROOT/src" "${PYTHON:-python3}" "$ROOT/scripts/impl_map.py" compare "$WORK/before$tag.json" "$WORK/after$tag.json"
   archive
 done
 

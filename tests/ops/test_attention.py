@@ -795,6 +795,24 @@ def test_fp32_kernels_compile_for_sm_90_keeping_their_tiles_in_registers() -> No
             assert int(spilled) <= 128, f"{shape} {kernel} {tile} on {warps} warps: {spilled} bytes spilled a thread"
 
 
+def test_16_bit_rows_past_d_128_keep_their_own_plans() -> None:
+    """fp32's register-bound tiles past d 64 are fp32's alone: 16-bit heads of 192 and 256 keep the tiles sized to
+    shared memory (the fp32 rule once caught them too, and the H200's bf16 causal forward at d 192-256 took 1.1-1.5x
+    its time on the seed-11 draw's small shapes)."""
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    with tuning.planning_as(tuning.GPUModel("nvidia-h200-sm90", 132, 9)):
+        for dtype in (torch.bfloat16, torch.float16):
+            assert tk.rule_plan("fwd", 192, dtype, True) == tk.Plan(64, 32, 4, 2)
+            assert tk.rule_plan("dkdv", 160, dtype, False) == tk.Plan(32, 64, 4, 1)
+            assert tk.rule_plan("dq", 256, dtype, True) == tk.Plan(64, 32, 4, 1)
+            assert tk.rule_plan("fwd", 384, dtype, True) == tk.Plan(32, 32, 4, 1)
+            assert tk.rule_plan("dq", 384, dtype, True) == tk.Plan(32, 16, 4, 1)
+        assert tk.rule_plan("fwd", 192, torch.float32, True) == tk.Plan(16, 16, 4, 1)
+        assert tk.rule_plan("fwd", 96, torch.float32, True) == tk.Plan(16, 32, 4, 1)
+
+
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) -> None:
