@@ -22,7 +22,7 @@ if [ "${SKIP_GATE:-0}" != 1 ]; then
   GATE_S=${GATE_S:-500} OUT="$OUT/gate" bash scripts/gpu_gate.sh --pytest-budget-s "${PYTEST_S:-470}" \
     --job-s "${JOB_S:-380}" --pytest-workers "${PYTEST_WORKERS:-6}" > "$OUT/gate_stdout.log" 2>&1
   echo "gate_rc=$?"
-  cp benchmarks/results/*/gate.json "$OUT/" 2>/dev/null
+  cp "$(ls -t benchmarks/results/*/gate.json | head -1)" "$OUT/" 2>/dev/null  # the one this gate wrote (newest)
   tar czf "$OUT/gatelogs.tgz" -C "$OUT" gate && rm -rf "$OUT/gate"
   grep -E "^gate |^fuselab gate|^FAIL" "$OUT/gate_stdout.log" | cut -c1-400
 fi
