@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
-# The next device session's third call (pending/README.md), on the gated tree with the kept series applied: the
+# The next device session's third call (pending/README.md), on the gated tree: the
 # results they are waiting for, each bounded and written under $OUT as it finishes.
-#   1. the softmax seed-2036 draw (200 shapes a dtype, 6000 cases, about two calls' worth): afresh, or with PART=1
-#      resumed from softmax-fixes' part 1 (4255 rows at ca84d8f) -- only where the gated tree's softmax kernels are
-#      still ca84d8f's (triton-single-column and cuda-whole-span not landed): one draw, one revision. RESUME_FROM=<dir
-#      of this script's draw/*.jsonl from an earlier call at the same revision> goes on from there instead;
+#   1. the softmax seed-2036 draw (200 shapes a dtype, 6000 cases, about two calls' worth): afresh, or with
+#      RESUME_FROM=<dir of this script's draw/*.jsonl from an earlier call at the same revision> going on from there;
 #   2. benchmarks/compiled_guards.py (drop-in-flat: the guards a compiled call evaluates, on CUDA tensors);
 #   3. benchmarks/mlp_calls.py (issue 26's compiled feed-forward block, against docs/call-cost.md's table).
 # Liger-Kernel for the draw's rival: carry explore/liger (the unzipped wheel; pending/README's setup line).
@@ -12,11 +10,7 @@
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/next_results}; mkdir -p "$OUT"
 export PYTHONPATH=src
-part=pending/softmax-fixes/softmax_random_seed2036_part.jsonl.gz
 resume=${RESUME_FROM:-}
-if [ "${PART:-0}" = 1 ]; then
-  mkdir -p /tmp/rs_in && gunzip -c "$part" > /tmp/rs_in/softmax_random.jsonl && resume=/tmp/rs_in
-fi
 liger=$([ -d explore/liger ] && echo "$PWD/explore/liger")
 [ -n "$liger" ] || echo "no explore/liger: the draw runs without its Liger rival (carry explore/liger)"
 OUT="$OUT/draw" RESUME_FROM=$resume OPS=softmax N=200 SEED=2036 WARM_JOBS=15 LIGER=$liger \
