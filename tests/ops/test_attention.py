@@ -806,6 +806,9 @@ def test_16_bit_rows_past_d_128_keep_their_own_plans() -> None:
         for dtype in (torch.bfloat16, torch.float16):
             assert tk.rule_plan("fwd", 192, dtype, True) == tk.Plan(64, 32, 4, 2)
             assert tk.rule_plan("dkdv", 160, dtype, False) == tk.Plan(32, 64, 4, 1)
+            assert tk.rule_plan("dkdv", 192, dtype, True) == tk.Plan(32, 64, 4, 1)
+            assert tk.rule_plan("dkdv", 256, dtype, True) == tk.Plan(32, 32, 4, 2)  # 64 keys' accumulators spill
+            assert tk.rule_plan("dkdv", 200, dtype, False) == tk.Plan(32, 32, 4, 2)  # worked as 256 columns
             assert tk.rule_plan("dq", 256, dtype, True) == tk.Plan(64, 32, 4, 1)
             assert tk.rule_plan("fwd", 384, dtype, True) == tk.Plan(32, 32, 4, 1)
             assert tk.rule_plan("dq", 384, dtype, True) == tk.Plan(32, 16, 4, 1)
@@ -834,3 +837,18 @@ def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) ->
             results.append((o, lse, *tk.backward(do, q, k, v, o, lse, causal, d**-0.5)))
         for a, b in zip(*results, strict=True):
             torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+
+def test_the_tuner_tries_fewer_keys_for_wide_16_bit_heads() -> None:
+    """Past d 128 the tuner's dK/dV candidates include the smaller key blocks the sweep found faster at d 256 (64
+    keys' fp32 accumulators spill there), and every candidate fits the wide rows' shared memory (at most 64 x 64)."""
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+    from fuselab.ops.attention.tune import candidates
+
+    with tuning.planning_as(tuning.GPUModel("nvidia-h200-sm90", 132, 9)):
+        plans = candidates("dkdv", 256, torch.bfloat16)
+        assert plans[0] == tk.rule_plan("dkdv", 256, torch.bfloat16, False)
+        assert {tk.Plan(32, 64, 4, 1), tk.Plan(32, 32, 4, 2), tk.Plan(32, 16, 4, 2)} <= set(plans)
+        assert len(plans) == len(set(plans))
+        assert all(p.block_m * p.block_n <= 64 * 64 for p in plans)

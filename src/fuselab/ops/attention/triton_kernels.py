@@ -1273,22 +1273,24 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
     """The plan by rule, from the bytes one tile row holds (d_work x element size).
 
     16-bit rows up to 256 bytes (d <= 128): what tuning chose at d 80, 96 and 128 on the H200 and what timing found
-    best at d 48 too (docs/ops/attention.md): forward 64 x 64, dK/dV 32 queries x 64 keys, dQ 64 x 64, 4 warps; past
-    d 128 forward 64 x 32, dK/dV 32 x 64, dQ 64 x 32 (to d 256; halved past), 4 warps, so that K/V stages fit. fp32
-    to d 64 (its registers): forward 128 x 64 (4 warps to 128-byte rows, 8 past), dK/dV 64 x 128 (8 warps; 32 x 128
-    past 128 bytes), dQ 128 x 64 (8 warps; 128 x 32 past 128 bytes). fp32 past d 64, whose "ieee" products ptxas
-    unrolls into FMAs: forward and dQ 16 x 32, dK/dV 32 x 16 (16 x 16 past d 128), 4 warps, at most 512 FMAs a
-    thread a product. Under the interpreter: 16 x 16.
+    best at d 48 too (docs/ops/attention.md): forward 64 x 64, dK/dV 32 queries x 64 keys, dQ 64 x 64, 4 warps. Past
+    d 128, so that K/V stages fit: forward 64 x 32, dK/dV 32 x 64 (32 x 32 on 2 stages past d 192, where 64 keys'
+    accumulators spill), dQ 64 x 32, 4 warps; halved past d 256. fp32 to d 64 (its registers): forward 128 x 64 (4
+    warps to 128-byte rows, 8 past), dK/dV 64 x 128 (8 warps; 32 x 128 past 128 bytes), dQ 128 x 64 (8 warps; 128 x
+    32 past 128 bytes). fp32 past d 64, whose "ieee" products ptxas unrolls into FMAs: forward and dQ 16 x 32, dK/dV
+    32 x 16 (16 x 16 past d 128), 4 warps, at most 512 FMAs a thread a product. Under the interpreter: 16 x 16.
     """
     if _interpreter_plans():
         return Plan(16, 16, 1, 1)
     row = d_work(d) * dtype.itemsize
-    if row <= 256 and dtype.itemsize == 2:
-        return {"fwd": Plan(64, 64, 4, 3), "dkdv": Plan(32, 64, 4, 3), "dq": Plan(64, 64, 4, 3)}[kernel]
-    if row > 256 and dtype.itemsize == 2:  # 16-bit past d 128: tiles halved so that K/V stages fit in shared memory
-        wide = row > 512
-        plans = {"fwd": (Plan(64, 32, 4, 2), Plan(32, 32, 4, 1)), "dkdv": (Plan(32, 64, 4, 1), Plan(16, 32, 4, 1))}
-        return plans.get(kernel, (Plan(64, 32, 4, 1), Plan(32, 16, 4, 1)))[wide]  # dq: the default
+    if dtype.itemsize == 2:
+        if row <= 256:
+            return {"fwd": Plan(64, 64, 4, 3), "dkdv": Plan(32, 64, 4, 3), "dq": Plan(64, 64, 4, 3)}[kernel]
+        if row <= 512:  # past d 128: tiles halved so that K/V stages fit in shared memory; dK/dV's fp32
+            # accumulators (2 x keys x d_work) at most 192 values a thread: 32 keys past d 192
+            dkdv = Plan(32, 64, 4, 1) if row <= 384 else Plan(32, 32, 4, 2)
+            return {"fwd": Plan(64, 32, 4, 2), "dkdv": dkdv, "dq": Plan(64, 32, 4, 1)}[kernel]
+        return {"fwd": Plan(32, 32, 4, 1), "dkdv": Plan(16, 32, 4, 1), "dq": Plan(32, 16, 4, 1)}[kernel]  # past d 256
     if row > 256:  # fp32 past d 64: "ieee" products, unrolled into FMAs; at most 16 x 32 x 128 of them a product
         # (512 a thread of 4 warps), so that the tiles stay in registers
         if row > 512:

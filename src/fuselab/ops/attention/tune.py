@@ -65,6 +65,8 @@ def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
         ]
     if row > 256:  # wide rows: only the smaller tiles can fit
         plans = [p for p in plans if p.block_m * p.block_n <= 64 * 64]
+        if kernel == "dkdv":  # fewer keys, fewer accumulators (scripts/attention_plan_sweep.py; docs/ops/attention.md)
+            plans += [Plan(32, 64, 4, 1), Plan(32, 32, 4, 2), Plan(32, 16, 4, 2)]
     seen: list[Plan] = []
     for p in plans:
         if p not in seen:
