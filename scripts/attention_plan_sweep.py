@@ -4,9 +4,9 @@
         --shape 24x16x4x117x117x256 --shape 2x8x8x2000x2000x192 --causal both --out sweep.jsonl
 
 A shape is B x Hq x Hkv x Nq x Nk x d (GQA when Hkv < Hq). For each shape and causal setting, side by side
-(fuselab.bench.timer.benchmark_side_by_side, L2 flushed): cuDNN (F.scaled_dot_product_attention forced to it, K/V
-heads repeated), the Triton kernels at their own plans ("plan", what `choose_plan` picks: table or rule, fitted),
-and the Triton kernels with `--kernel` forced to each of `--plans` (as given, not fitted to the shape). Each line of
+(fuselab.bench.timer.benchmark_side_by_side, L2 flushed): cuDNN (the op's sdpa-cudnn impl, K/V heads repeated once
+beforehand), the Triton kernels at their own plans ("plan", what `choose_plan` picks: table or rule, fitted), and
+the Triton kernels with `--kernel` forced to each of `--plans` (as given, not fitted to the shape). Each line of
 `--out` (JSON) is one shape's medians in ms, with the GPU, torch, Triton and git revision. A plan that fails to
 compile or gives a wrong result is recorded with its error. Exploration: what it finds goes into the rule or the
 tuner's candidates (docs/ops/attention.md).
@@ -28,7 +28,7 @@ import triton
 from fuselab.bench.accuracy import relative_error
 from fuselab.bench.timer import benchmark_side_by_side
 from fuselab.ops.attention import triton_kernels as tk
-from fuselab.ops.attention.spec import reference
+from fuselab.ops.attention.spec import ATTENTION, reference, repeat_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a smoke test under TRITON_INTERPRET=1
 
@@ -61,8 +61,6 @@ def revision() -> str:
 
 def sweep_shape(shape: tuple[int, ...], causal: bool, kernel: str, plans: list[tk.Plan], rep_ms: float) -> dict:
     """Medians (ms) of cuDNN, the Triton kernels at their own plans, and at each forced plan, at one shape."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     b, hq, hkv, nq, nk, d = shape
     gen = torch.Generator(device=DEVICE).manual_seed(sum(shape) + causal)
     q, k, v, do = (
@@ -70,13 +68,12 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, kernel: str, plans: list[t
         for h, n in ((hq, nq), (hkv, nk), (hkv, nk), (hq, nq))
     )
     scale = d**-0.5
-    kr, vr = (t.repeat_interleave(hq // hkv, dim=1) for t in (k, v))
-    leaves = [t.clone().requires_grad_(True) for t in (q, kr, vr)]
+    # K/V heads repeated once, outside the timed call; the backend forced as `fuselab bench attention` forces it
+    leaves = [t.clone().requires_grad_(True) for t in (q, *repeat_kv(q, k, v))]
+    sdpa_cudnn = ATTENTION.get_impl("sdpa-cudnn")
 
     def cudnn() -> None:
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
-        out.backward(do)
+        sdpa_cudnn(*leaves, causal=causal, scale=scale).backward(do)
 
     def triton_step(forced: dict[str, tk.Plan]):
         def step() -> None:
