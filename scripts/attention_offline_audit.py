@@ -10,11 +10,13 @@ with a plan of your own (a candidate to time). What it found is in docs/ops/atte
 
     python scripts/attention_offline_audit.py --dtype bf16 16x1x1x16384x16384x64c 1x16x4x11589x11589x128c
     python scripts/attention_offline_audit.py --dtype bf16 --force dkdv=16,64,4,3 3x8x2x7371x7371x128c
+    python scripts/attention_offline_audit.py --dtype bf16 --stored-scores yes 8x12x12x1024x1024x64c
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import dataclass
 from functools import partial
 
@@ -54,9 +56,10 @@ class Shape:
 
 
 def intercept(
-    shapes: list[Shape], dtype: torch.dtype, forced: dict[str, tk.Plan]
+    shapes: list[Shape], dtype: torch.dtype, forced: dict[str, tk.Plan], stored_scores: bool | None = None
 ) -> dict[Shape, list[InterceptedLaunch]]:
-    """Each shape's forward and backward launches, intercepted under the interpreter."""
+    """Each shape's forward and backward launches, intercepted under the interpreter (`stored_scores`: the
+    backward's dS stored for dQ, or recomputed, whatever the rule says; None: the rule)."""
 
     def run(s: Shape) -> None:
         q = torch.empty(s.batch, s.q_heads, s.nq, s.d, dtype=dtype)
@@ -65,7 +68,8 @@ def intercept(
         o, lse = tk.forward(q, k, v, s.causal, s.d**-0.5)
         tk.backward(torch.empty_like(o), q, k, v, o, lse, s.causal, s.d**-0.5)
 
-    with tk.forced_plans(forced):
+    scores = tk.forced_stored_scores(stored_scores) if stored_scores is not None else contextlib.nullcontext()
+    with tk.forced_plans(forced), scores:
         return {s: inspect_triton.intercept(partial(run, s)) for s in shapes}
 
 
@@ -78,8 +82,9 @@ def tile(kwargs: dict) -> str:
 def forced_plan(text: str) -> tuple[str, tk.Plan]:
     """'dkdv=16,64,4,3' -> ("dkdv", Plan(16, 64, 4, 3))."""
     kernel, _, plan = text.partition("=")
-    if kernel not in tk.KERNELS or len(plan.split(",")) != 4:
-        raise argparse.ArgumentTypeError(f"{text!r}: give KERNEL=BLOCK_M,BLOCK_N,WARPS,STAGES, KERNEL in {tk.KERNELS}")
+    kernels = (*tk.KERNELS, "dqds")  # dqds: the dQ kernel of stored scores
+    if kernel not in kernels or len(plan.split(",")) != 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KERNEL=BLOCK_M,BLOCK_N,WARPS,STAGES, KERNEL in {kernels}")
     return kernel, tk.Plan(*(int(n) for n in plan.split(",")))
 
 
@@ -94,9 +99,13 @@ def main() -> None:
     parser.add_argument(
         "--force", type=forced_plan, action="append", default=[], help="KERNEL=BLOCK_M,BLOCK_N,WARPS,STAGES"
     )
+    parser.add_argument(
+        "--stored-scores", choices=("yes", "no"), help="the backward stores dS for dQ (yes) or not (no); default: the rule"
+    )
     args = parser.parse_args()
+    stored = None if args.stored_scores is None else args.stored_scores == "yes"
     with tuning.planning_as(tuning.GPUModel(args.gpu, args.sms, 9)):
-        by_shape = intercept(args.shapes, parse_dtype(args.dtype), dict(args.force))
+        by_shape = intercept(args.shapes, parse_dtype(args.dtype), dict(args.force), stored)
     compiled = inspect_triton.compile_launches([one.job for launches in by_shape.values() for one in launches], 90)
     print("shape kernel tile warps registers spilled_bytes shared_kib programs_per_sm grid waves")
     for shape, launches in by_shape.items():

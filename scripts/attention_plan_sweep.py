@@ -1,25 +1,33 @@
-"""Time one attention kernel's candidate plans at chosen shapes, forward + backward, beside cuDNN, in one run.
+"""Time attention variants at chosen shapes, forward + backward, beside cuDNN, in one run: one kernel's candidate
+plans, the backward's dS stored or recomputed, the head dim in other chunks.
 
     python3 scripts/attention_plan_sweep.py --kernel dkdv --plans 32x64x4x1,32x16x4x1 \
         --shape 24x16x4x117x117x256 --shape 2x8x8x2000x2000x192 --causal both --out sweep.jsonl
+    python3 scripts/attention_plan_sweep.py --stored-scores --kernel dqds --plans 64x64x4x3,128x64x8x3 \
+        --chunks 64+0 --shape 84x4x4x125x125x48 --out sweep.jsonl
 
 A shape is B x Hq x Hkv x Nq x Nk x d (GQA when Hkv < Hq). For each shape and causal setting, side by side
 (fuselab.bench.timer.benchmark_side_by_side, L2 flushed): cuDNN (the op's sdpa-cudnn impl, K/V heads repeated once
-beforehand), the Triton kernels at their own plans ("plan", what `choose_plan` picks: table or rule, fitted), and
-the Triton kernels with `--kernel` forced to each of `--plans` (as given, not fitted to the shape). Each line of
-`--out` (JSON) is one shape's medians in ms, with the GPU, torch, Triton and git revision. A plan that fails to
-compile or gives a wrong result is recorded with its error. Exploration: what it finds goes into the rule or the
-tuner's candidates (docs/ops/attention.md).
+beforehand), the Triton kernels at their own plans ("plan", what `choose_plan` picks: table or rule, fitted), with
+`--kernel` forced to each of `--plans` (as given, not fitted to the shape; dqds: the dQ kernel of stored scores,
+timed with them stored), with the dS stored for dQ ("stored", `--stored-scores`) or recomputed ("recomputed",
+where the rule stores it), and with the head dim held in other chunks ("chunks64+0", `--chunks`; own plans, as the
+table keys them). Each line of `--out` (JSON) is one shape's medians in ms, with the GPU, torch, Triton and git
+revision. A variant that fails to compile or gives a wrong result is recorded with its error. Exploration: what it
+finds goes into the rules or the tuner's candidates (docs/ops/attention.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,6 +35,7 @@ import triton
 
 from fuselab.bench.accuracy import relative_error
 from fuselab.bench.timer import benchmark_side_by_side
+from fuselab.ops import tuning
 from fuselab.ops.attention import triton_kernels as tk
 from fuselab.ops.attention.spec import ATTENTION, reference, repeat_kv
 
@@ -49,6 +58,37 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the Triton kernels: plans forced by kernel, dS stored or not (None: the rule), the head dim's
+    chunks (None: `d_chunks`)."""
+
+    plans: dict[str, tk.Plan] = field(default_factory=dict)
+    stored: bool | None = None
+    chunks: tuple[int, int] | None = None
+
+
+@contextlib.contextmanager
+def running(variant: Variant, d: int) -> Iterator[None]:
+    """Within the block, the kernels run as `variant` says (chunks: `tk.d_chunks` answers them for d, with plans
+    chosen apart from the other variants')."""
+    stack = contextlib.ExitStack()
+    with stack:
+        stack.enter_context(tk.forced_plans(variant.plans))
+        if variant.stored is not None:
+            stack.enter_context(tk.forced_stored_scores(variant.stored))
+        if variant.chunks is not None:
+            original, plans = tk.d_chunks, tk._PLANS
+            tk.d_chunks = lambda n: variant.chunks if n == d else original(n)
+            tk._PLANS = CHUNKED_PLANS.setdefault(variant.chunks, tuning.Prepared())
+            stack.callback(setattr, tk, "d_chunks", original)
+            stack.callback(setattr, tk, "_PLANS", plans)
+        yield
+
+
+CHUNKED_PLANS: dict[tuple[int, int], tuning.Prepared] = {}  # the plans chosen under each chunking
+
+
 def revision() -> str:
     rev = os.environ.get("FUSELAB_REVISION")
     if rev:
@@ -59,8 +99,8 @@ def revision() -> str:
         return "unknown"
 
 
-def sweep_shape(shape: tuple[int, ...], causal: bool, kernel: str, plans: list[tk.Plan], rep_ms: float) -> dict:
-    """Medians (ms) of cuDNN, the Triton kernels at their own plans, and at each forced plan, at one shape."""
+def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Variant], rep_ms: float) -> dict:
+    """Medians (ms) of cuDNN, the Triton kernels at their own plans ("plan"), and as each variant runs them."""
     b, hq, hkv, nq, nk, d = shape
     gen = torch.Generator(device=DEVICE).manual_seed(sum(shape) + causal)
     q, k, v, do = (
@@ -75,9 +115,9 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, kernel: str, plans: list[t
     def cudnn() -> None:
         sdpa_cudnn(*leaves, causal=causal, scale=scale).backward(do)
 
-    def triton_step(forced: dict[str, tk.Plan]):
+    def triton_step(variant: Variant):
         def step() -> None:
-            with tk.forced_plans(forced):
+            with running(variant, d):
                 o, lse = tk.forward(q, k, v, causal, scale)
                 tk.backward(do, q, k, v, o, lse, causal, scale)
 
@@ -86,12 +126,11 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, kernel: str, plans: list[t
     # checked against float64 on one batch entry, every output
     small = [t[:1] for t in (q, k, v)]
     refs = None
-    fns = {"sdpa-cudnn": cudnn, "plan": triton_step({})}
+    fns = {"sdpa-cudnn": cudnn, "plan": triton_step(Variant())}
     errors: dict[str, str] = {}
-    for plan in plans:
-        name = f"{plan.block_m}x{plan.block_n}x{plan.warps}x{plan.stages}"
+    for name, variant in variants.items():
         try:
-            with tk.forced_plans({kernel: plan}):
+            with running(variant, d):
                 xs = [t.clone().double().requires_grad_(True) for t in small]
                 if refs is None:
                     out = reference(*xs, causal=causal)
@@ -102,7 +141,7 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, kernel: str, plans: list[t
                 err = max(relative_error(got, want) for got, want in zip((o, *grads), refs, strict=True))
             if not err < 3e-2:
                 raise AssertionError(f"relative error {err:.2e}")
-            fns[name] = triton_step({kernel: plan})
+            fns[name] = triton_step(variant)
         except Exception as exc:  # out of shared memory, a compile error, a wrong result
             errors[name] = f"{type(exc).__name__}: {exc}"[:200]
     try:
@@ -112,12 +151,13 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, kernel: str, plans: list[t
         errors["run"] = f"{type(exc).__name__}: {exc}"[:200]
         fns.pop("sdpa-cudnn")
         ms = {name: m.median_ms for name, m in benchmark_side_by_side(fns, rounds=3, rep_ms=rep_ms).items()}
-    chosen = tk.choose_plan(kernel, d, q.dtype, causal, q.device, nq, tk.seen_keys(nq, nk, causal), b * hkv)
+    heads = b * hkv
+    chosen = {kernel: str(tk.choose_plan(kernel, d, q.dtype, causal, q.device, nq, nk, heads)) for kernel in tk.KERNELS}
     return {
         "shape": list(shape),
         "causal": causal,
-        "kernel": kernel,
-        "own_plan": str(chosen),
+        "own_plans": chosen,
+        "stores_scores": tk.stores_scores(b * hq, nq, nk),
         "ms": ms,
         "errors": errors,
     }
@@ -125,8 +165,10 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, kernel: str, plans: list[t
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", choices=tk.KERNELS, required=True)
-    p.add_argument("--plans", required=True, help="comma-separated MxNxWARPSxSTAGES")
+    p.add_argument("--kernel", choices=(*tk.KERNELS, "dqds"), help="the kernel whose --plans are forced")
+    p.add_argument("--plans", default="", help="comma-separated MxNxWARPSxSTAGES")
+    p.add_argument("--stored-scores", action="store_true", help="time dS stored for dQ, and recomputed")
+    p.add_argument("--chunks", default="", help="comma-separated head-dim chunks, e.g. 64+0,32+16")
     p.add_argument("--shape", type=parse_shape, action="append", required=True)
     p.add_argument("--causal", choices=("yes", "no", "both"), default="yes")
     p.add_argument("--rep-ms", type=float, default=150.0)
@@ -135,7 +177,19 @@ def main() -> int:
     if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         print("attention_plan_sweep: needs a CUDA GPU (or TRITON_INTERPRET=1, a smoke test)", file=sys.stderr)
         return 2
-    plans = [parse_plan(t) for t in args.plans.split(",")]
+    variants: dict[str, Variant] = {}
+    for plan in (parse_plan(t) for t in args.plans.split(",") if t):
+        if args.kernel is None:
+            p.error("--plans needs --kernel")
+        name = f"{args.kernel} {plan.block_m}x{plan.block_n}x{plan.warps}x{plan.stages}"
+        variants[name] = Variant({args.kernel: plan}, True if args.kernel == "dqds" else None)
+    if args.stored_scores:
+        variants["stored"], variants["recomputed"] = Variant(stored=True), Variant(stored=False)
+    for text in (t for t in args.chunks.split(",") if t):
+        da, db = (int(x) for x in text.split("+"))
+        variants[f"chunks{da}+{db}"] = Variant(chunks=(da, db))
+    if not variants:
+        p.error("nothing to time beside the own plans: give --plans, --stored-scores or --chunks")
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
     env = {
         "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
@@ -146,14 +200,14 @@ def main() -> int:
     for shape in args.shape:
         for causal in causals:
             start = time.perf_counter()
-            row = {**sweep_shape(shape, causal, args.kernel, plans, args.rep_ms), **env}
+            row = {**sweep_shape(shape, causal, variants, args.rep_ms), **env}
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             best = min(row["ms"].items(), key=lambda kv: kv[1] if kv[0] != "sdpa-cudnn" else float("inf"))
             cudnn = row["ms"].get("sdpa-cudnn")
             ratio = f"{best[1] / cudnn:.2f}x cuDNN" if cudnn else "no cuDNN"
             print(
-                f"{'x'.join(map(str, shape))} causal={causal}: own {row['own_plan']} {row['ms']['plan']:.3f} ms; "
+                f"{'x'.join(map(str, shape))} causal={causal}: own plans {row['ms']['plan']:.3f} ms; "
                 f"best {best[0]} {best[1]:.3f} ({ratio}); {time.perf_counter() - start:.0f} s",
                 flush=True,
             )

@@ -571,6 +571,32 @@ def test_gpu_few_keys_split_the_query_loop_deterministically(dtype: torch.dtype)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_stored_scores_are_right_and_deterministic(dtype: torch.dtype) -> None:
+    """The backward with dS stored by the dK/dV kernel for a dQ kernel of one product (forced, whatever the rule):
+    right against float64 at ragged lengths, Nq != Nk both ways, GQA, head dims in one and two chunks, causal and
+    not; bitwise the same on repeat; the same gradients as the dQ kernel that recomputes dS, to 16-bit rounding."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    shapes = [(2, 8, 2, 1000, 1000, 80), (1, 4, 4, 333, 517, 64), (3, 2, 1, 129, 77, 48), (1, 4, 2, 700, 700, 128)]
+    with tk.forced_stored_scores(True):
+        for shape in shapes:
+            for causal in (False, True):
+                check_against_reference("triton", shape, causal, dtype, "cuda")
+    q, k, v = inputs((2, 8, 2, 1000, 1000, 96), dtype, "cuda")
+    assert tk.tma_ready(q, k, v)
+    grads = []
+    for stored in (True, True, False):
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        with tk.forced_stored_scores(stored):
+            attention(*xs, causal=True, impl="triton").square().sum().backward()
+        grads.append([x.grad for x in xs])
+    for a, b, c in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, c, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_triton_deterministic(dtype: torch.dtype) -> None:
     q, k, v = inputs((2, 8, 2, 1500, 1500, 64), dtype, "cuda")
     grads = []
@@ -837,6 +863,39 @@ def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) ->
             results.append((o, lse, *tk.backward(do, q, k, v, o, lse, causal, d**-0.5)))
         for a, b in zip(*results, strict=True):
             torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+def test_dq_from_stored_scores_matches_dq_recomputed(causal: bool, monkeypatch) -> None:
+    """The TMA backward with dS stored by the dK/dV kernel and read by a dQ kernel of one product gives the gradients
+    of the one that recomputes S and dP for dQ (to fp32 rounding; interpreter, TMA forced, 16 x 16 tiles): at ragged
+    lengths, Nq != Nk both ways, GQA, a head dim in two chunks (48), split query loops; bitwise the same on repeat."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "tma_ready", lambda *ts: True)
+    for z, hq, hkv, nq, nk, d in [(1, 2, 2, 37, 37, 16), (2, 4, 2, 21, 45, 48), (1, 2, 1, 53, 19, 16)]:
+        gen = torch.Generator(device="cpu").manual_seed(nq + nk + d)
+        q, do = (torch.randn(z, hq, nq, d, generator=gen).to(DEVICE) for _ in range(2))
+        k, v = (torch.randn(z, hkv, nk, d, generator=gen).to(DEVICE) for _ in range(2))
+        o, lse = tk.forward(q, k, v, causal, d**-0.5)
+        with tk.forced_stored_scores(False):
+            recomputed = tk.backward(do, q, k, v, o, lse, causal, d**-0.5)
+        with tk.forced_stored_scores(True):
+            stored = tk.backward(do, q, k, v, o, lse, causal, d**-0.5)
+            again = tk.backward(do, q, k, v, o, lse, causal, d**-0.5)
+        for a, b, c in zip(recomputed, stored, again, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+            assert torch.equal(b, c)
+    with tk.forced_stored_scores(True):  # a few keys: the dK/dV query loop split over programs, each storing its dS
+        monkeypatch.setattr(tk, "query_splits", lambda programs, nq, block_m, sms: 3)
+        q, do = (torch.randn(1, 2, 70, 16, generator=gen).to(DEVICE) for _ in range(2))
+        k, v = (torch.randn(1, 1, 40, 16, generator=gen).to(DEVICE) for _ in range(2))
+        o, lse = tk.forward(q, k, v, causal, 0.25)
+        qs, ks, vs = (t.clone().double().requires_grad_(True) for t in (q, k, v))
+        reference(qs, ks, vs, causal=causal).backward(do.double())
+        for got, want in zip(tk.backward(do, q, k, v, o, lse, causal, 0.25), (qs.grad, ks.grad, vs.grad), strict=True):
+            torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
 
 
 def test_the_tuner_tries_fewer_keys_for_wide_16_bit_heads() -> None:

@@ -736,15 +736,21 @@ def _dkdv_inner_tma(
     hi,
     NQ,
     qk_scale,
+    ds_desc,
+    bh_q,
+    n0,
     BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     DA: tl.constexpr,
     DB: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    STORE_DS: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """`_dkdv_inner` with the query and output-gradient tiles read through the descriptors q_da, q_db, do_da, do_db
-    (rows past NQ arrive as zeros)."""
+    (rows past NQ arrive as zeros). STORE_DS: each dS^T tile is also written through ds_desc (rows: query head
+    bh_q's keys, columns its queries), for the dQ kernel to read instead of recomputing it."""
     for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
         offs_m = start_m + rows
         in_m = offs_m < NQ
@@ -761,10 +767,12 @@ def _dkdv_inner_tma(
         else:
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
-        dk_a, dk_b, dv_a, dv_b, _ = _dkdv_step(
+        dk_a, dk_b, dv_a, dv_b, dst = _dkdv_step(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_a, q_b, do_a, do_b, lse, delta, offs_m, offs_n, in_m,
             qk_scale, MASKED, CAUSAL, DB > 0, PREC,
         )  # fmt: skip
+        if STORE_DS:
+            ds_desc.store([bh_q, n0, start_m], dst.reshape(1, BLOCK_N, BLOCK_M))
     return dk_a, dk_b, dv_a, dv_b
 
 
@@ -786,6 +794,7 @@ def attention_bwd_dkdv_tma_kernel(
     dv_db,
     DKP,
     DVP,
+    ds_desc,
     HKV,
     GROUP,
     NQ,
@@ -799,10 +808,13 @@ def attention_bwd_dkdv_tma_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     QSPLIT: tl.constexpr,
+    STORE_DS: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """`attention_bwd_dkdv_kernel` through tensor descriptors (blocks [1, 1, BLOCK_M or BLOCK_N, DA or DB]; the b
-    descriptors unused when DB = 0, the dK and dV ones when QSPLIT). Same grid, outputs and math."""
+    descriptors unused when DB = 0, the dK and dV ones when QSPLIT). Same grid, outputs and math. STORE_DS: every
+    dS^T tile it makes also goes to ds_desc ((Z x HQ, NK, NQ rounded up to 8), blocks [1, BLOCK_N, BLOCK_M]; unused
+    otherwise), for `attention_bwd_dq_ds_kernel`."""
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     bh, z, hk, block = _program(NUM_N, HKV, False)
     n0 = block * BLOCK_N
@@ -823,20 +835,24 @@ def attention_bwd_dkdv_tma_kernel(
     g = tl.full((), 0, tl.int32)
     while g < GROUP:
         h = hk * GROUP + g
-        lse_base = LSE + (z * HKV * GROUP + h).to(tl.int64) * NQ
-        delta_base = DELTA + (z * HKV * GROUP + h).to(tl.int64) * NQ
+        bh_q = z * HKV * GROUP + h
+        lse_base = LSE + bh_q.to(tl.int64) * NQ
+        delta_base = DELTA + bh_q.to(tl.int64) * NQ
         if CAUSAL:  # the diagonal's blocks, masked
             dk_a, dk_b, dv_a, dv_b = _dkdv_inner_tma(
                 dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_da, q_db, do_da, do_db, z, h, lse_base, delta_base,
-                offs_n, rows, r0, r1, NQ, qk_scale, BLOCK_M, DA, DB, True, True, PREC,
+                offs_n, rows, r0, r1, NQ, qk_scale, ds_desc, bh_q, n0, BLOCK_M, BLOCK_N, DA, DB, True, True,
+                STORE_DS, PREC,
             )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner_tma(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_da, q_db, do_da, do_db, z, h, lse_base, delta_base,
-            offs_n, rows, r2, r3, NQ, qk_scale, BLOCK_M, DA, DB, False, False, PREC,
+            offs_n, rows, r2, r3, NQ, qk_scale, ds_desc, bh_q, n0, BLOCK_M, BLOCK_N, DA, DB, False, False,
+            STORE_DS, PREC,
         )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner_tma(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_da, q_db, do_da, do_db, z, h, lse_base, delta_base,
-            offs_n, rows, r4, r5, NQ, qk_scale, BLOCK_M, DA, DB, True, CAUSAL, PREC,
+            offs_n, rows, r4, r5, NQ, qk_scale, ds_desc, bh_q, n0, BLOCK_M, BLOCK_N, DA, DB, True, CAUSAL,
+            STORE_DS, PREC,
         )  # fmt: skip
         g += 1
     if QSPLIT:
@@ -1203,6 +1219,90 @@ def attention_bwd_dq_tma_kernel(
         dq_db.store([z, h, m0, DA], (dq_b * sm_scale).to(dq_db.dtype).reshape(1, 1, BLOCK_M, DB))
 
 
+@triton.jit
+def _dq_ds_inner(
+    dq_a,
+    dq_b,
+    ds_desc,
+    k_da,
+    k_db,
+    bh,
+    z,
+    hk,
+    m0,
+    offs_m,
+    offs_n,
+    lo,
+    hi,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """dQ += dS K over the key blocks [lo, hi), dS^T read through ds_desc (rows past NK arrive as zeros). MASKED and
+    CAUSAL: scores of keys after the query are zeroed (the dK/dV kernel wrote zeros there, or nothing)."""
+    for start_n in range(lo, hi, BLOCK_N):  # software-pipelined (num_stages)
+        dst = ds_desc.load([bh, start_n, m0]).reshape(BLOCK_N, BLOCK_M)
+        if MASKED and CAUSAL:
+            dst = tl.where(offs_m[None, :] >= (start_n + offs_n)[:, None], dst, 0.0)
+        ds = tl.trans(dst)
+        dq_a = tl.dot(ds, k_da.load([z, hk, start_n, 0]).reshape(BLOCK_N, DA), dq_a, input_precision=PREC)
+        if DB > 0:
+            dq_b = tl.dot(ds, k_db.load([z, hk, start_n, DA]).reshape(BLOCK_N, DB), dq_b, input_precision=PREC)
+    return dq_a, dq_b
+
+
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
+def attention_bwd_dq_ds_kernel(
+    ds_desc,
+    k_da,
+    k_db,
+    dq_da,
+    dq_db,
+    HQ,
+    GROUP,
+    NQ,
+    NK,
+    NUM_M,
+    sm_scale,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """dQ = dS K * scale from the dS^T the dK/dV kernel stored (ds_desc: (Z x HQ, NK, NQ rounded up to 8), blocks
+    [1, BLOCK_N, BLOCK_M]): one product a tile pair, where `attention_bwd_dq_tma_kernel` recomputes S and dP first.
+    One program per BLOCK_M queries of one head, as there; k and dq descriptors as there."""
+    sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
+    hk = h // GROUP
+    m0 = block * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    dq_a = tl.zeros([BLOCK_M, DA], dtype=tl.float32)
+    if DB > 0:
+        dq_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
+    else:  # a placeholder, never read
+        dq_b = dq_a
+    full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
+    dq_a, dq_b = _dq_ds_inner(
+        dq_a, dq_b, ds_desc, k_da, k_db, bh, z, hk, m0, offs_m, offs_n, 0, full_hi, BLOCK_M, BLOCK_N, DA, DB, False,
+        CAUSAL, PREC,
+    )  # fmt: skip
+    dq_a, dq_b = _dq_ds_inner(
+        dq_a, dq_b, ds_desc, k_da, k_db, bh, z, hk, m0, offs_m, offs_n, full_hi, hi, BLOCK_M, BLOCK_N, DA, DB, True,
+        CAUSAL, PREC,
+    )  # fmt: skip
+    dq_da.store([z, h, m0, 0], (dq_a * sm_scale).to(dq_da.dtype).reshape(1, 1, BLOCK_M, DA))
+    if DB > 0:
+        dq_db.store([z, h, m0, DA], (dq_b * sm_scale).to(dq_db.dtype).reshape(1, 1, BLOCK_M, DB))
+
+
 TRITON_KERNELS = (
     attention_fwd_kernel,
     attention_fwd_tma_kernel,
@@ -1213,6 +1313,7 @@ TRITON_KERNELS = (
     attention_bwd_unseen_kernel,
     attention_bwd_dq_kernel,
     attention_bwd_dq_tma_kernel,
+    attention_bwd_dq_ds_kernel,
 )
 
 
@@ -1365,6 +1466,41 @@ def _choose_plan(
     key, sms, _ = gpu
     tuned = tuning.load_table(FOLDER, key).get(plan_key(kernel, d, dtype, causal))
     return fit_plan(kernel, Plan(**tuned) if tuned else plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
+
+
+STORED_SCORES: dict[str, bool] = {}  # "store": the rule overridden by `forced_stored_scores` (sweeps, tests)
+SCORES_MAX_BYTES = 0  # the stored dS's size limit (heads x nk x nq 16-bit values): the rule, `stores_scores`
+
+
+@contextlib.contextmanager
+def forced_stored_scores(store: bool) -> Iterator[None]:
+    """Within the block, the TMA backward stores dS for dQ (True) or recomputes it (False), whatever the rule says."""
+    saved = dict(STORED_SCORES)
+    STORED_SCORES["store"] = store
+    try:
+        yield
+    finally:
+        STORED_SCORES.clear()
+        STORED_SCORES.update(saved)
+
+
+def stores_scores(heads: int, nq: int, nk: int) -> bool:
+    """Whether the TMA backward has the dK/dV kernel store dS (heads x nk x nq 16-bit values) for a dQ kernel of
+    one product a tile pair (`attention_bwd_dq_ds_kernel`) instead of a dQ kernel that recomputes S and dP."""
+    if "store" in STORED_SCORES:
+        return STORED_SCORES["store"]
+    return heads * nk * nq * 2 <= SCORES_MAX_BYTES
+
+
+def ds_plan(d: int, dtype: torch.dtype, nq: int, nk: int, heads: int, sms: int) -> Plan:
+    """The plan of `attention_bwd_dq_ds_kernel`: 128 queries x 64 keys on 4 warps (8 past 256-byte rows: its fp32
+    dQ tile), 3 stages; fitted to the shape. Forced as "dqds" (`forced_plans`)."""
+    if "dqds" in FORCED:
+        return FORCED["dqds"]
+    if _interpreter_plans():
+        return Plan(16, 16, 1, 1)
+    row = d_work(d) * dtype.itemsize
+    return fit_plan("dq", Plan(128, 64, 4 if row <= 256 else 8, 3), nq, nk, heads, sms, row)
 
 
 def _index(device: torch.device) -> int:
@@ -1559,6 +1695,13 @@ def backward(
         gpu = _gpu(q.device)
         sms = gpu[1] if gpu is not None else 0
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
+        store_ds = tma and not one_block and stores_scores(z * hq, nq, nk)
+        ds = ds_out = None
+        if store_ds:  # dS^T of each query head: its keys' rows, its queries' columns (rounded up to 16 bytes)
+            nq8 = triton.cdiv(nq, 8) * 8
+            ds = launcher.workspace("attention scores", z * hq * nk * nq8, q.dtype, q.device, zeros=False)
+            ds = ds.view(z * hq, nk, nq8)
+            ds_out = _descriptor(ds, list(ds.shape), list(ds.stride()), [1, plan.block_n, plan.block_m])
         dkp = dvp = None
         if splits > 1:  # unscaled fp32 partials of each share of the queries, summed below
             part = z * hkv * nk * (da + db)
@@ -1572,10 +1715,10 @@ def backward(
             _launch(
                 attention_bwd_dkdv_tma_kernel, grid, *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
-                *_descriptors(do4, plan.block_m, da, db), lse4, delta, *out, dkp, dvp,
+                *_descriptors(do4, plan.block_m, da, db), lse4, delta, *out, dkp, dvp, ds_out,
                 hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
                 plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-                QSPLIT=splits > 1, PREC=prec,
+                QSPLIT=splits > 1, STORE_DS=store_ds, PREC=prec,
             )  # fmt: skip
         else:
             _launch(
@@ -1593,6 +1736,17 @@ def backward(
                 BLOCK_R=block,
             )  # fmt: skip
         if one_block:
+            return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+        if ds is not None:  # dQ = dS K from the stored dS: one product a tile pair
+            plan = ds_plan(d, q.dtype, nq, nk, z * hq, sms)
+            num = triton.cdiv(nq, plan.block_m)
+            _launch(
+                attention_bwd_dq_ds_kernel, (num * z * hq,),
+                _descriptor(ds, list(ds.shape), list(ds.stride()), [1, plan.block_n, plan.block_m]),
+                *_descriptors(k4, plan.block_n, da, db), *_descriptors(dq, plan.block_m, da, db),
+                hq, hq // hkv, nq, nk, num, scale,
+                plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
+            )  # fmt: skip
             return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num = triton.cdiv(nq, plan.block_m)
