@@ -100,7 +100,7 @@ def main() -> None:
         "--force", type=forced_plan, action="append", default=[], help="KERNEL=BLOCK_M,BLOCK_N,WARPS,STAGES"
     )
     parser.add_argument(
-        "--stored-scores", choices=("yes", "no"), help="the backward stores dS for dQ (yes) or not (no); default: the rule"
+        "--stored-scores", choices=("yes", "no"), help="the backward stores dS for dQ (yes) or not; default: the rule"
     )
     args = parser.parse_args()
     stored = None if args.stored_scores is None else args.stored_scores == "yes"

@@ -1285,10 +1285,7 @@ def attention_bwd_dq_ds_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     dq_a = tl.zeros([BLOCK_M, DA], dtype=tl.float32)
-    if DB > 0:
-        dq_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
-    else:  # a placeholder, never read
-        dq_b = dq_a
+    dq_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32) if DB > 0 else dq_a  # else a placeholder, never read
     full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
     dq_a, dq_b = _dq_ds_inner(
         dq_a, dq_b, ds_desc, k_da, k_db, bh, z, hk, m0, offs_m, offs_n, 0, full_hi, BLOCK_M, BLOCK_N, DA, DB, False,
@@ -1493,14 +1490,14 @@ def stores_scores(heads: int, nq: int, nk: int) -> bool:
 
 
 def ds_plan(d: int, dtype: torch.dtype, nq: int, nk: int, heads: int, sms: int) -> Plan:
-    """The plan of `attention_bwd_dq_ds_kernel`: 128 queries x 64 keys on 4 warps (8 past 256-byte rows: its fp32
+    """The plan of `attention_bwd_dq_ds_kernel`: 64 queries x 64 keys on 4 warps (8 past 256-byte rows: its fp32
     dQ tile), 3 stages; fitted to the shape. Forced as "dqds" (`forced_plans`)."""
     if "dqds" in FORCED:
         return FORCED["dqds"]
     if _interpreter_plans():
         return Plan(16, 16, 1, 1)
     row = d_work(d) * dtype.itemsize
-    return fit_plan("dq", Plan(128, 64, 4 if row <= 256 else 8, 3), nq, nk, heads, sms, row)
+    return fit_plan("dq", Plan(64, 64, 4 if row <= 256 else 8, 3), nq, nk, heads, sms, row)
 
 
 def _index(device: torch.device) -> int:
