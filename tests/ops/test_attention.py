@@ -739,8 +739,8 @@ from fuselab.ops.attention import triton_kernels as tk
 POINTERS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
 FP32_POINTERS = {"LSE", "DELTA", "DKP", "DVP"}
 CONSTANTS = {"HEAD_DIM": 80, "D_PAD": 128, "DA": 64, "DB": 16, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True,
-             "QSPLIT": True, "PREC": "tf32", "WIDTH": 80, "BLOCK_R": 64, "WRITE_DQ": True}  # d 80 in two chunks
-# (64 + 16); dK/dV into partials, and their sum; dK/dV writing dQ
+             "QSPLIT": True, "PREC": "tf32", "WIDTH": 80, "BLOCK_R": 64, "WRITE_DQ": True, "STORE_DS": True}
+# d 80 in two chunks (64 + 16); dK/dV into partials, and their sum; dK/dV writing dQ; dK/dV storing dS
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4, "num_stages": 2})
@@ -752,6 +752,8 @@ for kernel in tk.TRITON_KERNELS:
             constants[(i,)] = CONSTANTS[p.name]
         elif p.name in POINTERS or p.name in FP32_POINTERS:
             signature[p.name] = "*fp32" if p.name in FP32_POINTERS else "*bf16"
+        elif p.name == "ds_desc":  # the stored scores' descriptor: 64 keys x 64 queries
+            signature[p.name] = "tensordesc<bf16[1,64,64]>"
         elif p.name[-3:] in ("_da", "_db"):  # the TMA kernels' descriptors: chunk a (64 columns) or b (16)
             signature[p.name] = f"tensordesc<bf16[1,1,64,{64 if p.name.endswith('_da') else 16}]>"
         else:  # a Python float reaches the kernel as fp64 under torch.compile (Inductor's signature), an int as i32
@@ -787,7 +789,7 @@ def test_triton_kernels_compile_with_the_scalars_torch_compile_passes() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", TTIR_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("ok ") == len(tk.TRITON_KERNELS) == 9, done.stdout
+    assert done.stdout.count("ok ") == len(tk.TRITON_KERNELS) == 10, done.stdout
 
 
 @pytest.mark.slow
