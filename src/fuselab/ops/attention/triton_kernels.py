@@ -20,7 +20,9 @@ key blocks for dQ += dS K. The same split into unmasked and masked blocks applie
 nothing are skipped. Where the dK/dV grid cannot fill the SMs (few keys), each key block's query loop is split into
 shares over a second grid dimension (`query_splits`), each writing unscaled fp32 partial dK and dV that the launcher
 sums in a fixed order. The math of one pair of tiles is written once (`_softmax_step`, `_dkdv_step`, `_dq_step`) for
-the pointer and the TMA kernels alike.
+the pointer and the TMA kernels alike. Where `stores_scores` says so (TMA only), the dK/dV kernel also writes each
+dS^T tile it makes (16-bit, a workspace of heads x Nk x Nq) and `_bwd_dq_ds` reads them for dQ += dS K, one product a
+tile pair where `_bwd_dq` makes three; the same fixed order, so still deterministic.
 
 TMA: on Hopper and later, 16-bit tensors whose strides TMA can address (`tma_ready`) are read and written by tensor
 descriptors (the `*_tma_kernel`s: the copy engine moves each tile, zero-filling past the tensor's edges, so loads need
