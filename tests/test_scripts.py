@@ -107,6 +107,41 @@ def test_attention_offline_audit_compiles_the_h200s_plans_without_a_gpu() -> Non
     assert tuned["attention_bwd_dkdv_tma_kernel"][0] != "16x64/3", tuned  # the table's own plan, not the forced one
 
 
+@pytest.mark.slow
+def test_attention_offline_audit_compiles_the_stored_scores_path() -> None:
+    """`--stored-scores yes`: the dK/dV kernel storing dS and the dQ kernel of one product that reads it, compiled as
+    the H200 would launch them, in place of the dQ kernel that recomputes."""
+    script = ROOT / "scripts" / "attention_offline_audit.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--dtype", "bf16", "--stored-scores", "yes", "2x4x2x300x300x128c"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = {line.split()[1]: line.split()[2:] for line in done.stdout.splitlines()[1:]}
+    assert "attention_bwd_dq_ds_kernel" in kernels and "attention_bwd_dq_tma_kernel" not in kernels, kernels
+    assert int(kernels["attention_bwd_dq_ds_kernel"][3]) == 0, kernels  # no spill
+
+
+@pytest.mark.slow
+def test_attention_plan_sweep_times_every_variant_it_is_given(tmp_path) -> None:
+    """scripts/attention_plan_sweep.py under the interpreter (a smoke test: no cuDNN there, recorded as the run's
+    error): one JSON line per shape and mask with the own plans' median and each variant's (a forced dQ plan, dS
+    stored and recomputed, the head dim in one chunk), and chunkings that cannot hold the head dim left out."""
+    import json
+
+    out = tmp_path / "sweep.jsonl"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "attention_plan_sweep.py"), "--kernel", "dq", "--plans", "16x16x1x1",
+         "--stored-scores", "--chunks", "32+0,16+0", "--shape", "1x2x1x20x21x24", "--rep-ms", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False, env={**os.environ, "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["shape"] == [1, 2, 1, 20, 21, 24] and row["causal"] is True
+    assert set(row["ms"]) == {"plan", "dq 16x16x1x1", "stored", "recomputed", "chunks32+0"}, row
+    assert all(ms > 0 for ms in row["ms"].values()) and "sdpa-cudnn" in row["errors"]["run"], row
+
+
 def test_impl_map_reduces_a_run_and_compares_two_shape_by_shape(tmp_path) -> None:
     """scripts/impl_map.py: a bench run's JSON reduces to a map of median µs per impl (a status where an impl did not
     run), and a new run compared with the old map lists the case that got slower past the threshold, with the
