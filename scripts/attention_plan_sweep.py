@@ -153,8 +153,9 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Varian
         errors["run"] = f"{type(exc).__name__}: {exc}"[:200]
         fns.pop("sdpa-cudnn")
         ms = {name: m.median_ms for name, m in benchmark_side_by_side(fns, rounds=3, rep_ms=rep_ms).items()}
-    heads = b * hkv
-    chosen = {kernel: str(tk.choose_plan(kernel, d, q.dtype, causal, q.device, nq, nk, heads)) for kernel in tk.KERNELS}
+    # each kernel's plan as the launchers choose it (dK/dV: the keys some query sees, over key/value heads)
+    sizes = {"fwd": (nk, b * hq), "dkdv": (tk.seen_keys(nq, nk, causal), b * hkv), "dq": (nk, b * hq)}
+    chosen = {kernel: str(tk.choose_plan(kernel, d, q.dtype, causal, q.device, nq, *sizes[kernel])) for kernel in sizes}
     return {
         "shape": list(shape),
         "causal": causal,
