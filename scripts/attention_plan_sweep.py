@@ -160,7 +160,7 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Varian
         "shape": list(shape),
         "causal": causal,
         "own_plans": chosen,
-        "stores_scores": tk.stores_scores(b * hq, nq, nk),
+        "stores_scores": tk.stores_scores(d, b * hq, nq, nk),
         "ms": ms,
         "errors": errors,
     }

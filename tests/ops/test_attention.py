@@ -900,6 +900,25 @@ def test_dq_from_stored_scores_matches_dq_recomputed(causal: bool, monkeypatch) 
             torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
 
 
+def test_scores_are_stored_for_dq_at_wide_heads_within_a_budget() -> None:
+    """dS is stored for dQ where the tiles hold 128 columns or more (the recomputed products cost more than the
+    stored scores' traffic there) and it takes at most SCORES_MAX_BYTES; recomputed otherwise; forced either way."""
+    pytest.importorskip("triton")
+    from fuselab.ops.attention import triton_kernels as tk
+
+    assert tk.stores_scores(128, 32, 2048, 2048) and tk.stores_scores(112, 16, 1200, 1200)
+    assert tk.stores_scores(160, 32, 800, 800) and tk.stores_scores(192, 24, 1000, 1000)
+    assert not tk.stores_scores(64, 96, 1024, 1024) and not tk.stores_scores(96, 12, 500, 500)
+    assert not tk.stores_scores(80, 8, 300, 300)
+    assert not tk.stores_scores(128, 32, 3000, 3000)  # 576 MB of scores: recomputed, memory O(N)
+    assert tk.SCORES_MAX_BYTES <= 256 * 2**20
+    with tk.forced_stored_scores(True):
+        assert tk.stores_scores(64, 96, 1024, 1024)
+    with tk.forced_stored_scores(False):
+        assert not tk.stores_scores(128, 32, 2048, 2048)
+    assert tk.stores_scores(128, 32, 2048, 2048)
+
+
 def test_the_tuner_tries_fewer_keys_for_wide_16_bit_heads() -> None:
     """Past d 128 the tuner's dK/dV candidates include the smaller key blocks the sweep found faster at d 256 (64
     keys' fp32 accumulators spill there), and every candidate fits the wide rows' shared memory (at most 64 x 64)."""

@@ -649,7 +649,8 @@ def test_gpu_tma_kernels_launch_from_c_with_tritons_results(d: int) -> None:
         got = (o, lse, *tk.backward(do, q, k, v, o, lse, True, d**-0.5))
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    for kernel in (tk.attention_fwd_tma_kernel, tk.attention_bwd_dkdv_tma_kernel, tk.attention_bwd_dq_tma_kernel):
+    dq_kernel = tk.attention_bwd_dq_ds_kernel if tk.stores_scores(d, 8, 77, 130) else tk.attention_bwd_dq_tma_kernel
+    for kernel in (tk.attention_fwd_tma_kernel, tk.attention_bwd_dkdv_tma_kernel, dq_kernel):
         configs = launcher._FAST[kernel]._configs.values()
         assert any(c is not None and c.size() >= 1 for c in configs), kernel  # registered: launched from C
 

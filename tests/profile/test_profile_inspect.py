@@ -148,7 +148,8 @@ def test_inspect_attention_without_a_gpu_plans_as_the_h200():
     _impl_or_skip("attention", "triton")
     result = inspect_impl("attention", "triton", dtype=torch.bfloat16, shape="2x8x1000x128", arch="sm_90")
     names = {k.name for k in result.kernels}
-    assert {"attention_fwd_tma_kernel", "attention_bwd_dkdv_tma_kernel", "attention_bwd_dq_tma_kernel"} <= names
+    # d 128: dS stored by the dK/dV kernel for a dQ kernel of one product (tk.stores_scores)
+    assert {"attention_fwd_tma_kernel", "attention_bwd_dkdv_tma_kernel", "attention_bwd_dq_ds_kernel"} <= names
     assert all(k.num_warps >= 4 for k in result.kernels), [(k.name, k.num_warps) for k in result.kernels]
     assert any("planned as on nvidia-h200-sm90" in note for note in result.notes), result.notes
 

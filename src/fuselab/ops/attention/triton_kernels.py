@@ -1468,7 +1468,7 @@ def _choose_plan(
 
 
 STORED_SCORES: dict[str, bool] = {}  # "store": the rule overridden by `forced_stored_scores` (sweeps, tests)
-SCORES_MAX_BYTES = 0  # the stored dS's size limit (heads x nk x nq 16-bit values): the rule, `stores_scores`
+SCORES_MAX_BYTES = 256 * 2**20  # the stored dS's size limit (heads x nk x nq 16-bit values), a workspace kept
 
 
 @contextlib.contextmanager
@@ -1483,12 +1483,17 @@ def forced_stored_scores(store: bool) -> Iterator[None]:
         STORED_SCORES.update(saved)
 
 
-def stores_scores(heads: int, nq: int, nk: int) -> bool:
+def stores_scores(d: int, heads: int, nq: int, nk: int) -> bool:
     """Whether the TMA backward has the dK/dV kernel store dS (heads x nk x nq 16-bit values) for a dQ kernel of
-    one product a tile pair (`attention_bwd_dq_ds_kernel`) instead of a dQ kernel that recomputes S and dP."""
+    one product a tile pair (`attention_bwd_dq_ds_kernel`) instead of a dQ kernel that recomputes S and dP.
+
+    The recomputed products cost 4 x d_work flops a score, the stored score 4 bytes of traffic (written, then read),
+    whatever d: so where the tiles hold 128 columns or more, and the scores take at most SCORES_MAX_BYTES (memory
+    stays O(N) past that). Timed on an H100 (docs/ops/attention.md, "Stored scores"): 0.77-1.01x the recomputing
+    backward's forward + backward at d 112-160 (7 shapes), 0.92-1.07x at d 80-96, 0.99-1.21x at d <= 64."""
     if "store" in STORED_SCORES:
         return STORED_SCORES["store"]
-    return heads * nk * nq * 2 <= SCORES_MAX_BYTES
+    return d_work(d) >= 128 and heads * nk * nq * 2 <= SCORES_MAX_BYTES
 
 
 def ds_plan(d: int, dtype: torch.dtype, nq: int, nk: int, heads: int, sms: int) -> Plan:
@@ -1694,7 +1699,7 @@ def backward(
         gpu = _gpu(q.device)
         sms = gpu[1] if gpu is not None else 0
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
-        store_ds = tma and not one_block and stores_scores(z * hq, nq, nk)
+        store_ds = tma and not one_block and stores_scores(d, z * hq, nq, nk)
         ds = ds_out = None
         if store_ds:  # dS^T of each query head: its keys' rows, its queries' columns (rounded up to 16 bytes)
             nq8 = triton.cdiv(nq, 8) * 8
