@@ -1489,8 +1489,9 @@ def stores_scores(d: int, heads: int, nq: int, nk: int) -> bool:
 
     The recomputed products cost 4 x d_work flops a score, the stored score 4 bytes of traffic (written, then read),
     whatever d: so where the tiles hold 128 columns or more, and the scores take at most SCORES_MAX_BYTES (memory
-    stays O(N) past that). Timed on an H100 (docs/ops/attention.md, "Stored scores"): 0.77-1.01x the recomputing
-    backward's forward + backward at d 112-160 (7 shapes), 0.92-1.07x at d 80-96, 0.99-1.21x at d <= 64."""
+    stays O(N) past that). Timed on an H100 (docs/ops/attention.md, "Stored scores"), forward + backward over the
+    recomputing backward's: 0.77-0.98x at d 112-160 (6 shapes within the budget; 1.01x at one past it), 0.92-1.07x
+    at d 80-96, 0.94-1.15x at d <= 64."""
     if "store" in STORED_SCORES:
         return STORED_SCORES["store"]
     return d_work(d) >= 128 and heads * nk * nq * 2 <= SCORES_MAX_BYTES
