@@ -278,20 +278,20 @@ def test_triton_causal_backward_launches_only_keys_some_query_sees(monkeypatch) 
 def test_one_key_block_for_every_query_writes_dq_in_the_dkdv_kernel(monkeypatch) -> None:
     """Where one key block holds every key a query sees (few keys; top-left causal with few queries), each query
     block's dQ is one product, dS K: the dK/dV kernel writes it and the dQ kernel is not launched. dQ, dK and dV
-    against float64 with GQA, a head dim in two chunks (48), causal and not, Nq > Nk and Nq < Nk; with 17 keys (two
+    against float64 with GQA, a head dim in two chunks (72), causal and not, Nq > Nk and Nq < Nk; with 17 keys (two
     16-key blocks) the dQ kernel runs as before. Bitwise the same on a repeat."""
     from fuselab.ops.attention import triton_kernels as tk
 
     launched: list = []
     monkeypatch.setattr(tk, "attention_bwd_dq_kernel", _Recording(tk.attention_bwd_dq_kernel, launched))
     with tk.forced_plans({"dkdv": tk.Plan(16, 16, 1, 1), "dq": tk.Plan(16, 16, 1, 1)}):
-        for shape, causal in [((1, 4, 2, 37, 9, 48), False), ((2, 2, 2, 45, 11, 24), True),
+        for shape, causal in [((1, 4, 2, 37, 9, 72), False), ((2, 2, 2, 45, 11, 24), True),
                               ((1, 3, 3, 12, 70, 24), True), ((1, 2, 1, 29, 16, 16), False)]:  # fmt: skip
             check_against_reference("triton", shape, causal, torch.float32, DEVICE)
         assert launched == []
         check_against_reference("triton", (1, 2, 1, 29, 17, 16), False, torch.float32, DEVICE)
         assert len(launched) == 1
-        q, k, v = inputs((1, 4, 2, 37, 9, 48), torch.float32, DEVICE)
+        q, k, v = inputs((1, 4, 2, 37, 9, 72), torch.float32, DEVICE)
         grads = []
         for _ in range(2):
             xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -361,11 +361,13 @@ class _Recording:
 
 @pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
 def test_head_dim_chunks_pad_less_than_one_power_of_two() -> None:
-    """Head dims of today's models in two power-of-two chunks where that multiplies fewer zeros than one."""
+    """Head dims of today's models past 64 in two power-of-two chunks where that multiplies fewer zeros than one; up
+    to 64 in one (a 16-column chunk cost more than the pad at d 48)."""
     from fuselab.ops.attention.triton_kernels import d_chunks
 
-    expected = {16: (16, 0), 24: (32, 0), 40: (32, 16), 48: (32, 16), 64: (64, 0), 80: (64, 16), 96: (64, 32),
-                112: (128, 0), 128: (128, 0), 160: (128, 32), 192: (128, 64), 256: (256, 0), 1: (16, 0)}  # fmt: skip
+    expected = {16: (16, 0), 24: (32, 0), 40: (64, 0), 48: (64, 0), 64: (64, 0), 72: (64, 16), 80: (64, 16),
+                96: (64, 32), 112: (128, 0), 128: (128, 0), 160: (128, 32), 192: (128, 64), 256: (256, 0),
+                1: (16, 0)}  # fmt: skip
     assert {d: d_chunks(d) for d in expected} == expected
     for d in range(1, 257):
         first, second = d_chunks(d)
@@ -642,12 +644,12 @@ def test_descriptors_are_tritons_own_made_without_its_checks() -> None:
 def test_the_dkdv_query_splits_match_one_program_per_key_block(tma: bool, monkeypatch) -> None:
     """Few keys leave the dK/dV grid nearly empty, so each key block's query loop is split over programs whose fp32
     partials are summed in a fixed order: the gradients of the unsplit kernel (to fp32 rounding), bitwise the same on
-    every repeat, at one to five keys, GQA, causal and not, ragged shares and a head dim in two chunks (48)."""
+    every repeat, at one to five keys, GQA, causal and not, ragged shares and a head dim in two chunks (72)."""
     from fuselab.ops.attention import triton_kernels as tk
 
     monkeypatch.setattr(tk, "tma_ready", lambda *ts: tma)
     one_program = tk.query_splits
-    for z, hq, hkv, nq, nk, d, causal in [(1, 4, 2, 75, 3, 16, True), (2, 2, 1, 61, 1, 48, False),
+    for z, hq, hkv, nq, nk, d, causal in [(1, 4, 2, 75, 3, 16, True), (2, 2, 1, 61, 1, 72, False),
                                           (1, 2, 2, 50, 37, 16, False), (1, 3, 1, 40, 5, 16, True)]:  # fmt: skip
         gen = torch.Generator(device="cpu").manual_seed(nq + nk + d)
         q, do = (torch.randn(z, hq, nq, d, generator=gen).to(DEVICE) for _ in range(2))
@@ -849,12 +851,12 @@ def test_16_bit_rows_past_d_128_keep_their_own_plans() -> None:
 def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) -> None:
     """The TMA kernels (forward, dK/dV, dQ), forced here under the interpreter (fp32, 16 x 16 tiles; the interpreter
     runs tensor descriptors), give the pointer kernels' O, L, dQ, dK and dV: at ragged lengths, Nq != Nk, GQA and a
-    head dim in two chunks (48 = 32 + 16). To the last bit of fp32 only: numpy multiplies a tile loaded transposed
+    head dim in two chunks (72 = 64 + 16). To the last bit of fp32 only: numpy multiplies a tile loaded transposed
     and a tile transposed after loading in different orders. On the GPU they agree bitwise
     (test_gpu_tma_kernels_match_the_pointer_kernels)."""
     from fuselab.ops.attention import triton_kernels as tk
 
-    for z, hq, hkv, nq, nk, d in [(1, 2, 2, 37, 37, 16), (1, 4, 2, 21, 45, 48)]:
+    for z, hq, hkv, nq, nk, d in [(1, 2, 2, 37, 37, 16), (1, 4, 2, 21, 45, 72)]:
         gen = torch.Generator(device="cpu").manual_seed(nq + d)
         q, do = (torch.randn(z, hq, nq, d, generator=gen).to(DEVICE) for _ in range(2))
         k, v = (torch.randn(z, hkv, nk, d, generator=gen).to(DEVICE) for _ in range(2))
@@ -872,11 +874,11 @@ def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) ->
 def test_dq_from_stored_scores_matches_dq_recomputed(causal: bool, monkeypatch) -> None:
     """The TMA backward with dS stored by the dK/dV kernel and read by a dQ kernel of one product gives the gradients
     of the one that recomputes S and dP for dQ (to fp32 rounding; interpreter, TMA forced, 16 x 16 tiles): at ragged
-    lengths, Nq != Nk both ways, GQA, a head dim in two chunks (48), split query loops; bitwise the same on repeat."""
+    lengths, Nq != Nk both ways, GQA, a head dim in two chunks (72), split query loops; bitwise the same on repeat."""
     from fuselab.ops.attention import triton_kernels as tk
 
     monkeypatch.setattr(tk, "tma_ready", lambda *ts: True)
-    for z, hq, hkv, nq, nk, d in [(1, 2, 2, 37, 37, 16), (2, 4, 2, 21, 45, 48), (1, 2, 1, 53, 19, 16)]:
+    for z, hq, hkv, nq, nk, d in [(1, 2, 2, 37, 37, 16), (2, 4, 2, 21, 45, 72), (1, 2, 1, 53, 19, 16)]:
         gen = torch.Generator(device="cpu").manual_seed(nq + nk + d)
         q, do = (torch.randn(z, hq, nq, d, generator=gen).to(DEVICE) for _ in range(2))
         k, v = (torch.randn(z, hkv, nk, d, generator=gen).to(DEVICE) for _ in range(2))

@@ -1340,11 +1340,13 @@ def d_pad(d: int) -> int:
 def d_chunks(d: int) -> tuple[int, int]:
     """The head dim as the kernels' tiles hold it: (DA, DB) columns, powers of two >= 16, DB = 0 for one chunk.
 
-    Two chunks where they pad less than one: 80 -> 64 + 16 and 96 -> 64 + 32 (not 128: 37% and 25% of the tensor
-    cores' work on zeros), 48 -> 32 + 16, 160 -> 128 + 32, 192 -> 128 + 64; 112 -> 128 (64 + 64 pads the same).
+    Past 64 columns, two chunks where they pad less than one: 80 -> 64 + 16 and 96 -> 64 + 32 (not 128: 37% and 25%
+    of the tensor cores' work on zeros; 128 took 1.07-1.21x their time), 160 -> 128 + 32, 192 -> 128 + 64; 112 -> 128
+    (64 + 64 pads the same). Up to 64, one: 48 as 32 + 16 took 1.03-1.15x the time of 48 padded to 64 (timed on an
+    H100, forward + backward, 6 shapes; docs/ops/attention.md, "Heads of 33-48 in one chunk").
     """
     whole = d_pad(d)
-    if d <= 16 or d == whole:
+    if d <= 64 or d == whole:
         return whole, 0
     first = whole // 2
     second = d_pad(d - first)
