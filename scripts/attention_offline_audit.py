@@ -82,7 +82,7 @@ def tile(kwargs: dict) -> str:
 def forced_plan(text: str) -> tuple[str, tk.Plan]:
     """'dkdv=16,64,4,3' -> ("dkdv", Plan(16, 64, 4, 3))."""
     kernel, _, plan = text.partition("=")
-    kernels = (*tk.KERNELS, "dqds")  # dqds: the dQ kernel of stored scores
+    kernels = (*tk.KERNELS, tk.DQ_DS)  # dqds: the dQ kernel of stored scores
     if kernel not in kernels or len(plan.split(",")) != 4:
         raise argparse.ArgumentTypeError(f"{text!r}: give KERNEL=BLOCK_M,BLOCK_N,WARPS,STAGES, KERNEL in {kernels}")
     return kernel, tk.Plan(*(int(n) for n in plan.split(",")))

@@ -168,7 +168,7 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Varian
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", choices=(*tk.KERNELS, "dqds"), help="the kernel whose --plans are forced")
+    p.add_argument("--kernel", choices=(*tk.KERNELS, tk.DQ_DS), help="the kernel whose --plans are forced")
     p.add_argument("--plans", default="", help="comma-separated MxNxWARPSxSTAGES")
     p.add_argument("--stored-scores", action="store_true", help="time dS stored for dQ, and recomputed")
     p.add_argument("--chunks", default="", help="comma-separated head-dim chunks, e.g. 64+0,32+16")
@@ -185,7 +185,7 @@ def main() -> int:
         if args.kernel is None:
             p.error("--plans needs --kernel")
         name = f"{args.kernel} {plan.block_m}x{plan.block_n}x{plan.warps}x{plan.stages}"
-        variants[name] = Variant({args.kernel: plan}, True if args.kernel == "dqds" else None)
+        variants[name] = Variant({args.kernel: plan}, True if args.kernel == tk.DQ_DS else None)
     if args.stored_scores:
         variants["stored"], variants["recomputed"] = Variant(stored=True), Variant(stored=False)
     for text in (t for t in args.chunks.split(",") if t):

@@ -1329,7 +1329,8 @@ class Plan:
     stages: int
 
 
-KERNELS = ("fwd", "dkdv", "dq")
+KERNELS = ("fwd", "dkdv", "dq")  # the kernels `fuselab tune attention` tunes
+DQ_DS = "dqds"  # the dQ kernel of stored scores (`ds_plan`): forced by this name, fitted by the rule, not tuned
 
 
 def d_pad(d: int) -> int:
@@ -1469,20 +1470,18 @@ def _choose_plan(
     return fit_plan(kernel, Plan(**tuned) if tuned else plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
 
 
-STORED_SCORES: dict[str, bool] = {}  # "store": the rule overridden by `forced_stored_scores` (sweeps, tests)
+_FORCED_STORE: list[bool] = []  # the rule overridden by `forced_stored_scores` (sweeps, tests): innermost last
 SCORES_MAX_BYTES = 256 * 2**20  # the stored dS's size limit (heads x nk x nq 16-bit values), a workspace kept
 
 
 @contextlib.contextmanager
 def forced_stored_scores(store: bool) -> Iterator[None]:
     """Within the block, the TMA backward stores dS for dQ (True) or recomputes it (False), whatever the rule says."""
-    saved = dict(STORED_SCORES)
-    STORED_SCORES["store"] = store
+    _FORCED_STORE.append(store)
     try:
         yield
     finally:
-        STORED_SCORES.clear()
-        STORED_SCORES.update(saved)
+        _FORCED_STORE.pop()
 
 
 def stores_scores(d: int, heads: int, nq: int, nk: int) -> bool:
@@ -1494,16 +1493,16 @@ def stores_scores(d: int, heads: int, nq: int, nk: int) -> bool:
     stays O(N) past that). Timed on an H100 (docs/ops/attention.md, "Stored scores"), forward + backward over the
     recomputing backward's: 0.77-0.98x at d 112-160 (6 shapes within the budget; 1.01x at one past it), 0.92-1.07x
     at d 80-96, 0.94-1.15x at d <= 64."""
-    if "store" in STORED_SCORES:
-        return STORED_SCORES["store"]
+    if _FORCED_STORE:
+        return _FORCED_STORE[-1]
     return d_work(d) >= 128 and heads * nk * nq * 2 <= SCORES_MAX_BYTES
 
 
 def ds_plan(d: int, dtype: torch.dtype, nq: int, nk: int, heads: int, sms: int) -> Plan:
     """The plan of `attention_bwd_dq_ds_kernel`: 64 queries x 64 keys on 4 warps (8 past 256-byte rows: its fp32
-    dQ tile), 3 stages; fitted to the shape. Forced as "dqds" (`forced_plans`)."""
-    if "dqds" in FORCED:
-        return FORCED["dqds"]
+    dQ tile), 3 stages; fitted to the shape. Forced as DQ_DS (`forced_plans`)."""
+    if DQ_DS in FORCED:
+        return FORCED[DQ_DS]
     if _interpreter_plans():
         return Plan(16, 16, 1, 1)
     row = d_work(d) * dtype.itemsize
