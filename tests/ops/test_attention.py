@@ -376,6 +376,19 @@ def test_head_dim_chunks_pad_less_than_one_power_of_two() -> None:
 
 
 @pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
+def test_tma_kernels_hold_wide_heads_in_two_chunks_of_128() -> None:
+    """The TMA forward takes d_chunks' chunks up to 192 columns; heads of 193-256 (one chunk of 256 in the pointer
+    kernels) as 128 + 128, the same columns worked; past 256 a chunk stays too wide for TMA."""
+    from fuselab.ops.attention.triton_kernels import d_chunks, tma_chunks
+
+    for d in range(1, 193):
+        assert tma_chunks(d) == d_chunks(d)
+    for d in (193, 200, 224, 255, 256):
+        assert tma_chunks(d) == (128, 128) and sum(d_chunks(d)) == 256
+    assert max(tma_chunks(264)) > 128 and max(tma_chunks(512)) > 128
+
+
+@pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
 def test_plans_fit_short_sequences_and_keep_long_ones() -> None:
     """No tile is longer than its sequence padded (>= 16), warps shrink with the tile, long sequences keep the plan."""
     from fuselab.ops.attention.triton_kernels import Plan, fit_plan
@@ -671,7 +684,7 @@ def test_gpu_tma_kernels_match_the_pointer_kernels(dtype: torch.dtype, monkeypat
     """On Hopper the kernels read 16-bit tensors by TMA descriptors; they give the pointer kernels' O, L, dQ, dK and
     dV bitwise (the same tiles, the same order of operations) at ragged lengths, Nq != Nk, GQA, chunked head dims, a
     transposed layout and a strided output gradient; inputs TMA cannot address (fp32, a 2-byte-misaligned base,
-    d 256) take the pointer kernels."""
+    d 264) take the pointer kernels."""
     from fuselab.ops.attention import triton_kernels as tk
 
     if torch.cuda.get_device_capability()[0] < 9:
@@ -696,7 +709,26 @@ def test_gpu_tma_kernels_match_the_pointer_kernels(dtype: torch.dtype, monkeypat
     assert tk.tma_ready(q, q, q)
     x = torch.randn(2, 4, 100, 65, device="cuda", dtype=dtype)
     assert not tk.tma_ready(x[..., 1:])  # rows of 65 elements: strides not 16-byte multiples
-    assert not tk.tma_ready(q.float()) and not tk.tma_ready(torch.randn(1, 2, 8, 256, device="cuda", dtype=dtype))
+    assert not tk.tma_ready(q.float()) and not tk.tma_ready(torch.randn(1, 2, 8, 264, device="cuda", dtype=dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_wide_heads_go_by_tma_and_are_right(dtype: torch.dtype) -> None:
+    """Heads of 193-256 columns: the forward by TMA in two chunks of 128 (`tma_chunks`), the backward by pointers in
+    one of 256; O and every gradient against float64 at ragged lengths, Nq != Nk, GQA, causal and not."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or later")
+    for d in (200, 256):
+        assert tk.tma_ready(torch.randn(1, 2, 8, d, device="cuda", dtype=dtype))
+        for shape, causal in [
+            ((2, 4, 2, 333, 290, d), True),
+            ((1, 2, 2, 150, 411, d), False),
+            ((3, 2, 1, 70, 70, d), True),
+        ]:
+            check_against_reference("triton", shape, causal, dtype, "cuda")
 
 
 @pytest.mark.gpu
@@ -851,12 +883,13 @@ def test_16_bit_rows_past_d_128_keep_their_own_plans() -> None:
 def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) -> None:
     """The TMA kernels (forward, dK/dV, dQ), forced here under the interpreter (fp32, 16 x 16 tiles; the interpreter
     runs tensor descriptors), give the pointer kernels' O, L, dQ, dK and dV: at ragged lengths, Nq != Nk, GQA and a
-    head dim in two chunks (72 = 64 + 16). To the last bit of fp32 only: numpy multiplies a tile loaded transposed
-    and a tile transposed after loading in different orders. On the GPU they agree bitwise
+    head dim in two chunks (72 = 64 + 16; 200, which the pointer kernels hold as one chunk of 256 and the TMA forward
+    as 128 + 128, its backward by pointers on both sides). To the last bit of fp32 only: numpy multiplies a tile
+    loaded transposed and a tile transposed after loading in different orders. On the GPU they agree bitwise
     (test_gpu_tma_kernels_match_the_pointer_kernels)."""
     from fuselab.ops.attention import triton_kernels as tk
 
-    for z, hq, hkv, nq, nk, d in [(1, 2, 2, 37, 37, 16), (1, 4, 2, 21, 45, 72)]:
+    for z, hq, hkv, nq, nk, d in [(1, 2, 2, 37, 37, 16), (1, 4, 2, 21, 45, 72), (1, 2, 1, 19, 23, 200)]:
         gen = torch.Generator(device="cpu").manual_seed(nq + d)
         q, do = (torch.randn(z, hq, nq, d, generator=gen).to(DEVICE) for _ in range(2))
         k, v = (torch.randn(z, hkv, nk, d, generator=gen).to(DEVICE) for _ in range(2))

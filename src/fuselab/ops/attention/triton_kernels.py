@@ -1354,6 +1354,15 @@ def d_chunks(d: int) -> tuple[int, int]:
     return (first, second) if first + second < whole else (whole, 0)
 
 
+def tma_chunks(d: int) -> tuple[int, int]:
+    """The head dim's chunks in the TMA forward: d_chunks', except that one chunk past 128 columns (heads of
+    193-256: one of 256, past what one TMA copy takes) is held as 128 + 128, so that the forward goes by TMA there too
+    (0.41-0.85x the pointer forward's time on an H100; docs/ops/attention.md, session 48). The backward keeps its
+    pointer kernels there (`backward`): its dQ by TMA in two chunks made forward + backward 1.05-1.11x slower."""
+    da, db = d_chunks(d)
+    return (128, da - 128) if da > 128 and db == 0 else (da, db)
+
+
 def d_work(d: int) -> int:
     """The columns of the head dim the tensor cores multiply: d padded chunk by chunk (d_chunks)."""
     return sum(d_chunks(d))
@@ -1515,11 +1524,11 @@ def _index(device: torch.device) -> int:
 
 def tma_ready(*tensors: torch.Tensor) -> bool:
     """Whether the kernels read and write these tensors by TMA descriptors: 16-bit CUDA tensors on a Hopper or later
-    GPU (not the interpreter; plain tensors, not a tracer's fakes), the head dim within one or two chunks of at most
-    128 columns, the last dim contiguous, and the base and every other stride 16-byte aligned (the copy engine's
-    rules)."""
+    GPU (not the interpreter; plain tensors, not a tracer's fakes), the head dim within two chunks of at most 128
+    columns (`tma_chunks`: d <= 256), the last dim contiguous, and the base and every other stride 16-byte aligned
+    (the copy engine's rules)."""
     t = tensors[0]
-    if type(t) is not torch.Tensor or t.element_size() != 2 or d_chunks(t.shape[-1])[0] > 128:
+    if type(t) is not torch.Tensor or t.element_size() != 2 or max(tma_chunks(t.shape[-1])) > 128:
         return False
     gpu = _gpu(t.device)
     if gpu is None or gpu[2] < 9:
@@ -1625,7 +1634,7 @@ def forward(
         plan = choose_plan("fwd", d, q.dtype, causal, q.device, nq, nk, z * hq)
         num_m = triton.cdiv(nq, plan.block_m)
         if tma_ready(q4, k4, v4, o):
-            da, db = d_chunks(d)
+            da, db = tma_chunks(d)
             _launch(
                 attention_fwd_tma_kernel, (num_m * z * hq,), *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
@@ -1669,7 +1678,8 @@ def backward(
         dk.zero_()
         dv.zero_()
     if dq.numel() > 0:
-        tma = tma_ready(q4, k4, v4, dq, dk, dv)
+        # by TMA where its kernels hold the head dim as the pointer ones do (d <= 192; heads of 193-256 by pointers)
+        tma = tma_ready(q4, k4, v4, dq, dk, dv) and tma_chunks(d) == d_chunks(d)
         if tma and not tma_ready(do4):  # a strided or misaligned gradient: one aligned copy, every tile by TMA
             do4 = do4.clone(memory_format=torch.contiguous_format)
         delta = launcher.workspace("attention delta", z * hq * nq, torch.float32, q.device, zeros=False)
