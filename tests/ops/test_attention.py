@@ -588,11 +588,13 @@ def test_gpu_few_keys_split_the_query_loop_deterministically(dtype: torch.dtype)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_stored_scores_are_right_and_deterministic(dtype: torch.dtype) -> None:
     """The backward with dS stored by the dK/dV kernel for a dQ kernel of one product (forced, whatever the rule):
-    right against float64 at ragged lengths, Nq != Nk both ways, GQA, head dims in one and two chunks, causal and
-    not; bitwise the same on repeat; the same gradients as the dQ kernel that recomputes dS, to 16-bit rounding."""
+    right against float64 at ragged lengths, Nq != Nk both ways, GQA, head dims in one and two chunks, and of 193-256
+    (the pointer dK/dV kernel storing dS), causal and not; bitwise the same on repeat; the same gradients as the dQ
+    kernel that recomputes dS, to 16-bit rounding."""
     from fuselab.ops.attention import triton_kernels as tk
 
-    shapes = [(2, 8, 2, 1000, 1000, 80), (1, 4, 4, 333, 517, 64), (3, 2, 1, 129, 77, 48), (1, 4, 2, 700, 700, 128)]
+    shapes = [(2, 8, 2, 1000, 1000, 80), (1, 4, 4, 333, 517, 64), (3, 2, 1, 129, 77, 48), (1, 4, 2, 700, 700, 128),
+              (1, 4, 2, 333, 290, 256), (2, 2, 1, 150, 411, 200)]  # fmt: skip
     with tk.forced_stored_scores(True):
         for shape in shapes:
             for causal in (False, True):
@@ -905,13 +907,18 @@ def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) ->
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
 def test_dq_from_stored_scores_matches_dq_recomputed(causal: bool, monkeypatch) -> None:
-    """The TMA backward with dS stored by the dK/dV kernel and read by a dQ kernel of one product gives the gradients
-    of the one that recomputes S and dP for dQ (to fp32 rounding; interpreter, TMA forced, 16 x 16 tiles): at ragged
-    lengths, Nq != Nk both ways, GQA, a head dim in two chunks (72), split query loops; bitwise the same on repeat."""
+    """The backward with dS stored by the dK/dV kernel and read by a dQ kernel of one product gives the gradients of
+    the one that recomputes S and dP for dQ (to fp32 rounding; interpreter, TMA forced, 16 x 16 tiles): at ragged
+    lengths, Nq != Nk both ways, GQA, a head dim in two chunks (72), split query loops, and d 200 (the pointer dK/dV
+    kernel storing dS, the dQ kernel reading K in two chunks of 128); bitwise the same on repeat."""
     from fuselab.ops.attention import triton_kernels as tk
 
     monkeypatch.setattr(tk, "tma_ready", lambda *ts: True)
-    for z, hq, hkv, nq, nk, d in [(1, 2, 2, 37, 37, 16), (2, 4, 2, 21, 45, 72), (1, 2, 1, 53, 19, 16)]:
+    pointer_dkdv, dq_ds = [], []
+    monkeypatch.setattr(tk, "attention_bwd_dkdv_kernel", _Recording(tk.attention_bwd_dkdv_kernel, pointer_dkdv))
+    monkeypatch.setattr(tk, "attention_bwd_dq_ds_kernel", _Recording(tk.attention_bwd_dq_ds_kernel, dq_ds))
+    shapes = [(1, 2, 2, 37, 37, 16), (2, 4, 2, 21, 45, 72), (1, 2, 1, 53, 19, 16), (1, 2, 1, 29, 23, 200)]
+    for z, hq, hkv, nq, nk, d in shapes:
         gen = torch.Generator(device="cpu").manual_seed(nq + nk + d)
         q, do = (torch.randn(z, hq, nq, d, generator=gen).to(DEVICE) for _ in range(2))
         k, v = (torch.randn(z, hkv, nk, d, generator=gen).to(DEVICE) for _ in range(2))
@@ -924,6 +931,7 @@ def test_dq_from_stored_scores_matches_dq_recomputed(causal: bool, monkeypatch) 
         for a, b, c in zip(recomputed, stored, again, strict=True):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
             assert torch.equal(b, c)
+    assert len(pointer_dkdv) == 3 and len(dq_ds) == 2 * len(shapes)  # d 200's three backward passes by pointers
     with tk.forced_stored_scores(True):  # a few keys: the dK/dV query loop split over programs, each storing its dS
         monkeypatch.setattr(tk, "query_splits", lambda programs, nq, block_m, sms: 3)
         q, do = (torch.randn(1, 2, 70, 16, generator=gen).to(DEVICE) for _ in range(2))

@@ -20,9 +20,9 @@ key blocks for dQ += dS K. The same split into unmasked and masked blocks applie
 nothing are skipped. Where the dK/dV grid cannot fill the SMs (few keys), each key block's query loop is split into
 shares over a second grid dimension (`query_splits`), each writing unscaled fp32 partial dK and dV that the launcher
 sums in a fixed order. The math of one pair of tiles is written once (`_softmax_step`, `_dkdv_step`, `_dq_step`) for
-the pointer and the TMA kernels alike. Where `stores_scores` says so (TMA only), the dK/dV kernel also writes each
-dS^T tile it makes (16-bit, a workspace of heads x Nk x Nq) and `_bwd_dq_ds` reads them for dQ += dS K, one product a
-tile pair where `_bwd_dq` makes three; the same fixed order, so still deterministic.
+the pointer and the TMA kernels alike. Where `stores_scores` says so (tensors TMA can address), the dK/dV kernel also
+writes each dS^T tile it makes (16-bit, a workspace of heads x Nk x Nq) and `attention_bwd_dq_ds_kernel` reads them
+for dQ += dS K, one product a tile pair where the dQ kernel makes three; the same fixed order, so still deterministic.
 
 TMA: on Hopper and later, 16-bit tensors whose strides TMA can address (`tma_ready`) are read and written by tensor
 descriptors (the `*_tma_kernel`s: the copy engine moves each tile, zero-filling past the tensor's edges, so loads need
@@ -523,7 +523,11 @@ def _dkdv_inner(
     dq_offs_b,
     sdqn,
     sm_scale,
+    ds_desc,
+    bh_q,
+    n0,
     BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     MASK_A: tl.constexpr,
@@ -531,9 +535,11 @@ def _dkdv_inner(
     MASK_B: tl.constexpr,
     PREC: tl.constexpr,
     WRITE_DQ: tl.constexpr,
+    STORE_DS: tl.constexpr,
 ):
     """Accumulate one key block's dK (unscaled) and dV over query blocks [lo, hi), read by pointers. WRITE_DQ (the
-    only key block any query sees): also each query block's dQ = dS K scale, whole, into dq_base's rows."""
+    only key block any query sees): also each query block's dQ = dS K scale, whole, into dq_base's rows. STORE_DS:
+    each dS^T tile is also written through ds_desc, as `_dkdv_inner_tma` writes it."""
     for start_m in range(lo, hi, BLOCK_M):  # software-pipelined (num_stages)
         q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn
         do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn
@@ -564,6 +570,8 @@ def _dkdv_inner(
             if SPLIT:
                 dq_b = tl.dot(ds, k_b, input_precision=PREC) * sm_scale
                 tl.store(dq_ptrs + dq_offs_b, dq_b.to(dq_base.dtype.element_ty), mask=in_m[:, None] & ok_b[None, :])
+        if STORE_DS:
+            ds_desc.store([bh_q, n0, start_m], dst.reshape(1, BLOCK_N, BLOCK_M))
     return dk_a, dk_b, dv_a, dv_b
 
 
@@ -608,6 +616,7 @@ def attention_bwd_dkdv_kernel(
     sdqh,
     sdqn,
     sdqd,
+    ds_desc,
     HKV,
     GROUP,
     NQ,
@@ -624,13 +633,15 @@ def attention_bwd_dkdv_kernel(
     QSPLIT: tl.constexpr,
     PREC: tl.constexpr,
     WRITE_DQ: tl.constexpr,
+    STORE_DS: tl.constexpr,
 ):
     """dK, dV of BLOCK_N keys of head (z, hk), summed over its GROUP query heads. Grid: (NUM_N * Z * HKV, S).
 
     S = 1 (QSPLIT False): into DK and DV. S > 1: program (i, s) takes the s-th of S shares of the query blocks and
     writes its unscaled fp32 dK and dV into the partial buffers DKP, DVP ((S, Z, HKV, NK, DA + DB), contiguous),
     which the launcher sums over S in a fixed order. WRITE_DQ (NUM_N 1: one key block holds every key a query sees):
-    each query block's dQ has no other term, so it is written here, whole, into DQ (no dQ kernel, deterministic)."""
+    each query block's dQ has no other term, so it is written here, whole, into DQ (no dQ kernel, deterministic).
+    STORE_DS: every dS^T tile also goes to ds_desc, as in `attention_bwd_dkdv_tma_kernel` (unused otherwise)."""
     SPLIT: tl.constexpr = DB > 0
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
@@ -677,24 +688,25 @@ def attention_bwd_dkdv_kernel(
         lse_base = LSE + (z * HKV * GROUP + h).to(tl.int64) * NQ
         delta_base = DELTA + (z * HKV * GROUP + h).to(tl.int64) * NQ
         dq_base = DQ + z.to(tl.int64) * sdqz + h.to(tl.int64) * sdqh
+        bh_q = z * HKV * GROUP + h
         if CAUSAL:  # the diagonal's blocks, masked
             dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
                 dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
                 q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r0, r1, NQ, qk_scale,
-                dq_base, dq_offs_a, dq_offs_b, sdqn, sm_scale, BLOCK_M, True, True, MASK_A, SPLIT, MASK_B, PREC,
-                WRITE_DQ,
+                dq_base, dq_offs_a, dq_offs_b, sdqn, sm_scale, ds_desc, bh_q, n0, BLOCK_M, BLOCK_N, True, True,
+                MASK_A, SPLIT, MASK_B, PREC, WRITE_DQ, STORE_DS,
             )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
             q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r2, r3, NQ, qk_scale,
-            dq_base, dq_offs_a, dq_offs_b, sdqn, sm_scale, BLOCK_M, False, False, MASK_A, SPLIT, MASK_B, PREC,
-            WRITE_DQ,
+            dq_base, dq_offs_a, dq_offs_b, sdqn, sm_scale, ds_desc, bh_q, n0, BLOCK_M, BLOCK_N, False, False,
+            MASK_A, SPLIT, MASK_B, PREC, WRITE_DQ, STORE_DS,
         )  # fmt: skip
         dk_a, dk_b, dv_a, dv_b = _dkdv_inner(
             dk_a, dk_b, dv_a, dv_b, k_a, k_b, v_a, v_b, q_base, do_base, lse_base, delta_base, q_offs_a,
             q_offs_b, do_offs_a, do_offs_b, sqn, sdn, offs_n, rows, ok_a, ok_b, r4, r5, NQ, qk_scale,
-            dq_base, dq_offs_a, dq_offs_b, sdqn, sm_scale, BLOCK_M, True, CAUSAL, MASK_A, SPLIT, MASK_B, PREC,
-            WRITE_DQ,
+            dq_base, dq_offs_a, dq_offs_b, sdqn, sm_scale, ds_desc, bh_q, n0, BLOCK_M, BLOCK_N, True, CAUSAL,
+            MASK_A, SPLIT, MASK_B, PREC, WRITE_DQ, STORE_DS,
         )  # fmt: skip
         g += 1
     if QSPLIT:
@@ -1355,10 +1367,11 @@ def d_chunks(d: int) -> tuple[int, int]:
 
 
 def tma_chunks(d: int) -> tuple[int, int]:
-    """The head dim's chunks in the TMA forward: d_chunks', except that one chunk past 128 columns (heads of
-    193-256: one of 256, past what one TMA copy takes) is held as 128 + 128, so that the forward goes by TMA there too
-    (0.41-0.85x the pointer forward's time on an H100; docs/ops/attention.md, session 48). The backward keeps its
-    pointer kernels there (`backward`): its dQ by TMA in two chunks made forward + backward 1.05-1.11x slower."""
+    """The head dim's chunks in the TMA forward and the stored scores' dQ kernel: d_chunks', except that one chunk
+    past 128 columns (heads of 193-256: one of 256, past what one TMA copy takes) is held as 128 + 128, so that they go
+    by TMA there too (the forward: 0.41-0.85x the pointer forward's time on an H100; docs/ops/attention.md, session
+    48). The dK/dV kernel and the recomputing dQ kernel keep their pointer kernels there (`backward`): the recomputing
+    dQ by TMA in two chunks made forward + backward 1.05-1.11x slower."""
     da, db = d_chunks(d)
     return (128, da - 128) if da > 128 and db == 0 else (da, db)
 
@@ -1494,8 +1507,9 @@ def forced_stored_scores(store: bool) -> Iterator[None]:
 
 
 def stores_scores(d: int, heads: int, nq: int, nk: int) -> bool:
-    """Whether the TMA backward has the dK/dV kernel store dS (heads x nk x nq 16-bit values) for a dQ kernel of
-    one product a tile pair (`attention_bwd_dq_ds_kernel`) instead of a dQ kernel that recomputes S and dP.
+    """Whether the backward of tensors TMA can address has the dK/dV kernel (TMA or, at heads of 193-256, pointers)
+    store dS (heads x nk x nq 16-bit values) for a dQ kernel of one product a tile pair (`attention_bwd_dq_ds_kernel`,
+    by TMA: `tma_chunks`) instead of a dQ kernel that recomputes S and dP.
 
     The recomputed products cost 4 x d_work flops a score, the stored score 4 bytes of traffic (written, then read),
     whatever d: so where the tiles hold 128 columns or more, and the scores take at most SCORES_MAX_BYTES (memory
@@ -1678,8 +1692,10 @@ def backward(
         dk.zero_()
         dv.zero_()
     if dq.numel() > 0:
-        # by TMA where its kernels hold the head dim as the pointer ones do (d <= 192; heads of 193-256 by pointers)
-        tma = tma_ready(q4, k4, v4, dq, dk, dv) and tma_chunks(d) == d_chunks(d)
+        # descriptors: for the TMA kernels where they hold the head dim as the pointer ones do (d <= 192; heads of
+        # 193-256 take the pointer kernels), for the stored scores and their dQ kernel (`tma_chunks`) wherever ready
+        descriptors = tma_ready(q4, k4, v4, dq, dk, dv)
+        tma = descriptors and tma_chunks(d) == d_chunks(d)
         if tma and not tma_ready(do4):  # a strided or misaligned gradient: one aligned copy, every tile by TMA
             do4 = do4.clone(memory_format=torch.contiguous_format)
         delta = launcher.workspace("attention delta", z * hq * nq, torch.float32, q.device, zeros=False)
@@ -1711,7 +1727,7 @@ def backward(
         gpu = _gpu(q.device)
         sms = gpu[1] if gpu is not None else 0
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
-        store_ds = tma and not one_block and stores_scores(d, z * hq, nq, nk)
+        store_ds = descriptors and not one_block and stores_scores(d, z * hq, nq, nk)
         ds = ds_out = None
         if store_ds:  # dS^T of each query head: its keys' rows, its queries' columns (rounded up to 16 bytes)
             nq8 = triton.cdiv(nq, 8) * 8
@@ -1740,9 +1756,9 @@ def backward(
             _launch(
                 attention_bwd_dkdv_kernel, grid, q4, k4, v4, do4, lse4, delta, dk, dv,
                 *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(), dkp, dvp,
-                dq, *dq.stride(), hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                dq, *dq.stride(), ds_out, hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
                 plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-                QSPLIT=splits > 1, PREC=prec, WRITE_DQ=one_block,
+                QSPLIT=splits > 1, PREC=prec, WRITE_DQ=one_block, STORE_DS=store_ds,
             )  # fmt: skip
         if splits > 1:  # a sum in a fixed order: deterministic
             rows, block = z * hkv * nk, 16  # 16 rows of fp32 dK and dV a program: 64 spilled its pointers
@@ -1756,12 +1772,13 @@ def backward(
         if ds is not None:  # dQ = dS K from the stored dS: one product a tile pair
             plan = ds_plan(d, q.dtype, nq, nk, z * hq, sms)
             num = triton.cdiv(nq, plan.block_m)
+            ta, tb = tma_chunks(d)
             _launch(
                 attention_bwd_dq_ds_kernel, (num * z * hq,),
                 _descriptor(ds, list(ds.shape), list(ds.stride()), [1, plan.block_n, plan.block_m]),
-                *_descriptors(k4, plan.block_n, da, db), *_descriptors(dq, plan.block_m, da, db),
+                *_descriptors(k4, plan.block_n, ta, tb), *_descriptors(dq, plan.block_m, ta, tb),
                 hq, hq // hkv, nq, nk, num, scale,
-                plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
+                plan=plan, DA=ta, DB=tb, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
             )  # fmt: skip
             return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
         plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
