@@ -10,11 +10,12 @@ A shape is B x Hq x Hkv x Nq x Nk x d (GQA when Hkv < Hq). For each shape and ca
 (fuselab.bench.timer.benchmark_side_by_side, L2 flushed): cuDNN (the op's sdpa-cudnn impl, K/V heads repeated once
 beforehand), the Triton kernels at their own plans ("plan", what `choose_plan` picks: table or rule, fitted), with
 `--kernel` forced to each of `--plans` (as given, not fitted to the shape; dqds: the dQ kernel of stored scores,
-timed with them stored), with the dS stored for dQ ("stored", `--stored-scores`) or recomputed ("recomputed",
-where the rule stores it), and with the head dim held in other chunks ("chunks64+0", `--chunks`; own plans, as the
-table keys them). Each line of `--out` (JSON) is one shape's medians in ms, with the GPU, torch, Triton and git
-revision. A variant that fails to compile or gives a wrong result is recorded with its error. Exploration: what it
-finds goes into the rules or the tuner's candidates (docs/ops/attention.md).
+timed with them stored; dq: the recomputing dQ kernel, timed with dS recomputed, the only backward it runs in), with
+the dS stored for dQ ("stored", `--stored-scores`) or recomputed ("recomputed", where the rule stores it), and with
+the head dim held in other chunks ("chunks64+0", `--chunks`; own plans, as the table keys them). Each line of `--out`
+(JSON) is one shape's medians in ms, with the GPU, torch, Triton and git revision. A variant that fails to compile
+or gives a wrong result is recorded with its error. Exploration: what it finds goes into the rules or the tuner's
+candidates (docs/ops/attention.md).
 """
 
 from __future__ import annotations
@@ -156,11 +157,17 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Varian
     # each kernel's plan as the launchers choose it (dK/dV: the keys some query sees, over key/value heads)
     sizes = {"fwd": (nk, b * hq), "dkdv": (tk.seen_keys(nq, nk, causal), b * hkv), "dq": (nk, b * hq)}
     chosen = {kernel: str(tk.choose_plan(kernel, d, q.dtype, causal, q.device, nq, *sizes[kernel])) for kernel in sizes}
+    stores = tk.stores_scores(d, b * hq, nq, nk)
+    if stores:  # the own plans' dQ is the kernel of stored scores
+        gpu = tk._gpu(q.device)
+        chosen[tk.DQ_DS] = str(tk.ds_plan(d, q.dtype, nq, nk, b * hq, gpu[1] if gpu else 0))
+        del chosen["dq"]
     return {
         "shape": list(shape),
         "causal": causal,
         "own_plans": chosen,
-        "stores_scores": tk.stores_scores(d, b * hq, nq, nk),
+        "stores_scores": stores,
+        "variants_store": {name: variant.stored for name, variant in variants.items() if name in ms},
         "ms": ms,
         "errors": errors,
     }
@@ -185,7 +192,9 @@ def main() -> int:
         if args.kernel is None:
             p.error("--plans needs --kernel")
         name = f"{args.kernel} {plan.block_m}x{plan.block_n}x{plan.warps}x{plan.stages}"
-        variants[name] = Variant({args.kernel: plan}, True if args.kernel == tk.DQ_DS else None)
+        # the dQ kernel of stored scores runs only with them stored, the recomputing one only without
+        stored = {tk.DQ_DS: True, "dq": False}.get(args.kernel)
+        variants[name] = Variant({args.kernel: plan}, stored)
     if args.stored_scores:
         variants["stored"], variants["recomputed"] = Variant(stored=True), Variant(stored=False)
     for text in (t for t in args.chunks.split(",") if t):
