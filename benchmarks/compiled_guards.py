@@ -8,7 +8,8 @@ one row of d 64. Each model is compiled in a process of its own (what else a pro
 and its guard manager is checked alone (`guard_manager.check` on the call's locals, a private API of torch's Dynamo),
 `--checks` times a round: the median of `--rounds` rounds, in µs. The models take turns, each in `--repeats` processes
 (the host drifts between processes by as much as the differences measured): the median over them, their range, and
-the number of lines of the guard tree.
+the number of lines of the guard tree. Each process's figure is printed as it comes (a process takes 8-20 s: import,
+compile), and `--out` is rewritten after each repeat, with the repeats done in its meta.
 
     PYTHONPATH=src python3 benchmarks/compiled_guards.py               # cuda where there is one, else cpu
     PYTHONPATH=src python3 benchmarks/compiled_guards.py --device cpu --out guards.json
@@ -79,26 +80,40 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.one, args.device, args.rounds, args.checks)))
         return 0
     runs: dict[str, list[dict]] = {name: [] for name in MODELS}
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
         for name in MODELS:
+            start = time.perf_counter()
             command = [sys.executable, __file__, "--one", name, "--device", args.device, "--rounds", str(args.rounds)]
             done = subprocess.run([*command, "--checks", str(args.checks)], capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 print(f"{name}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
                 return 1
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            us, took = runs[name][-1]["guard_us"], time.perf_counter() - start
+            print(f"  {repeat + 1}/{args.repeats} {name:16} {us:6.2f} µs ({took:.0f} s)", flush=True)
+        if args.out:  # after each repeat: a run cut short keeps the repeats it finished
+            write(args.out, summarize(runs), args.device, repeat + 1)
+    for row in summarize(runs):
+        (lo, hi), lines = row["range_us"], row["guard_lines"]
+        print(f"{row['model']:16} {row['guard_us']:6.2f} µs [{lo:.2f}, {hi:.2f}]  {lines:4d} lines of guards")
+    return 0
+
+
+def summarize(runs: dict[str, list[dict]]) -> list[dict]:
+    """Per model: the median guard time over its processes (µs), their range, and its guard tree's lines."""
     rows = []
     for name, measured in runs.items():
         us = [m["guard_us"] for m in measured]
         rows.append({"model": name, "guard_us": statistics.median(us), "range_us": [min(us), max(us)],
                      "guard_lines": measured[0]["guard_lines"]})  # fmt: skip
-        lines = rows[-1]["guard_lines"]
-        print(f"{name:16} {rows[-1]['guard_us']:6.2f} µs [{min(us):.2f}, {max(us):.2f}]  {lines:4d} lines of guards")
-    if args.out:
-        from fuselab.bench.env import environment
+    return rows
 
-        args.out.write_text(json.dumps({"meta": {"env": environment(), "device": args.device}, "rows": rows}, indent=1))
-    return 0
+
+def write(out: Path, rows: list[dict], device: str, repeats: int) -> None:
+    from fuselab.bench.env import environment
+
+    meta = {"env": environment(), "device": device, "repeats": repeats}
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ if [ "${PART:-calls}" = draw ]; then
   tar czf "$OUT/draw.tgz" -C "$OUT" draw && rm -rf "$OUT/draw"  # one file back (the device returns at most 8)
   exit 0
 fi
-timeout "${T_GUARDS:-200}" python3 benchmarks/compiled_guards.py --repeats 3 --out "$OUT/compiled_guards.json"
+timeout "${T_GUARDS:-300}" python3 benchmarks/compiled_guards.py --repeats 3 --out "$OUT/compiled_guards.json"
 echo "compiled_guards rc=$?"
 timeout "${T_MLP:-330}" python3 benchmarks/mlp_calls.py --modes eager,default,max-autotune-no-cudagraphs \
   --tokens 1,4099 --budget-ms 150 --out "$OUT/mlp_calls.json" > "$OUT/mlp_calls.log" 2>&1
