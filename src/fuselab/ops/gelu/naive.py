@@ -29,7 +29,9 @@ def gelu_naive(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
 
 @GELU.impl("torch", devices=ANY_DEVICE, dtypes=(*FLOAT_DTYPES, torch.float64), backward=True, upstream=True)
 def gelu_torch(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """PyTorch's built-in F.gelu: one fused kernel (math in fp32 for fp16/bf16)."""
+    """PyTorch's built-in F.gelu: one fused kernel (math in fp32 for fp16/bf16). Also what fuselab.nn.GELU() (impl
+    "auto") runs while torch.compile traces a small input (the op's `traced_impl`): Inductor then sees the graph
+    torch.nn.GELU gives it, and fuses it alike (docs/call-cost.md)."""
     check_form(approximate)
     return F.gelu(x, approximate=approximate)
 
@@ -38,8 +40,7 @@ def gelu_torch(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     "compile", devices=ANY_DEVICE, dtypes=(*FLOAT_DTYPES, torch.float64), compiled=True, backward=True, upstream=True
 )
 def gelu_compile(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """The naive formula, which the harness wraps in torch.compile per case: Inductor fuses it into one kernel. Also
-    what fuselab.nn.GELU() (impl "auto") runs while torch.compile traces a model (the op's `traced_impl`): so it
+    """The naive formula, which the harness wraps in torch.compile per case: Inductor fuses it into one kernel. It
     calls the formula itself, not the naive impl, whose input check would add its guards to every compiled call."""
     check_form(approximate)
     return formula(x, approximate)
