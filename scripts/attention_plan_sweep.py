@@ -1,10 +1,12 @@
-"""Time attention variants at chosen shapes, forward + backward, beside cuDNN, in one run: one kernel's candidate
-plans, the backward's dS stored or recomputed, the head dim in other chunks.
+"""Time attention variants at chosen shapes, forward + backward (or, `--forward-only`, the forward), beside cuDNN, in
+one run: one kernel's candidate plans, the backward's dS stored or recomputed, the head dim in other chunks.
 
     python3 scripts/attention_plan_sweep.py --kernel dkdv --plans 32x64x4x1,32x16x4x1 \
         --shape 24x16x4x117x117x256 --shape 2x8x8x2000x2000x192 --causal both --out sweep.jsonl
     python3 scripts/attention_plan_sweep.py --stored-scores --kernel dqds --plans 64x64x4x3,128x64x8x3 \
         --chunks 64+0 --shape 84x4x4x125x125x48 --out sweep.jsonl
+    python3 scripts/attention_plan_sweep.py --forward-only --kernel fwd --plans 128x64x8x3,64x64x4x3 \
+        --shape 209x8x8x91x91x64 --out sweep.jsonl
 
 A shape is B x Hq x Hkv x Nq x Nk x d (GQA when Hkv < Hq). For each shape and causal setting, side by side
 (fuselab.bench.timer.benchmark_side_by_side, L2 flushed): cuDNN (the op's sdpa-cudnn impl, K/V heads repeated once
@@ -100,8 +102,11 @@ def revision() -> str:
         return "unknown"
 
 
-def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Variant], rep_ms: float) -> dict:
-    """Medians (ms) of cuDNN, the Triton kernels at their own plans ("plan"), and as each variant runs them."""
+def sweep_shape(
+    shape: tuple[int, ...], causal: bool, variants: dict[str, Variant], rep_ms: float, backward: bool = True
+) -> dict:
+    """Medians (ms) of cuDNN, the Triton kernels at their own plans ("plan"), and as each variant runs them: forward +
+    backward, or (backward False) the forward alone, checked on its output alone."""
     b, hq, hkv, nq, nk, d = shape
     gen = torch.Generator(device=DEVICE).manual_seed(sum(shape) + causal)
     q, k, v, do = (
@@ -114,13 +119,16 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Varian
     sdpa_cudnn = ATTENTION.get_impl("sdpa-cudnn")
 
     def cudnn() -> None:
-        sdpa_cudnn(*leaves, causal=causal, scale=scale).backward(do)
+        out = sdpa_cudnn(*leaves, causal=causal, scale=scale)
+        if backward:
+            out.backward(do)
 
     def triton_step(variant: Variant):
         def step() -> None:
             with running(variant, d):
                 o, lse = tk.forward(q, k, v, causal, scale)
-                tk.backward(do, q, k, v, o, lse, causal, scale)
+                if backward:
+                    tk.backward(do, q, k, v, o, lse, causal, scale)
 
         return step
 
@@ -140,8 +148,8 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Varian
                     out.backward(do[:1].double())
                     refs = [out.detach(), *(x.grad for x in xs)]
                 o, lse = tk.forward(*small, causal, scale)
-                grads = tk.backward(do[:1], *small, o, lse, causal, scale)
-                err = max(relative_error(got, want) for got, want in zip((o, *grads), refs, strict=True))
+                grads = tk.backward(do[:1], *small, o, lse, causal, scale) if backward else ()
+                err = max(relative_error(got, want) for got, want in zip((o, *grads), refs, strict=False))
             if not err < 3e-2:
                 raise AssertionError(f"relative error {err:.2e}")
             fns[name] = triton_step(variant)
@@ -156,8 +164,10 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Varian
         ms = {name: m.median_ms for name, m in benchmark_side_by_side(fns, rounds=3, rep_ms=rep_ms).items()}
     # each kernel's plan as the launchers choose it (dK/dV: the keys some query sees, over key/value heads)
     sizes = {"fwd": (nk, b * hq), "dkdv": (tk.seen_keys(nq, nk, causal), b * hkv), "dq": (nk, b * hq)}
+    if not backward:
+        sizes = {"fwd": sizes["fwd"]}
     chosen = {kernel: str(tk.choose_plan(kernel, d, q.dtype, causal, q.device, nq, *sizes[kernel])) for kernel in sizes}
-    stores = tk.stores_scores(d, b * hq, nq, nk)
+    stores = backward and tk.stores_scores(d, b * hq, nq, nk)
     if stores:  # the own plans' dQ is the kernel of stored scores
         gpu = tk._gpu(q.device)
         chosen[tk.DQ_DS] = str(tk.ds_plan(d, q.dtype, nq, nk, b * hq, gpu[1] if gpu else 0))
@@ -165,6 +175,7 @@ def sweep_shape(shape: tuple[int, ...], causal: bool, variants: dict[str, Varian
     return {
         "shape": list(shape),
         "causal": causal,
+        "pass": "forward+backward" if backward else "forward",
         "own_plans": chosen,
         "stores_scores": stores,
         "variants_store": {name: variant.stored for name, variant in variants.items() if name in ms},
@@ -181,6 +192,7 @@ def main() -> int:
     p.add_argument("--chunks", default="", help="comma-separated head-dim chunks, e.g. 64+0,32+16")
     p.add_argument("--shape", type=parse_shape, action="append", required=True)
     p.add_argument("--causal", choices=("yes", "no", "both"), default="yes")
+    p.add_argument("--forward-only", action="store_true", help="time the forward alone (the backward not run)")
     p.add_argument("--rep-ms", type=float, default=150.0)
     p.add_argument("--out", type=Path, required=True, help="JSON lines, appended")
     args = p.parse_args()
@@ -202,6 +214,8 @@ def main() -> int:
         variants[f"chunks{da}+{db}"] = Variant(chunks=(da, db))
     if not variants:
         p.error("nothing to time beside the own plans: give --plans, --stored-scores or --chunks")
+    if args.forward_only and (args.stored_scores or args.kernel not in (None, "fwd")):
+        p.error("--forward-only times the forward: --kernel fwd or --chunks only")
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
     env = {
         "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
@@ -212,7 +226,7 @@ def main() -> int:
     for shape in args.shape:
         for causal in causals:
             start = time.perf_counter()
-            row = {**sweep_shape(shape, causal, variants, args.rep_ms), **env}
+            row = {**sweep_shape(shape, causal, variants, args.rep_ms, not args.forward_only), **env}
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             best = min(row["ms"].items(), key=lambda kv: kv[1] if kv[0] != "sdpa-cudnn" else float("inf"))

@@ -149,6 +149,32 @@ def test_attention_plan_sweep_times_every_variant_it_is_given(tmp_path) -> None:
     assert wide["variants_store"]["dq 16x16x1x1"] is False and "chunks32+0" not in wide["ms"], wide
 
 
+def test_attention_plan_sweep_times_the_forward_alone_when_asked(tmp_path) -> None:
+    """`--forward-only`: one JSON line per shape and mask of the forward's medians (own plans and a forced forward
+    plan), its plan alone among the own plans, nothing stored; backward variants are refused with a message."""
+    import json
+
+    out = tmp_path / "sweep.jsonl"
+    script = [sys.executable, str(ROOT / "scripts" / "attention_plan_sweep.py"), "--forward-only"]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [*script, "--kernel", "fwd", "--plans", "16x16x1x1", "--shape", "3x2x1x19x23x40", "--causal", "no",
+         "--rep-ms", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["pass"] == "forward" and row["causal"] is False and row["shape"] == [3, 2, 1, 19, 23, 40], row
+    assert set(row["ms"]) == {"plan", "fwd 16x16x1x1"} and all(ms > 0 for ms in row["ms"].values()), row
+    assert set(row["own_plans"]) == {"fwd"} and row["stores_scores"] is False, row
+    refused = subprocess.run(
+        [*script, "--stored-scores", "--shape", "1x1x1x9x9x16", "--out", str(tmp_path / "no.jsonl")],
+        capture_output=True, text=True, timeout=600, check=False, env=env,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--forward-only times the forward" in refused.stderr, refused.stderr
+    assert not (tmp_path / "no.jsonl").exists()
+
+
 def test_impl_map_reduces_a_run_and_compares_two_shape_by_shape(tmp_path) -> None:
     """scripts/impl_map.py: a bench run's JSON reduces to a map of median µs per impl (a status where an impl did not
     run), and a new run compared with the old map lists the case that got slower past the threshold, with the
