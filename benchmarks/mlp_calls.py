@@ -2,7 +2,7 @@
 
 Linear(d, 4d), GELU (tanh), Linear(4d, d): with `nn.GELU(approximate="tanh")` ("torch") and with
 `fuselab.nn.GELU(approximate="tanh", impl=...)` for "auto" (the default a user gets: the Triton kernel eager; under
-torch.compile, below 2^20 elements, the op's `traced_impl`, which Inductor fuses) and each fused impl named (triton,
+torch.compile the op's `traced_impl`, F.gelu, which Inductor fuses) and each fused impl named (triton,
 cuda), same weights. Each is called eager and under torch.compile in each mode given (one compile per token count),
 forward alone (no grad) and forward + backward (the gradients of every weight and of x), and timed back to back by
 `fuselab.bench.timer.call_cost`: host µs per call and end-to-end µs per call (host and GPU overlapped, as in a model),

@@ -3,6 +3,7 @@
 # PyTorch's (the impl "torch"), forward and forward + backward, launched by fuselab's launcher and, in a second run,
 # by Triton itself (FUSELAB_LAUNCHER=triton), and attention's beside SDPA's (bf16: TMA descriptors, encoded by the
 # launcher; fp32: pointers); then end to end against size (odd sizes up to 2^22 elements, forward).
+#   TRITON_LAUNCH=0 skips the second run (Triton's own launch).
 #   OUT=/tmp/out bash scripts/call_cost.sh
 # Writes to $OUT: call_cost_{gelu,softmax,attention}.json, call_cost_{gelu,softmax,attention}_triton.json (Triton's
 # launch), call_cost_{gelu,softmax}_sizes.json and .png. docs/call-cost.md reads them. (The attention runs were
@@ -32,5 +33,5 @@ bench gelu --impl torch,triton,cuda --opt approximate=tanh --shape 1000 --shape 
 bench softmax --impl torch,triton,cuda --shape 3x1000 --shape 37x325 --shape 1x11008 --shape 129x5003 \
   --shape 61x50257 --shape 4096x771 $sizes --plot-calls "$OUT/call_cost_softmax_sizes.png" \
   --out "$OUT/call_cost_softmax_sizes.json"
-calls triton  # last: a comparison, cut first when time runs out
+[ "${TRITON_LAUNCH:-1}" = 1 ] && calls triton  # last: a comparison, cut first (TRITON_LAUNCH=0 skips it)
 ls "$OUT"

@@ -13,8 +13,8 @@ class GELU(torch.nn.Module):
     computed by implementation `impl` (keyword only).
 
     impl: "auto" (default: the fused Triton kernel on a GPU, PyTorch's F.gelu on the CPU, where Triton only
-    interprets, `Op.native_impl`; while torch.compile traces an input of fewer than 2^20 elements, F.gelu, which
-    Inductor fuses into the kernels around it as it does torch.nn.GELU) or a registered GELU impl (naive, torch,
+    interprets, `Op.native_impl`; while torch.compile traces it, F.gelu, which Inductor fuses into the kernels
+    around it as it does torch.nn.GELU) or a registered GELU impl (naive, torch,
     compile, triton, cuda), which runs eager and compiled alike; "compile" is wrapped in torch.compile here. triton
     and cuda have fused backward kernels; naive, torch and compile differentiate through PyTorch. Dtypes: float32,
     float16, bfloat16; impl="torch" and "compile" also float64.

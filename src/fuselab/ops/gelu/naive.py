@@ -30,7 +30,7 @@ def gelu_naive(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
 @GELU.impl("torch", devices=ANY_DEVICE, dtypes=(*FLOAT_DTYPES, torch.float64), backward=True, upstream=True)
 def gelu_torch(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """PyTorch's built-in F.gelu: one fused kernel (math in fp32 for fp16/bf16). Also what fuselab.nn.GELU() (impl
-    "auto") runs while torch.compile traces a small input (the op's `traced_impl`): Inductor then sees the graph
+    "auto") runs while torch.compile traces it (the op's `traced_impl`): Inductor then sees the graph
     torch.nn.GELU gives it, and fuses it alike (docs/call-cost.md)."""
     check_form(approximate)
     return F.gelu(x, approximate=approximate)
