@@ -1179,7 +1179,7 @@ def test_gpu_the_tuner_times_each_candidates_launch_as_the_launcher_makes_it() -
     assert all("reads=scalars" in t for t in tiles)
     assert "reads=edges" in measured[1]["by_candidate"]["defaults"]
     params, evidence = tune.choose(measured)
-    table = tuning.params(plans.DEFAULTS, plans.FOLDER, tuning.device_key(device.index))
+    table = tuning.params(plans.DEFAULTS, plans.FOLDER, tuning.reading_key(plans.FOLDER, device.index))
     untouched = set(table) - {key for name in evidence["chosen"] for key in tune.CANDIDATES[name]}
     assert {k: params[k] for k in untouched} == {k: table[k] for k in untouched}
 

@@ -462,6 +462,63 @@ def test_the_committed_attention_table_is_read_by_the_launchers() -> None:
     assert table and all(k.split("|")[0] in tk.KERNELS and tk.Plan(**v) for k, v in table.items())
 
 
+def test_a_gpu_without_a_table_reads_the_table_of_a_gpu_of_its_capability_and_sm_count(tmp_path, monkeypatch):
+    """reading_key_of: a GPU's own table first; without one, the table of a GPU of MODELS of the same compute
+    capability and SM count (an H100 SXM, 132 SMs, reads the H200's); another SM count or capability, or no such
+    table, keeps its own key (no table: the op's defaults). reading_key reads the device's name, capability and SMs,
+    once, until a table is written."""
+    h200 = tuning.key_of("NVIDIA H200", 9, 0)
+    h100 = tuning.key_of("NVIDIA H100 80GB HBM3", 9, 0)
+    folder = tmp_path / "op"
+    assert tuning.reading_key_of(folder, h100, 132) == h100  # no tables at all
+    tuning.write_table(folder, h200, {"block": 1}, {})
+    assert tuning.reading_key_of(folder, h100, 132) == h200
+    assert tuning.load_table(folder, tuning.reading_key_of(folder, h100, 132)) == {"block": 1}
+    assert tuning.reading_key_of(folder, tuning.key_of("NVIDIA H100 PCIe", 9, 0), 114) != h200  # fewer SMs
+    assert tuning.reading_key_of(folder, tuning.key_of("NVIDIA B200", 10, 0), 132) != h200  # another capability
+    assert tuning.reading_key_of(folder, h200, 132) == h200
+
+    class Props:
+        name, major, minor, multi_processor_count = "NVIDIA H100 80GB HBM3", 9, 0, 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
+    tuning._reading_key.cache_clear()
+    try:
+        assert tuning.reading_key(folder, 0) == h200
+        tuning.write_table(folder, h100, {"block": 2}, {})  # its own table, once tuned, comes first
+        assert tuning.reading_key(folder, 0) == h100
+    finally:
+        tuning._reading_key.cache_clear()
+
+
+def test_tuning_a_gpu_without_a_table_lays_its_plans_over_the_table_it_read(tmp_path, monkeypatch):
+    """`fuselab tune attention` on an H100 with no table of its own writes the H100's table: the plans it tuned over
+    the H200's it ran (the kernels not tuned again keep those), not over the rule's."""
+    from fuselab.ops.attention import triton_kernels as tk
+    from fuselab.ops.attention import tune
+
+    class Props:
+        name, major, minor, multi_processor_count = "NVIDIA H100 80GB HBM3", 9, 0, 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: Props.name)
+    monkeypatch.setattr(tk, "FOLDER", tmp_path)
+    h200, h100 = tuning.key_of("NVIDIA H200", 9, 0), tuning.key_of(Props.name, 9, 0)
+    kept, tuned = tk.plan_key("dq", 64, torch.bfloat16, True), tk.plan_key("fwd", 64, torch.bfloat16, True)
+    tuning._device_key.cache_clear()
+    tuning._reading_key.cache_clear()
+    try:
+        tuning.write_table(tmp_path, h200, {kept: asdict(tk.Plan(128, 64, 8, 3))}, {})
+        path = tune.write({tuned: asdict(tk.Plan(64, 128, 4, 2))}, {"cases": []}, torch.device("cuda", 0))
+        assert path == tmp_path / "plans" / f"{h100}.json"
+        assert tuning.load_table(tmp_path, h100) == {kept: asdict(tk.Plan(128, 64, 8, 3)), tuned: asdict(
+            tk.Plan(64, 128, 4, 2))}  # fmt: skip
+        assert tuning.reading_key(tmp_path, 0) == h100
+    finally:
+        tuning._device_key.cache_clear()
+        tuning._reading_key.cache_clear()
+
+
 def test_geomean_scores_and_winner_by_hand():
     cases = [({"a": 1.0, "b": 2.0}, 1.0), ({"a": 4.0, "b": 1.0, "defaults": 1.0}, 0.5)]  # best 0.5: a peer's
     scores = tuning.geomean_scores(["a", "b", "defaults"], cases)

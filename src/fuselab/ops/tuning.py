@@ -3,7 +3,8 @@
 A table holds the parameters of an op's launch *rules* (tile bytes, warps per element size, thresholds), never plans
 looked up by a tuned shape, so it applies to every shape. Files are `<op folder>/plans/<device key>.json`, the key
 naming the GPU and its compute capability (`nvidia-h200-sm90`). A launcher reads its op's defaults (the rule's
-parameters for a GPU never tuned) overridden by the table of the GPU it runs on, if any; `fuselab tune OP` writes
+parameters for a GPU never tuned) overridden by the table of the GPU it runs on, if any, else by the table of a GPU of
+the same compute capability and SM count (`reading_key`: an H100 SXM reads the H200's); `fuselab tune OP` writes
 the tables.
 
 A tuner (an op's `tune` module, named by its Op's `tuner`) splits the work into cases, so `fuselab tune` can spread
@@ -79,6 +80,33 @@ class GPUModel:
 # The GPUs plans can be made for without them (offline inspection), by target: the one of each with a plan table
 MODELS = {"sm_90": GPUModel(key_of("NVIDIA H200", 9, 0), 132, 9)}
 _PLANNING_AS: list[GPUModel] = []
+
+
+def reading_key(folder: Path, index: int | None = None) -> str:
+    """The key of the plan table CUDA device `index` (default: the current one) reads in `folder`: its own
+    (`device_key`), or where it has none there, `reading_key_of`'s stand-in of the same capability and SM count."""
+    index = torch.cuda.current_device() if index is None else index
+    return _reading_key(Path(folder), index)
+
+
+@functools.cache
+def _reading_key(folder: Path, index: int) -> str:
+    props = torch.cuda.get_device_properties(index)
+    return reading_key_of(folder, key_of(props.name, props.major, props.minor), props.multi_processor_count)
+
+
+def reading_key_of(folder: Path, key: str, sms: int) -> str:
+    """`key` where `folder` has its table; else the key of a GPU of MODELS of the same compute capability (the key's
+    "-smXY") and SM count whose table it has: the same registers, shared memory and SMs, so the same tiles fit and
+    fill the GPU alike (an H100 SXM, 132 SMs, reads the H200's); else `key` (no table: the op's defaults)."""
+    if table_path(folder, key).exists():
+        return key
+    capability = key.rsplit("-", 1)[-1]
+    for model in MODELS.values():
+        same = model.key.rsplit("-", 1)[-1] == capability and model.sms == sms
+        if same and table_path(folder, model.key).exists():
+            return model.key
+    return key
 
 
 def planning_for() -> GPUModel | None:
@@ -169,6 +197,7 @@ def write_table(folder: Path, key: str, values: Mapping[str, object], evidence: 
     data = {"version": TABLE_VERSION, "device": key, "params": dict(values), "evidence": dict(evidence)}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     load_table.cache_clear()
+    _reading_key.cache_clear()
     _forget_plans()
     return path
 

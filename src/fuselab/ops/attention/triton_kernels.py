@@ -1430,9 +1430,9 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
 
 @functools.cache
 def _device_info(index: int) -> tuple[str, int, int]:
-    """(plan table key, SM count, compute capability's major number) of CUDA device `index`."""
+    """(the key of the plan table it reads, SM count, compute capability's major number) of CUDA device `index`."""
     props = torch.cuda.get_device_properties(index)
-    return tuning.device_key(index), props.multi_processor_count, props.major
+    return tuning.reading_key(FOLDER, index), props.multi_processor_count, props.major
 
 
 def _gpu(device: torch.device) -> tuple[str, int, int] | None:

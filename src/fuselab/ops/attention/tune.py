@@ -221,10 +221,12 @@ def table_key(device: torch.device) -> str:
 
 
 def write(params: dict, evidence: dict, device: torch.device) -> Path:
-    """Lay `params` over this GPU's table (plans/<device key>.json, what the launchers read): the keys not tuned this
-    time keep their plans, and the cases not tuned this time their evidence (each case names its environment)."""
+    """Lay `params` over the table this GPU reads (its own, plans/<device key>.json, or that of a GPU of its capability
+    and SM count: `tuning.reading_key`) into its own: the keys not tuned this time keep their plans, and the cases not
+    tuned this time their evidence (each case names its environment)."""
     key = table_key(device)
-    plans = {**tuning.load_table(tk.FOLDER, key), **params}
+    read = tuning.reading_key(tk.FOLDER, device.index) if device.type == "cuda" else key
+    plans = {**tuning.load_table(tk.FOLDER, read), **params}
     environment = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
     cases = [{**c, "environment": environment} for c in evidence["cases"]]
     return tuning.write_table(tk.FOLDER, key, plans, {"cases": merge_cases(earlier_cases(key), cases)})

@@ -178,7 +178,7 @@ def launch_config(dtype: torch.dtype, device: int | None = None) -> tuple[int, i
 
 @functools.lru_cache(maxsize=64)
 def _launch_config(itemsize: int, device: int | None) -> tuple[int, int]:
-    return plans.gelu_config(itemsize, tuning.device_key(device) if device is not None else None)
+    return plans.gelu_config(itemsize, tuning.reading_key(plans.FOLDER, device) if device is not None else None)
 
 
 tuning.on_table_written(_launch_config.cache_clear)  # made from the plan table: made again when one is written

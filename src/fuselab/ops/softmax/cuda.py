@@ -96,8 +96,9 @@ def extension() -> ModuleType:
 
 
 def span_rules(index: int) -> dict[str, int]:
-    """The span rules of CUDA device `index`: plans.DEFAULTS["cuda_spans"], or its plan table's (plans/<key>.json)."""
-    return dict(plans.rule_params(tuning.device_key(index))["cuda_spans"])
+    """The span rules of CUDA device `index`: plans.DEFAULTS["cuda_spans"], or its plan table's (plans/<key>.json,
+    `tuning.reading_key`)."""
+    return dict(plans.rule_params(tuning.reading_key(plans.FOLDER, index))["cuda_spans"])
 
 
 def configure(index: int, rules: Mapping[str, int], ext: ModuleType | None = None) -> None:

@@ -87,7 +87,7 @@ def params(device: torch.device) -> dict:
     if model is not None:
         return plans.rule_params(model.key)
     on_gpu = device.type == "cuda" and torch.cuda.is_available()
-    return plans.rule_params(tuning.device_key(device.index) if on_gpu else None)
+    return plans.rule_params(tuning.reading_key(plans.FOLDER, device.index) if on_gpu else None)
 
 
 @functools.lru_cache(maxsize=4096)  # cached by (width, dtype, device, reads)
