@@ -87,7 +87,6 @@ def test_under_torch_compile_the_default_gelu_hands_the_built_in_to_the_compiler
     h = model[0](x).double()
     torch.testing.assert_close(out, gelu.reference(h, approximate="tanh").float(), rtol=1e-5, atol=1e-6)
     assert repr(model[1]).endswith("torch under torch.compile))"), repr(model[1])
-    assert get_op("gelu").traced_below is None
 
     big = torch.randn(2**20 + 3, generator=torch.Generator().manual_seed(5))
     big_gm, big_out = _traced_graph(fuselab.nn.GELU(approximate="tanh"), big)

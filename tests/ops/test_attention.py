@@ -328,6 +328,28 @@ def test_planned_as_the_h200_few_seen_keys_take_one_block_that_writes_dq(monkeyp
                 assert any("_dq_" in n for n in names) and not names[dkdv][1].get("WRITE_DQ"), names
 
 
+def test_the_tma_forward_of_two_chunks_takes_two_stages_at_128_keys(monkeypatch) -> None:
+    """Planned as the H200 (the launches noted, not run), a TMA forward forced to 64 x 128 on 1 stage launches on 2
+    where the head is two chunks (d 80 = 64 + 16, d 96 = 64 + 32: Triton 3.6 reads shared memory out of bounds there
+    on 1 stage, session 53), and as forced at d 64 (one chunk) and at 64 keys a block."""
+    pytest.importorskip("triton")
+    from dataclasses import replace
+
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    launched: list = []
+    monkeypatch.setattr(tk, "_launch", lambda kernel, grid, *a, plan, **c: launched.append((kernel.__name__, plan)))
+    with tuning.planning_as(tuning.MODELS["sm_90"]):
+        for d, forced, stages in ((80, tk.Plan(64, 128, 4, 1), 2), (96, tk.Plan(64, 128, 4, 1), 2),
+                                  (64, tk.Plan(64, 128, 4, 1), 1), (80, tk.Plan(64, 64, 4, 1), 1)):  # fmt: skip
+            q, k, v = (torch.randn(2, 3, 300, d, dtype=torch.bfloat16) for _ in range(3))
+            launched.clear()
+            with tk.forced_plans({"fwd": forced}):
+                tk.forward(q, k, v, False, d**-0.5)
+            assert launched == [("attention_fwd_tma_kernel", replace(forced, stages=stages))], (d, launched)
+
+
 @needs_triton
 def test_the_zeros_of_unseen_keys_are_written_by_a_kernel_and_seen_keys_are_left_alone() -> None:
     """attention_bwd_unseen_kernel writes the dK and dV zeros of the keys no query sees (a kernel, so that a call

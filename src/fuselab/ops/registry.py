@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
-import math
 import pkgutil
 import re
 import sys
@@ -206,10 +205,9 @@ class Op:
     defaults: what the tools measure of it when told nothing else (`Defaults`).
     options: typed keyword options the impls accept (given as a sequence of Option, kept by name).
     bound: "memory" (quoted in GB/s against the copy ceiling) or "compute" (TFLOP/s against the matmul ceiling).
-    traced_impl: the impl a drop-in with impl="auto" runs while torch.compile traces it on an input of fewer than
-        `traced_below` elements (None: any), `DropIn`: one of plain PyTorch ops, which Inductor fuses with the
-        ops around it (a pointwise op into the matmul before it), where a kernel of its own would cost more host
-        time than GPU time. None: the native impl, as in eager mode.
+    traced_impl: the impl a drop-in with impl="auto" runs while torch.compile traces it (`DropIn`): one of plain
+        PyTorch ops, which Inductor fuses with the ops around it (a pointwise op into the matmul before it), where a
+        kernel of its own would cost more host time than GPU time. None: the native impl, as in eager mode.
     package: the op's folder (`fuselab.ops.gelu`; None for an op without one), where the tools find by name what
         the op has beside its math: `module.py` (its `__all__`: the drop-in nn.Module, `fuselab.nn.<Class>`, built
         with keyword `impl`, whose classmethod drop_in_pair(impl, **options) gives it and its PyTorch counterpart
@@ -234,7 +232,6 @@ class Op:
     title: str = ""
     package: str | None = None
     traced_impl: str | None = None
-    traced_below: int | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -345,7 +342,7 @@ class Op:
         """What a drop-in module running `impl` ("auto": `native_impl`) calls: on the CPU and on a GPU, the impl's
         function (a compiled impl wrapped in torch.compile once; a Triton impl on the CPU warns first, once a process,
         that it runs interpreted); for "auto" on an op with a `traced_impl`, that impl's while torch.compile traces
-        an input of fewer than `traced_below` elements. An unknown name raises ValueError."""
+        it. An unknown name raises ValueError."""
         chosen = {}
         for device_type in ("cpu", "cuda"):
             name = self.native_impl(device_type) if impl == "auto" else impl
@@ -362,7 +359,6 @@ class Op:
             cuda=chosen["cuda"][1],
             traced_impl=traced,
             traced=self._drop_in_impl(traced).fn if traced is not None else None,
-            traced_below=(self.traced_below or math.inf) if traced is not None else 0,
         )
 
     def _drop_in_impl(self, name: str) -> Impl:
@@ -418,9 +414,9 @@ _NATIVE: dict[tuple[str, str], str] = {}  # (op, device type) -> its native impl
 @dataclass(frozen=True, slots=True)
 class DropIn:
     """What a drop-in module (fuselab.nn) calls, from `Op.drop_in`: `cpu` or `cuda` by the input's device, and while
-    torch.compile traces an input of fewer than `traced_below` elements (0: never), `traced`. Kept flat, and chosen
-    by `pick` alone, because while tracing every object the module reads becomes a guard that each compiled call
-    evaluates: the path through a dict and a closure cost 0.8 µs of guards a call more (docs/call-cost.md)."""
+    torch.compile traces it, `traced` (None: as in eager mode). Kept flat, and chosen by `pick` alone, because while
+    tracing every object the module reads becomes a guard that each compiled call evaluates: the path through a dict
+    and a closure cost 0.8 µs of guards a call more (docs/call-cost.md)."""
 
     cpu_impl: str
     cpu: Callable
@@ -428,22 +424,18 @@ class DropIn:
     cuda: Callable
     traced_impl: str | None = None
     traced: Callable | None = None
-    traced_below: float = 0
 
     def pick(self, x: torch.Tensor) -> Callable:
         """The function to call on `x`."""
-        if x.numel() < self.traced_below and is_compiling():
+        if self.traced is not None and is_compiling():
             return self.traced
         return self.cuda if x.is_cuda else self.cpu
 
     def describe(self) -> str:
-        """What runs where, for a module's repr: "torch on cpu, triton on cuda, compile under torch.compile below
-        1,048,576 elements" (the last for an op with a `traced_impl`)."""
+        """What runs where, for a module's repr: "torch on cpu, triton on cuda, torch under torch.compile" (the last
+        for an op with a `traced_impl`)."""
         where = f"{self.cpu_impl} on cpu, {self.cuda_impl} on cuda"
-        if self.traced_impl is None:
-            return where
-        below = f" below {self.traced_below:,} elements" if self.traced_below != math.inf else ""
-        return f"{where}, {self.traced_impl} under torch.compile{below}"
+        return where if self.traced_impl is None else f"{where}, {self.traced_impl} under torch.compile"
 
 
 _WARNED: set[tuple[str, str]] = set()  # (op, impl) already warned of running interpreted, in this process

@@ -1376,6 +1376,15 @@ def tma_chunks(d: int) -> tuple[int, int]:
     return (128, da - 128) if da > 128 and db == 0 else (da, db)
 
 
+def tma_forward_plan(plan: Plan, db: int) -> Plan:
+    """`plan` for the TMA forward of a head in two chunks (`db` > 0 columns in the second): at least 2 stages where it
+    takes 128 keys or more a block. Triton 3.6 compiles such a forward on 1 stage to read shared memory past its
+    allocation (compute-sanitizer, on an H100: d 72-96 faulted at 64 x 128 on 1 stage; 2 stages, 64 keys or one chunk
+    ran; docs/ops/attention.md, session 53). No rule or table gives that plan; a forced one (a sweep, the tuner)
+    would."""
+    return replace(plan, stages=2) if db > 0 and plan.block_n >= 128 and plan.stages < 2 else plan
+
+
 def d_work(d: int) -> int:
     """The columns of the head dim the tensor cores multiply: d padded chunk by chunk (d_chunks)."""
     return sum(d_chunks(d))
@@ -1649,6 +1658,7 @@ def forward(
         num_m = triton.cdiv(nq, plan.block_m)
         if tma_ready(q4, k4, v4, o):
             da, db = tma_chunks(d)
+            plan = tma_forward_plan(plan, db)
             _launch(
                 attention_fwd_tma_kernel, (num_m * z * hq,), *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),

@@ -12,12 +12,11 @@ class GELU(torch.nn.Module):
     """y = GELU(x) elementwise, any shape; torch.nn.GELU's signature and default (approximate="none", the erf form),
     computed by implementation `impl` (keyword only).
 
-    impl: "auto" (default: the fused Triton kernel on a GPU, PyTorch's F.gelu on the CPU, where Triton only
-    interprets, `Op.native_impl`; while torch.compile traces it, F.gelu, which Inductor fuses into the kernels
-    around it as it does torch.nn.GELU) or a registered GELU impl (naive, torch,
-    compile, triton, cuda), which runs eager and compiled alike; "compile" is wrapped in torch.compile here. triton
-    and cuda have fused backward kernels; naive, torch and compile differentiate through PyTorch. Dtypes: float32,
-    float16, bfloat16; impl="torch" and "compile" also float64.
+    impl: "auto" (default: the fused Triton kernel on a GPU, PyTorch's F.gelu on the CPU, where Triton only interprets,
+    `Op.native_impl`; while torch.compile traces it, F.gelu, which Inductor fuses into the kernels around it as it does
+    torch.nn.GELU) or a registered GELU impl (naive, torch, compile, triton, cuda), which runs eager and compiled alike;
+    "compile" is wrapped in torch.compile here. triton and cuda have fused backward kernels; naive, torch and compile
+    differentiate through PyTorch. Dtypes: float32, float16, bfloat16; impl="torch" and "compile" also float64.
     """
 
     def __init__(self, approximate: str = "none", *, impl: str = "auto") -> None:
