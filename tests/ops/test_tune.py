@@ -388,32 +388,75 @@ def test_softmax_candidates_are_timed_as_the_launcher_would_run_them() -> None:
 
 
 def test_attention_cases_and_choose() -> None:
-    """Cases are (dtype, head dim, causal), the head dim the last dimension of each shape; choose keeps each case's
-    fastest plan per kernel under the launchers' plan key."""
+    """Cases are (dtype, head dim, causal, length class), the head dim the last dimension of each shape; `parts` names
+    kernels and length classes (of either none: all); choose keeps each case's fastest plan per kernel under the
+    launchers' plan key, the short class's with "|short"."""
     from fuselab.ops.attention import triton_kernels as tk
     from fuselab.ops.attention import tune
 
     cases = tune.cases([(64,), (1, 2, 300, 128), (2, 4, 64)], [torch.bfloat16])
-    assert [(c["d"], c["causal"]) for c in cases] == [(64, False), (64, True), (128, False), (128, True)]
-    assert all(c["dtype"] == "bfloat16" and c["lengths"] == [1000, 3000, 9000] for c in cases)
-    assert tune.cases(tune.default_shapes, [torch.float16], parts=["fwd"])[0] == {
-        "dtype": "float16",
-        "d": 64,
-        "causal": False,
-        "lengths": [1000, 3000, 9000],
-        "kernels": ["fwd"],
-    }
-    with pytest.raises(ValueError, match="parts are fwd, dkdv, dq; got bwd"):
+    assert [(c["d"], c["causal"], c["length"]) for c in cases] == [
+        (d, causal, length) for d in (64, 128) for causal in (False, True) for length in ("long", "short")
+    ]
+    assert all(c["dtype"] == "bfloat16" and c["kernels"] == ["fwd", "dkdv", "dq"] for c in cases)
+    assert [c["lengths"] for c in cases[:2]] == [[1000, 3000, 9000], [150, 350, 750]]
+    assert tune.cases(tune.default_shapes, [torch.float16], parts=["fwd", "short"]) == [
+        {"dtype": "float16", "d": 64, "causal": causal, "length": "short", "lengths": [150, 350, 750],
+         "kernels": ["fwd"]}
+        for causal in (False, True)
+    ] + [
+        {"dtype": "float16", "d": 128, "causal": causal, "length": "short", "lengths": [150, 350, 750],
+         "kernels": ["fwd"]}
+        for causal in (False, True)
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="parts are fwd, dkdv, dq, long, short; got bwd"):
         tune.cases([(64,)], [torch.bfloat16], parts=["bwd"])
     assert tune.cost(cases[0]) > tune.cost(tune.cases([(64,)], [torch.bfloat16], parts=["fwd"])[0])
     plan = {"block_m": 64, "block_n": 32, "warps": 4, "stages": 2}
     trials = {"fwd": [{**plan, "ms": 1.25}, {**plan, "block_m": 128, "ms": 2.0}], "dkdv": [], "dq": []}
-    measured = {"case": cases[1], "best": {"fwd": plan}, "trials": trials, "shape": [5, 32, 3000, 64]}
-    params, evidence = tune.choose([json.loads(json.dumps(measured))])
-    assert params == {tk.plan_key("fwd", 64, torch.bfloat16, True): plan} == {"fwd|d64|16bit|causal": plan}
-    assert evidence["cases"][0]["case"] == cases[1]
+    measured = {"case": cases[2], "best": {"fwd": plan}, "trials": trials, "shape": [5, 32, 3000, 64]}
+    short = {**measured, "case": cases[3], "best": {"fwd": {**plan, "block_n": 64}}}
+    params, evidence = tune.choose([json.loads(json.dumps(m)) for m in (measured, short)])
+    assert params == {
+        tk.plan_key("fwd", 64, torch.bfloat16, True): plan,
+        tk.plan_key("fwd", 64, torch.bfloat16, True, "short"): {**plan, "block_n": 64},
+    }
+    assert list(params) == ["fwd|d64|16bit|causal", "fwd|d64|16bit|causal|short"]
+    assert [c["case"] for c in evidence["cases"]] == cases[2:4]
     assert tune.summary(measured) == f"fwd {tk.Plan(**plan)} 1.250 ms"
-    assert tune.cost(cases[2]) > 0
+    assert tune.describe(cases[3]) == "bfloat16 d=64 causal=True short sequences"
+    assert tune.cost(cases[4]) > 0
+
+
+def test_the_launchers_take_the_short_plan_below_1000_tokens_else_the_long_one(tmp_path, monkeypatch) -> None:
+    """Planned as the H200 with a table of a long and a short forward plan at d 64 causal (bf16): the longer of N_q
+    and N_k below 1000 takes the short plan, from 1000 on the long; a short class without its own entry (d 128) takes
+    the long one; a key in neither, the rule's. Each fitted to the shape (`fit_plan`)."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    h200 = tuning.MODELS["sm_90"]
+    long, short, d128 = tk.Plan(128, 64, 8, 3), tk.Plan(64, 128, 4, 2), tk.Plan(64, 32, 4, 2)
+    table = {
+        tk.plan_key("fwd", 64, torch.bfloat16, True): asdict(long),
+        tk.plan_key("fwd", 64, torch.bfloat16, True, "short"): asdict(short),
+        tk.plan_key("fwd", 128, torch.bfloat16, True): asdict(d128),
+    }
+    monkeypatch.setattr(tk, "FOLDER", tmp_path)
+    tuning.write_table(tmp_path, h200.key, table, {})
+    assert (tk.n_class(999, 12), tk.n_class(12, 1000), tk.n_class(1, 1)) == ("short", "long", "short")
+    with tuning.planning_as(h200):
+
+        def chosen(d: int, nq: int, nk: int) -> tk.Plan:
+            return tk.choose_plan("fwd", d, torch.bfloat16, True, torch.device("cpu"), nq, nk, 64)
+
+        def fitted(plan: tk.Plan, d: int, nq: int, nk: int) -> tk.Plan:
+            return tk.fit_plan("fwd", plan, nq, nk, 64, h200.sms, tk.d_work(d) * 2)
+
+        assert chosen(64, 999, 999) == fitted(short, 64, 999, 999) != fitted(long, 64, 999, 999)
+        assert chosen(64, 1000, 1000) == fitted(long, 64, 1000, 1000)
+        assert chosen(64, 12, 5000) == fitted(long, 64, 12, 5000)
+        assert chosen(128, 500, 500) == fitted(d128, 128, 500, 500)
+        assert chosen(96, 500, 500) == fitted(tk.rule_plan("fwd", 96, torch.bfloat16, True), 96, 500, 500)
 
 
 def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypatch) -> None:
@@ -439,11 +482,14 @@ def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypa
     retuned = {"case": {"dtype": "bfloat16", "d": 64, "causal": True, "n": 3000}, "best": {}, "trials": {}}
     evidence = {"cases": [earlier, retuned], "environment": {"gpu": "Older GPU"}}
     tuning.write_table(tmp_path, "cpu", {kept: asdict(dq)}, evidence)
-    case = tune.cases([(64,)], [torch.bfloat16], causals=(True,), lengths=(1000, 2000))[0]
+    case = {**tune.cases([(64,)], [torch.bfloat16], causals=(True,), parts=["long"])[0], "lengths": [1000, 2000]}
     measured = tune.measure(case, torch.device("cpu"), False, True)
     assert calls == [(64, torch.bfloat16, True, [1000, 2000], ["fwd", "dkdv", "dq"])]
     assert json.loads(json.dumps(measured)) == measured
-    assert tune.measure(case, torch.device("cpu"), True, True)["case"]["lengths"] == [3000]  # quick: N = 3000 alone
+    assert tune.measure(case, torch.device("cpu"), True, True)["case"]["lengths"] == [2000]  # quick: the middle one
+    assert tune.measure({**case, "lengths": [1000, 3000, 9000]}, torch.device("cpu"), True, True)["case"][
+        "lengths"
+    ] == [3000]
     path = tune.write(*tune.choose([measured]), torch.device("cpu"))
     assert path == tmp_path / "plans" / "cpu.json"
     table = tuning.load_table(tmp_path, "cpu")

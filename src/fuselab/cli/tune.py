@@ -35,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "that slows one of them down is dropped",
     )  # fmt: skip
     p.add_argument("--check-seed", type=int, help="seed of the held-out draw (default: --seed + 1)")
-    p.add_argument("--part", action="append", help="tune only these parts of the op's plans (attention: fwd, dkdv, dq)")
+    p.add_argument(
+        "--part", action="append", help="tune only these parts of its plans (attention: fwd, dkdv, dq, short, long)"
+    )
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-compile", action="store_true", help="do not time torch.compile beside (faster)")
     p.add_argument("--dry-run", action="store_true", help="print the table instead of writing it")

@@ -1398,9 +1398,19 @@ def dq_tile_rows(d: int, warps: int) -> int:
     return max(16, 1 << (rows.bit_length() - 1)) if rows > 0 else 16
 
 
-def plan_key(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> str:
-    """The plan table's key: kernel, the head dim as the tiles hold it (d_work), element size, causal."""
-    return f"{kernel}|d{d_work(d)}|{dtype.itemsize * 8}bit|{'causal' if causal else 'full'}"
+SHORT_BELOW = 1000  # tokens (the longer of N_q, N_k): sequences shorter are of the "short" class (`n_class`)
+
+
+def n_class(nq: int, nk: int) -> str:
+    """The sequences' length class in the plan table: "short" below SHORT_BELOW tokens, else "long"."""
+    return "short" if max(nq, nk) < SHORT_BELOW else "long"
+
+
+def plan_key(kernel: str, d: int, dtype: torch.dtype, causal: bool, length: str = "long") -> str:
+    """The plan table's key: kernel, the head dim as the tiles hold it (d_work), element size, causal, and for the
+    short class (`n_class`) "|short"."""
+    key = f"{kernel}|d{d_work(d)}|{dtype.itemsize * 8}bit|{'causal' if causal else 'full'}"
+    return key if length == "long" else f"{key}|{length}"
 
 
 def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
@@ -1476,8 +1486,8 @@ def forced_plans(plans: dict[str, Plan]) -> Iterator[None]:
 def choose_plan(
     kernel: str, d: int, dtype: torch.dtype, causal: bool, device: torch.device, nq: int, nk: int, heads: int
 ) -> Plan:
-    """The tuned plan for this GPU if its table has one, else the rule's, fitted to the shape (`fit_plan`); chosen
-    once per argument set (`_PLANS`)."""
+    """The tuned plan for this GPU if its table has one (of the shape's length class, else of the long one), else the
+    rule's, fitted to the shape (`fit_plan`); chosen once per argument set (`_PLANS`)."""
     if kernel in FORCED:
         return FORCED[kernel]
     return _PLANS.get(
@@ -1497,7 +1507,8 @@ def _choose_plan(
     if gpu is None:
         return plan
     key, sms, _ = gpu
-    tuned = tuning.load_table(FOLDER, key).get(plan_key(kernel, d, dtype, causal))
+    table, long_key = tuning.load_table(FOLDER, key), plan_key(kernel, d, dtype, causal)
+    tuned = table.get(plan_key(kernel, d, dtype, causal, n_class(nq, nk)), table.get(long_key))
     return fit_plan(kernel, Plan(**tuned) if tuned else plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
 
 

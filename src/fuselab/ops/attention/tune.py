@@ -3,15 +3,18 @@
     fuselab tune attention                                        # bf16 and fp16, d 64 and 128, causal and not
     fuselab tune attention --dtype bf16 --shape 64 --shape 96     # the last dim of each shape is a head dim
     fuselab tune attention --part fwd                             # the forward's plans only (fwd, dkdv, dq)
+    fuselab tune attention --part short                           # the short sequences' plans only (short, long)
     torchrun --nproc-per-node 8 -m fuselab tune attention         # the cases spread over 8 GPUs
 
-For each (dtype, head dim, causal) it times each candidate at three sequence lengths that are not the benchmark's
-(N = 1000, 3000 and 9000, batch and heads making ~16k tokens of hidden 2048; `--quick`: 3000 alone) and keeps the
-one of least geometric-mean time: the forward's candidates, then the backward with each dK/dV candidate (dQ at its
-plan), then each dQ candidate (dK/dV at the best found). Each candidate is checked against the reference first; a
-candidate that fails to compile (shared memory) or is wrong is dropped. Timing: triton.testing.do_bench (back to
-back, L2 flushed). The winners go to plans/<device key>.json (fuselab.ops.tuning), laid over what it holds, which
-the launchers read (falling back to the rule for keys absent there).
+For each (dtype, head dim, causal, length class) it times each candidate at three sequence lengths that are not the
+benchmark's and keeps the one of least geometric-mean time: for the long class N = 1000, 3000 and 9000, for the short
+N = 150, 350 and 750 (batch and heads making ~16k tokens of hidden 2048; `--quick`: the middle one alone). The
+launchers take a short plan for sequences of fewer than 1000 tokens (tk.n_class), else the long one. Within a case the
+search is stepwise: the forward's candidates, then the backward with each dK/dV candidate (dQ at its plan), then each
+dQ candidate (dK/dV at the best found). Each candidate is checked against the reference first; a candidate that fails
+to compile (shared memory) or is wrong is dropped. Timing: triton.testing.do_bench (back to back, L2 flushed). The
+winners go to plans/<device key>.json (fuselab.ops.tuning), laid over what it holds, which the launchers read (falling
+back to the long class's plan, then to the rule, for keys absent there).
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from fuselab.ops.attention.spec import reference
 
 Plan = tk.Plan
 KERNELS = tk.KERNELS
-N = 3000  # the tuning shapes' middle sequence length (`--quick`: the only one)
-LENGTHS = (1000, N, 9000)
-parts = KERNELS  # what `fuselab tune attention --part` may name
+N = 3000  # the long class's middle sequence length (`--quick`: the only one)
+LENGTHS = {"long": (tk.SHORT_BELOW, N, 9000), "short": (150, 350, 750)}  # tokens, by length class (tk.n_class)
+PARTS = (*KERNELS, *LENGTHS)  # what `fuselab tune attention --part` may name: kernels, length classes
+parts = PARTS  # (the tuner protocol's name)
 
 
 def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
@@ -82,7 +86,7 @@ def tune_case(
     d: int,
     dtype: torch.dtype,
     causal: bool,
-    lengths: Sequence[int] = LENGTHS,
+    lengths: Sequence[int] = LENGTHS["long"],
     kernels: Sequence[str] = KERNELS,
     log: Callable[[str], None] = print,
 ) -> dict:
@@ -151,28 +155,32 @@ def cases(
     shapes: Sequence[tuple[int, ...]],
     dtypes: Sequence[torch.dtype],
     causals: Sequence[bool] = CAUSALS,
-    lengths: Sequence[int] = LENGTHS,
-    parts: Sequence[str] = KERNELS,
+    parts: Sequence[str] = PARTS,
 ) -> list[dict]:
-    """One case per (dtype, head dim, causal), in that order of nesting; the head dim is each shape's last dimension
-    (repeats dropped); `parts`: the kernels to tune. {"dtype": "bfloat16", "d": 64, "causal": False, "lengths": [1000,
-    3000, 9000], "kernels": ["fwd", "dkdv", "dq"]}."""
-    unknown = [p for p in parts if p not in KERNELS]
+    """One case per (dtype, head dim, causal, length class), in that order of nesting; the head dim is each shape's
+    last dimension (repeats dropped); `parts`: the kernels to tune and the length classes to tune them at (of those it
+    names none: all). {"dtype": "bfloat16", "d": 64, "causal": False, "length": "long", "lengths": [1000, 3000,
+    9000], "kernels": ["fwd", "dkdv", "dq"]}."""
+    unknown = [p for p in parts if p not in PARTS]
     if unknown or not parts:
-        raise ValueError(f"attention tune: parts are {', '.join(KERNELS)}; got {', '.join(unknown) or 'none'}")
+        raise ValueError(f"attention tune: parts are {', '.join(PARTS)}; got {', '.join(unknown) or 'none'}")
     if any(len(shape) == 0 for shape in shapes):
         raise ValueError("attention tune: each shape's last dimension is a head dim; got a scalar shape")
     heads = list(dict.fromkeys(int(shape[-1]) for shape in shapes))
+    kernels = [p for p in parts if p in KERNELS] or list(KERNELS)
+    classes = [p for p in parts if p in LENGTHS] or list(LENGTHS)
     return [
-        {"dtype": dtype_name(dtype), "d": d, "causal": causal, "lengths": list(lengths), "kernels": list(parts)}
+        {"dtype": dtype_name(dtype), "d": d, "causal": causal, "length": length, "lengths": list(LENGTHS[length]),
+         "kernels": kernels}
         for dtype in dtypes
         for d in heads
         for causal in causals
-    ]
+        for length in classes
+    ]  # fmt: skip
 
 
 def describe(case: dict) -> str:
-    return f"{case['dtype']} d={case['d']} causal={case['causal']}"
+    return f"{case['dtype']} d={case['d']} causal={case['causal']} {case.get('length', 'long')} sequences"
 
 
 def cost(case: dict) -> float:
@@ -188,10 +196,10 @@ def measure(
     case: dict, device: torch.device, quick: bool, compile_peer: bool, log: Callable[[str], None] | None = None
 ) -> dict:
     """`tune_case` at one case (the stepwise search: forward, then dK/dV, then dQ at the best, of the case's kernels),
-    on the current GPU; `quick`: at N = 3000 alone; `compile_peer` does not apply. JSON-able: {"case", "best":
-    {kernel: plan as a dict}, "trials", "shapes"}."""
+    on the current GPU; `quick`: at the class's middle length alone (N = 3000 for the long); `compile_peer` does not
+    apply. JSON-able: {"case", "best": {kernel: plan as a dict}, "trials", "shapes"}."""
     dtype = parse_dtype(case["dtype"])
-    lengths = [N] if quick else case["lengths"]
+    lengths = [case["lengths"][len(case["lengths"]) // 2]] if quick else case["lengths"]
     result = tune_case(case["d"], dtype, case["causal"], lengths, case["kernels"], log=log or (lambda line: None))
     best = {kernel: asdict(plan) for kernel, plan in result["best"].items()}
     return {"case": {**case, "lengths": lengths}, "best": best, "trials": result["trials"], "shapes": result["shapes"]}
@@ -212,7 +220,8 @@ def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
     for measured in measurements:
         case = measured["case"]
         for kernel, plan in measured["best"].items():
-            params[tk.plan_key(kernel, case["d"], parse_dtype(case["dtype"]), case["causal"])] = plan
+            key = tk.plan_key(kernel, case["d"], parse_dtype(case["dtype"]), case["causal"], case.get("length", "long"))
+            params[key] = plan
     return params, {"cases": [dict(m) for m in measurements]}
 
 
@@ -246,7 +255,7 @@ def merge_cases(earlier: Sequence[dict], latest: Sequence[dict]) -> list[dict]:
     with none is dropped), then `latest`."""
 
     def same(case: dict) -> tuple:
-        return case["case"]["dtype"], case["case"]["d"], case["case"]["causal"]
+        return case["case"]["dtype"], case["case"]["d"], case["case"]["causal"], case["case"].get("length", "long")
 
     retuned: dict[tuple, set[str]] = {}
     for c in latest:
