@@ -565,6 +565,29 @@ def test_tuning_a_gpu_without_a_table_lays_its_plans_over_the_table_it_read(tmp_
         tuning._reading_key.cache_clear()
 
 
+def test_the_attention_launchers_read_a_gpus_own_table_once_it_is_written(tmp_path, monkeypatch):
+    """An H100 without a table of its own plans by the H200's; once its own is written (by `fuselab tune attention`,
+    in the same process), by that: the device's cached key is forgotten when a table is written."""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    class Props:
+        name, major, minor, multi_processor_count = "NVIDIA H100 80GB HBM3", 9, 0, 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
+    monkeypatch.setattr(tk, "FOLDER", tmp_path)
+    h200, h100 = tuning.key_of("NVIDIA H200", 9, 0), tuning.key_of(Props.name, 9, 0)
+    tuning._reading_key.cache_clear()
+    tk._device_info.cache_clear()
+    try:
+        tuning.write_table(tmp_path, h200, {}, {})
+        assert tk._device_info(0) == (h200, 132, 9)
+        tuning.write_table(tmp_path, h100, {}, {})
+        assert tk._device_info(0) == (h100, 132, 9)
+    finally:
+        tuning._reading_key.cache_clear()
+        tk._device_info.cache_clear()
+
+
 def test_geomean_scores_and_winner_by_hand():
     cases = [({"a": 1.0, "b": 2.0}, 1.0), ({"a": 4.0, "b": 1.0, "defaults": 1.0}, 0.5)]  # best 0.5: a peer's
     scores = tuning.geomean_scores(["a", "b", "defaults"], cases)

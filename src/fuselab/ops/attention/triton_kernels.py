@@ -1454,6 +1454,9 @@ def _device_info(index: int) -> tuple[str, int, int]:
     return tuning.reading_key(FOLDER, index), props.multi_processor_count, props.major
 
 
+tuning.on_table_written(_device_info.cache_clear)  # the table a GPU reads may be its own once tuned
+
+
 def _gpu(device: torch.device) -> tuple[str, int, int] | None:
     """_device_info of the GPU launches on `device` are planned for: the one `tuning.planning_as` names, else a CUDA
     device's own (not under the interpreter); None: the interpreter's plans."""
