@@ -469,7 +469,8 @@ def test_attention_measure_and_write_keep_the_launchers_table(tmp_path, monkeypa
     fwd, dq = tk.Plan(64, 32, 4, 2), tk.Plan(128, 64, 8, 3)
     calls = []
 
-    def fake_tune_case(d, dtype, causal, lengths, kernels, log):
+    def fake_tune_case(d, dtype, causal, lengths, kernels, log, fallbacks):
+        assert fallbacks == {k: tk.rule_plan(k, d, dtype, causal) for k in tk.KERNELS}  # the long class's: the rule
         calls.append((d, dtype, causal, list(lengths), list(kernels)))
         trials = {"fwd": [{**asdict(fwd), "ms": 1.5}], "dkdv": [{**asdict(fwd), "error": "OutOfResources"}], "dq": []}
         return {"best": {"fwd": fwd}, "trials": trials, "shapes": [[5, 32, n, d] for n in lengths]}
@@ -535,6 +536,54 @@ def test_a_gpu_without_a_table_reads_the_table_of_a_gpu_of_its_capability_and_sm
         assert tuning.reading_key(folder, 0) == h100
     finally:
         tuning._reading_key.cache_clear()
+
+
+def test_a_table_key_holds_the_fastest_plan_only_where_it_earns_its_place() -> None:
+    """pick: the fastest trial (geometric mean) where it takes at least 3% less time than the fallback (the plan that
+    runs without the key) and nowhere 2% more at one length; else None (no key). Without a timed fallback, the
+    fastest."""
+    from fuselab.ops.attention import triton_kernels as tk
+    from fuselab.ops.attention import tune
+
+    fallback, other, third = tk.Plan(64, 64, 4, 3), tk.Plan(32, 64, 4, 3), tk.Plan(128, 64, 8, 3)
+
+    def trial(plan: tk.Plan, *times: float) -> dict:
+        return {**asdict(plan), "ms": math.prod(times) ** (1 / len(times)), "ms_by_n": dict(enumerate(times))}
+
+    base = trial(fallback, 1.0, 1.0, 1.0)
+    assert tune.pick([base, trial(other, 0.9, 0.9, 0.9)], fallback) == other
+    assert tune.pick([base, trial(other, 0.98, 0.98, 0.98)], fallback) is None  # 2% less: not enough
+    assert tune.pick([base, trial(other, 0.5, 0.9, 1.03)], fallback) is None  # 3% more at one length
+    assert tune.pick([base, trial(other, 0.5, 0.9, 1.015)], fallback) == other  # 1.5% more: within the tolerance
+    assert tune.pick([trial(other, 1.1, 1.1, 1.1), base], fallback) is None  # the fallback is the fastest
+    assert tune.pick([{**asdict(fallback), "error": "OutOfResources"}, trial(other, 2.0)], fallback) == other
+    assert tune.pick([trial(third, 0.8, 0.8, 0.8), trial(other, 0.5, 0.5, 0.5)], fallback) == other
+    assert tune.pick([{**asdict(other), "error": "AssertionError"}], fallback) is None
+
+
+def test_the_short_class_falls_back_to_the_long_plans_of_the_table_the_gpu_reads(tmp_path, monkeypatch) -> None:
+    """A short case's fallbacks are the long class's plans in the table the GPU reads (the rule's where it has none);
+    a key whose plan is None (none earned it) is dropped from the table written, and the summary says so."""
+    from fuselab.ops.attention import triton_kernels as tk
+    from fuselab.ops.attention import tune
+
+    monkeypatch.setattr(tk, "FOLDER", tmp_path)
+    monkeypatch.setattr(tuning, "reading_key", lambda folder, index: "gpu")
+    monkeypatch.setattr(tune, "table_key", lambda device: "gpu")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    long, short = tk.Plan(128, 64, 8, 3), tk.Plan(32, 64, 4, 3)
+    fwd, dkdv = tk.plan_key("fwd", 80, torch.bfloat16, True), tk.plan_key("dkdv", 80, torch.bfloat16, True, "short")
+    tuning.write_table(tmp_path, "gpu", {fwd: asdict(long), dkdv: asdict(short)}, {})
+    case = tune.cases([(80,)], [torch.bfloat16], causals=(True,), parts=["short"])[0]
+    assert tune.fallbacks(case, torch.device("cuda", 0)) == {
+        "fwd": long, "dkdv": tk.rule_plan("dkdv", 80, torch.bfloat16, True), "dq": tk.rule_plan("dq", 80,
+        torch.bfloat16, True)}  # fmt: skip
+    trials = {"fwd": [{**asdict(long), "ms": 1.0, "ms_by_n": {"350": 1.0}}], "dkdv": [], "dq": []}
+    measured = {"case": case, "best": {"fwd": None, "dkdv": None, "dq": None}, "trials": trials}
+    params, _ = tune.choose([measured])
+    assert params[dkdv] is None and tune.summary(measured).startswith("fwd no key")
+    tune.write(params, {"cases": []}, torch.device("cuda", 0))
+    assert tuning.load_table(tmp_path, "gpu") == {fwd: asdict(long)}  # the short dK/dV key dropped
 
 
 def test_tuning_a_gpu_without_a_table_lays_its_plans_over_the_table_it_read(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -1505,14 +1505,21 @@ _PLANS = tuning.Prepared()  # choose_plan's answers; cleared when a plan table i
 def _choose_plan(
     kernel: str, d: int, dtype: torch.dtype, causal: bool, device: torch.device, nq: int, nk: int, heads: int
 ) -> Plan:
-    plan = rule_plan(kernel, d, dtype, causal)
     gpu = _gpu(device)
     if gpu is None:
-        return plan
+        return rule_plan(kernel, d, dtype, causal)
     key, sms, _ = gpu
-    table, long_key = tuning.load_table(FOLDER, key), plan_key(kernel, d, dtype, causal)
-    tuned = table.get(plan_key(kernel, d, dtype, causal, n_class(nq, nk)), table.get(long_key))
-    return fit_plan(kernel, Plan(**tuned) if tuned else plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
+    plan = table_plan(kernel, d, dtype, causal, tuning.load_table(FOLDER, key), n_class(nq, nk))
+    return fit_plan(kernel, plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
+
+
+def table_plan(
+    kernel: str, d: int, dtype: torch.dtype, causal: bool, table: Mapping[str, Mapping], length: str = "long"
+) -> Plan:
+    """The plan before it is fitted to a shape: `table`'s for the length class, else its long class's, else the
+    rule's."""
+    tuned = table.get(plan_key(kernel, d, dtype, causal, length), table.get(plan_key(kernel, d, dtype, causal)))
+    return Plan(**tuned) if tuned else rule_plan(kernel, d, dtype, causal)
 
 
 _FORCED_STORE: list[bool] = []  # the rule overridden by `forced_stored_scores` (sweeps, tests): innermost last

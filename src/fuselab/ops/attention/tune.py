@@ -7,21 +7,24 @@
     torchrun --nproc-per-node 8 -m fuselab tune attention         # the cases spread over 8 GPUs
 
 For each (dtype, head dim, causal, length class) it times each candidate at three sequence lengths that are not the
-benchmark's and keeps the one of least geometric-mean time: for the long class N = 1000, 3000 and 9000, for the short
-N = 150, 350 and 750 (batch and heads making ~16k tokens of hidden 2048; `--quick`: the middle one alone). The
-launchers take a short plan for sequences of fewer than 1000 tokens (tk.n_class), else the long one. Within a case the
-search is stepwise: the forward's candidates, then the backward with each dK/dV candidate (dQ at its plan), then each
-dQ candidate (dK/dV at the best found). Each candidate is checked against the reference first; a candidate that fails
-to compile (shared memory) or is wrong is dropped. Timing: triton.testing.do_bench (back to back, L2 flushed). The
-winners go to plans/<device key>.json (fuselab.ops.tuning), laid over what it holds, which the launchers read (falling
-back to the long class's plan, then to the rule, for keys absent there).
+benchmark's: for the long class N = 1000, 3000 and 9000, for the short N = 150, 350 and 750 (batch and heads making
+~16k tokens of hidden 2048; `--quick`: the middle one alone). The launchers take a short plan for sequences of fewer
+than 1000 tokens (tk.n_class), else the long one, else the rule's. A table key holds the candidate of least
+geometric-mean time only where it earns its place against the plan that runs without the key (`pick`: 3% less time
+overall, nowhere 2% more); else the key is left out (a short key without it, the long class's plan runs). Within a
+case the search is stepwise: the forward's candidates, then the backward with each dK/dV candidate (dQ at its plan),
+then each dQ candidate (dK/dV at the best found). Each candidate is checked against the reference first; one that
+fails to compile (shared memory) or is wrong is dropped. Timing: triton.testing.do_bench's median (back to back, L2
+flushed), after a discarded run. The keys go to plans/<device key>.json (fuselab.ops.tuning), laid over what it holds,
+which the launchers read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -78,8 +81,32 @@ def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
     return seen
 
 
+TOLERANCE = 0.02  # a candidate may take up to this much more than the fallback's time at one length and still win
+MARGIN = 0.03  # ... if its geometric-mean time is at least this much less than the fallback's
+
+
+def pick(trials: Sequence[dict], fallback: Plan) -> Plan | None:
+    """The plan a table key should hold, from one kernel's `trials` (each a plan's fields with "ms", its geometric
+    mean over the lengths, and "ms_by_n", or with "error"): the fastest, where it earns its place against `fallback`,
+    the plan that runs where the key is absent: at least MARGIN less time overall and nowhere more than TOLERANCE
+    more. None: no key (the fallback runs). Without a timed fallback, the fastest; with no trial timed, None."""
+    timed = [t for t in trials if "ms" in t]
+    if not timed:
+        return None
+    top = min(timed, key=lambda t: t["ms"])
+    best = Plan(top["block_m"], top["block_n"], top["warps"], top["stages"])
+    base = next((t for t in timed if Plan(t["block_m"], t["block_n"], t["warps"], t["stages"]) == fallback), None)
+    if base is None:
+        return best
+    if best == fallback or top["ms"] > (1 - MARGIN) * base["ms"]:
+        return None
+    slower = any(top["ms_by_n"][n] > (1 + TOLERANCE) * base["ms_by_n"][n] for n in base["ms_by_n"])
+    return None if slower else best
+
+
 def _timed(fn: Callable[[], object]) -> float:
-    return triton.testing.do_bench(fn, warmup=10, rep=40)
+    """The median ms of `fn`, back to back, L2 flushed (a median: one late run, a clock still rising, weighs none)."""
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
 def tune_case(
@@ -89,9 +116,14 @@ def tune_case(
     lengths: Sequence[int] = LENGTHS["long"],
     kernels: Sequence[str] = KERNELS,
     log: Callable[[str], None] = print,
+    fallbacks: Mapping[str, Plan] | None = None,
 ) -> dict:
     """Best plans of `kernels` for one (d, dtype, causal): each candidate's geometric-mean time over `lengths`; every
-    candidate's times (or error) in 'trials'; the kernels not tuned keep their current plans meanwhile."""
+    candidate's times (or error) in 'trials'. `fallbacks`: by kernel, the plan that runs without a table key of this
+    case (default: the rule's), timed first; another is 'best' only where it earns its place (`pick`), else 'best'
+    holds None for that kernel. The kernels not tuned keep their current plans meanwhile, and each tuned one its best
+    (else its fallback) while the next is tuned."""
+    fallbacks = {k: tk.rule_plan(k, d, dtype, causal) for k in KERNELS} | dict(fallbacks or {})
     heads = max(1, 2048 // d)
     gen = torch.Generator(device="cuda").manual_seed(0)
     tensors = []
@@ -104,7 +136,8 @@ def tune_case(
     small = [t[:1, :2, :300] for t in tensors[0][:3]]
     ref = reference(*(t.double() for t in small), causal=causal)
     trials: dict[str, list] = {kernel: [] for kernel in kernels}
-    best: dict[str, Plan] = {}
+    best: dict[str, Plan | None] = {}
+    running: dict[str, Plan] = {}  # the plans of the kernels tuned so far: each its best, else its fallback
 
     def check(plans: dict[str, Plan]) -> None:
         with tk.forced_plans(plans):
@@ -121,9 +154,13 @@ def tune_case(
         o, lse = tk.forward(q, k, v, causal, scale)
         return _timed(lambda: tk.backward(do, q, k, v, o, lse, causal, scale))
 
+    # A discarded run first (the first launches' costs paid, the clocks up); one that fails is a trial's to report
+    with contextlib.suppress(Exception), tk.forced_plans({k: fallbacks[k] for k in kernels}):
+        for kernel in kernels[:1]:
+            time_at(kernel, *tensors[0])
     for kernel in kernels:
-        for plan in candidates(kernel, d, dtype):
-            plans = {**best, kernel: plan}
+        for plan in dict.fromkeys([fallbacks[kernel], *candidates(kernel, d, dtype)]):
+            plans = {**running, kernel: plan}
             try:
                 check(plans)
                 with tk.forced_plans(plans):
@@ -136,10 +173,8 @@ def tune_case(
             except Exception as exc:  # out of shared memory, a compile error, a wrong result: dropped
                 trials[kernel].append({**asdict(plan), "error": f"{type(exc).__name__}: {exc}"[:200]})
                 log(f"  {kernel} {plan}: {type(exc).__name__}")
-        timed = [t for t in trials[kernel] if "ms" in t]
-        if timed:
-            top = min(timed, key=lambda t: t["ms"])
-            best[kernel] = Plan(top["block_m"], top["block_n"], top["warps"], top["stages"])
+        best[kernel] = pick(trials[kernel], fallbacks[kernel])
+        running[kernel] = best[kernel] or fallbacks[kernel]
     return {"best": best, "trials": trials, "shapes": [list(t[0].shape) for t in tensors]}
 
 
@@ -200,22 +235,43 @@ def measure(
     apply. JSON-able: {"case", "best": {kernel: plan as a dict}, "trials", "shapes"}."""
     dtype = parse_dtype(case["dtype"])
     lengths = [case["lengths"][len(case["lengths"]) // 2]] if quick else case["lengths"]
-    result = tune_case(case["d"], dtype, case["causal"], lengths, case["kernels"], log=log or (lambda line: None))
-    best = {kernel: asdict(plan) for kernel, plan in result["best"].items()}
+    result = tune_case(
+        case["d"], dtype, case["causal"], lengths, case["kernels"], log=log or (lambda line: None),
+        fallbacks=fallbacks(case, device),
+    )  # fmt: skip
+    best = {kernel: asdict(plan) if plan else None for kernel, plan in result["best"].items()}
     return {"case": {**case, "lengths": lengths}, "best": best, "trials": result["trials"], "shapes": result["shapes"]}
+
+
+def fallbacks(case: dict, device: torch.device) -> dict[str, Plan]:
+    """By kernel, the plan that runs at `case` without a table key of its length class: for the long class the rule's,
+    for another the long class's in the table `device` reads (else the rule's)."""
+    dtype = parse_dtype(case["dtype"])
+    table = {}
+    if case.get("length", "long") != "long" and device.type == "cuda":
+        table = tuning.load_table(tk.FOLDER, tuning.reading_key(tk.FOLDER, device.index))
+    return {k: tk.table_plan(k, case["d"], dtype, case["causal"], table) for k in KERNELS}
 
 
 def summary(measured: dict) -> str:
     pieces = []
     for kernel, plan in measured["best"].items():
-        ms = min(t["ms"] for t in measured["trials"][kernel] if "ms" in t)  # the best is the fastest
+        if plan is None:
+            pieces.append(f"{kernel} no key (none beat the plan that runs without one)")
+            continue
+        ms = next(t["ms"] for t in measured["trials"][kernel] if "ms" in t and Plan(**_plan_fields(t)) == Plan(**plan))
         pieces.append(f"{kernel} {Plan(**plan)} {ms:.3f} ms")
     return "; ".join(pieces) or "no candidate ran"
 
 
+def _plan_fields(trial: dict) -> dict:
+    return {k: trial[k] for k in ("block_m", "block_n", "warps", "stages")}
+
+
 def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
-    """The fastest plan of each kernel at each case, by plan key (a later case of the same key wins, as the loop over
-    the cases always did): ({plan key: plan as a dict}, evidence: each case's best and trials)."""
+    """The best plan of each kernel at each case, by plan key (a later case of the same key wins, as the loop over
+    the cases always did), None where no plan earned a key (`pick`): ({plan key: plan as a dict or None}, evidence:
+    each case's best and trials)."""
     params: dict[str, dict] = {}
     for measured in measurements:
         case = measured["case"]
@@ -231,11 +287,11 @@ def table_key(device: torch.device) -> str:
 
 def write(params: dict, evidence: dict, device: torch.device) -> Path:
     """Lay `params` over the table this GPU reads (its own, plans/<device key>.json, or that of a GPU of its capability
-    and SM count: `tuning.reading_key`) into its own: the keys not tuned this time keep their plans, and the cases not
-    tuned this time their evidence (each case names its environment)."""
+    and SM count: `tuning.reading_key`) into its own: the keys not tuned this time keep their plans (a key whose
+    plan is None is dropped), and the cases not tuned this time their evidence (each case names its environment)."""
     key = table_key(device)
     read = tuning.reading_key(tk.FOLDER, device.index) if device.type == "cuda" else key
-    plans = {**tuning.load_table(tk.FOLDER, read), **params}
+    plans = {k: v for k, v in {**tuning.load_table(tk.FOLDER, read), **params}.items() if v is not None}
     environment = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
     cases = [{**c, "environment": environment} for c in evidence["cases"]]
     return tuning.write_table(tk.FOLDER, key, plans, {"cases": merge_cases(earlier_cases(key), cases)})
