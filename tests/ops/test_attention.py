@@ -7,10 +7,13 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from fuselab.bench.accuracy import gradient_error, poison_allocator, relative_error
 from fuselab.ops.attention import ATTENTION, FlashAttentionTiled, attention
 from fuselab.ops.attention.spec import flops, reference
+from fuselab.ops.attention.triton_kernels import _program
 
 HAS_CUDA = torch.cuda.is_available()
 TRITON_OK = HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1"
@@ -379,6 +382,42 @@ class _Recording:
     def __getitem__(self, grid: object) -> object:
         self.launched.append(grid)
         return self.kernel[grid]
+
+
+@triton.jit
+def _program_of_each(out, NUM, H, LONGEST_FIRST: tl.constexpr, ACROSS_HEADS: tl.constexpr):
+    """Each program writes what `_program` makes it: (bh, z, h, block) at out[program_id]."""
+    bh, z, h, block = _program(NUM, H, LONGEST_FIRST, ACROSS_HEADS)
+    row = out + tl.program_id(0) * 4
+    tl.store(row, bh)
+    tl.store(row + 1, z)
+    tl.store(row + 2, h)
+    tl.store(row + 3, block)
+
+
+@pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("longest_first", [False, True])
+@pytest.mark.parametrize("across_heads", [False, True])
+def test_programs_cover_every_block_once_and_causal_blocks_go_longest_first_across_heads(
+    longest_first: bool, across_heads: bool
+) -> None:
+    """`_program` over 3 batches x 2 heads x 5 blocks: each (head, block) once; across heads, the programs run block
+    by block (every head's block before any head's next), from the last block where LONGEST_FIRST (a causal query
+    block's work grows with its index, a key block's falls)."""
+    z, h, num = 3, 2, 5
+    device = "cuda" if HAS_CUDA else "cpu"
+    out = torch.full((z * h * num, 4), -1, dtype=torch.int32, device=device)
+    _program_of_each[(z * h * num,)](out, num, h, longest_first, across_heads)
+    got = [tuple(row) for row in out.cpu().tolist()]
+    assert sorted((bh, block) for bh, _, _, block in got) == [(bh, b) for bh in range(z * h) for b in range(num)]
+    assert all(bh == zz * h + hh for bh, zz, hh, _ in got)
+    blocks = [block for *_, block in got]
+    if across_heads:
+        expected = sorted(blocks, reverse=longest_first)
+        assert blocks == expected and [bh for bh, *_ in got[: z * h]] == list(range(z * h))
+    else:
+        assert [bh for bh, *_ in got] == sorted(bh for bh, *_ in got)  # one head after another
+        assert blocks[:num] == sorted(blocks[:num], reverse=longest_first)
 
 
 @pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")

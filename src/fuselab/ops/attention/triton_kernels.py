@@ -71,13 +71,20 @@ def _tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constex
 
 
 @triton.jit
-def _program(NUM, H, LONGEST_FIRST: tl.constexpr):
-    """This program's (bh, z, h, block): program_id = bh * NUM + block over Z x H heads of NUM row blocks each.
-    LONGEST_FIRST numbers the blocks from the last (causal query blocks: the longest rows first, so the last wave's
-    programs are short)."""
+def _program(NUM, H, LONGEST_FIRST: tl.constexpr, ACROSS_HEADS: tl.constexpr):
+    """This program's (bh, z, h, block): program_id = bh * NUM + block over Z x H heads of NUM row blocks each, or
+    with ACROSS_HEADS (causal blocks, whose work falls block by block) block * Z x H + bh, so that the longest block of
+    every head starts before a shorter one of any (longest first across heads: the last wave's programs are short,
+    not one head's longest). LONGEST_FIRST numbers the blocks from the last (causal query blocks, whose last is the
+    longest)."""
     pid = tl.program_id(0)
-    bh = pid // NUM
-    block = pid % NUM
+    if ACROSS_HEADS:
+        heads = tl.num_programs(0) // NUM
+        bh = pid % heads
+        block = pid // heads
+    else:
+        bh = pid // NUM
+        block = pid % NUM
     if LONGEST_FIRST:
         block = NUM - 1 - block
     return bh, bh // H, bh % H, block
@@ -219,7 +226,7 @@ def attention_fwd_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale = tl.cast(qk_scale, tl.float32)  # torch.compile passes a Python float as fp64: all math stays fp32
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     q_base = Q + z.to(tl.int64) * sqz + h.to(tl.int64) * sqh + m0.to(tl.int64) * sqn
@@ -341,7 +348,7 @@ def attention_fwd_tma_kernel(
     """`attention_fwd_kernel` through tensor descriptors: q_da, q_db, k_da, ... over the (Z, H, N, d) tensors, blocks
     [1, 1, BLOCK_M or BLOCK_N, DA or DB] (the b descriptors unused when DB = 0). Same grid, outputs and math."""
     qk_scale = tl.cast(qk_scale, tl.float32)
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -395,7 +402,7 @@ def attention_bwd_delta_kernel(
     BLOCK_M: tl.constexpr,
 ):
     """DELTA[z*HQ + h, i] = sum_d O[z, h, i, d] * DO[z, h, i, d] in fp32. Grid: (NUM_M * Z * HQ,)."""
-    bh, z, h, block = _program(NUM_M, HQ, False)
+    bh, z, h, block = _program(NUM_M, HQ, False, False)
     m0 = block * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
@@ -646,7 +653,7 @@ def attention_bwd_dkdv_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, hk, block = _program(NUM_N, HKV, False)
+    bh, z, hk, block = _program(NUM_N, HKV, False, CAUSAL)
     n0 = block * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -830,7 +837,7 @@ def attention_bwd_dkdv_tma_kernel(
     dS^T tile it makes also goes to ds_desc ((Z x HQ, NK, NQ rounded up to 8), blocks [1, BLOCK_N, BLOCK_M]; unused
     otherwise), for `attention_bwd_dq_ds_kernel`."""
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, hk, block = _program(NUM_N, HKV, False)
+    bh, z, hk, block = _program(NUM_N, HKV, False, CAUSAL)
     n0 = block * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -1072,7 +1079,7 @@ def attention_bwd_dq_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
@@ -1202,7 +1209,7 @@ def attention_bwd_dq_tma_kernel(
     """`attention_bwd_dq_kernel` through tensor descriptors (blocks [1, 1, BLOCK_M or BLOCK_N, DA or DB]; the b
     descriptors unused when DB = 0). Same grid, outputs and math."""
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -1293,7 +1300,7 @@ def attention_bwd_dq_ds_kernel(
     [1, BLOCK_N, BLOCK_M]): one product a tile pair, where `attention_bwd_dq_tma_kernel` recomputes S and dP first.
     One program per BLOCK_M queries of one head, as there; k and dq descriptors as there."""
     sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
