@@ -385,9 +385,9 @@ class _Recording:
 
 
 @triton.jit
-def _program_of_each(out, NUM, H, LONGEST_FIRST: tl.constexpr, ACROSS_HEADS: tl.constexpr):
+def _program_of_each(out, NUM, H, ORDER_HEADS, LONGEST_FIRST: tl.constexpr, ACROSS_HEADS: tl.constexpr):
     """Each program writes what `_program` makes it: (bh, z, h, block) at out[program_id]."""
-    bh, z, h, block = _program(NUM, H, LONGEST_FIRST, ACROSS_HEADS)
+    bh, z, h, block = _program(NUM, H, ORDER_HEADS, LONGEST_FIRST, ACROSS_HEADS)
     row = out + tl.program_id(0) * 4
     tl.store(row, bh)
     tl.store(row + 1, z)
@@ -397,27 +397,38 @@ def _program_of_each(out, NUM, H, LONGEST_FIRST: tl.constexpr, ACROSS_HEADS: tl.
 
 @pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("longest_first", [False, True])
-@pytest.mark.parametrize("across_heads", [False, True])
+@pytest.mark.parametrize(("across_heads", "order_heads"), [(False, 4), (True, 1), (True, 4), (True, 6), (True, 64)])
 def test_programs_cover_every_block_once_and_causal_blocks_go_longest_first_across_heads(
-    longest_first: bool, across_heads: bool
+    longest_first: bool, across_heads: bool, order_heads: int
 ) -> None:
-    """`_program` over 3 batches x 2 heads x 5 blocks: each (head, block) once; across heads, the programs run block
-    by block (every head's block before any head's next), from the last block where LONGEST_FIRST (a causal query
-    block's work grows with its index, a key block's falls)."""
+    """`_program` over 3 batches x 2 heads x 5 blocks: each (head, block) once. Across heads, the programs run in
+    groups of `order_heads` heads (the last one smaller: 4 + 2), one group after another, block by block within each
+    (every head's block before any head's next), from the last block where LONGEST_FIRST (a causal query block's
+    work grows with its index, a key block's falls); head by head otherwise."""
     z, h, num = 3, 2, 5
     device = "cuda" if HAS_CUDA else "cpu"
     out = torch.full((z * h * num, 4), -1, dtype=torch.int32, device=device)
-    _program_of_each[(z * h * num,)](out, num, h, longest_first, across_heads)
+    _program_of_each[(z * h * num,)](out, num, h, order_heads, longest_first, across_heads)
     got = [tuple(row) for row in out.cpu().tolist()]
     assert sorted((bh, block) for bh, _, _, block in got) == [(bh, b) for bh in range(z * h) for b in range(num)]
     assert all(bh == zz * h + hh for bh, zz, hh, _ in got)
-    blocks = [block for *_, block in got]
+    blocks = list(range(num))[:: -1 if longest_first else 1]
+    groups = [range(first, min(first + order_heads, z * h)) for first in range(0, z * h, order_heads)]
     if across_heads:
-        expected = sorted(blocks, reverse=longest_first)
-        assert blocks == expected and [bh for bh, *_ in got[: z * h]] == list(range(z * h))
+        expected = [(bh, b) for g in groups for b in blocks for bh in g]
     else:
-        assert [bh for bh, *_ in got] == sorted(bh for bh, *_ in got)  # one head after another
-        assert blocks[:num] == sorted(blocks[:num], reverse=longest_first)
+        expected = [(bh, b) for bh in range(z * h) for b in blocks]
+    assert [(bh, block) for bh, _, _, block in got] == expected
+
+
+def test_the_causal_kernels_order_heads_in_groups_that_share_their_reads() -> None:
+    """On the H200's 132 SMs, groups of 132 // ORDER_SHARE heads; without a GPU (0 SMs) or a small one, head by
+    head."""
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    assert tk.order_heads(tuning.MODELS["sm_90"].sms) == 132 // tk.ORDER_SHARE == 16
+    assert tk.order_heads(0) == tk.order_heads(tk.ORDER_SHARE - 1) == 1
 
 
 @pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")

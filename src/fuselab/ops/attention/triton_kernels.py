@@ -71,17 +71,19 @@ def _tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constex
 
 
 @triton.jit
-def _program(NUM, H, LONGEST_FIRST: tl.constexpr, ACROSS_HEADS: tl.constexpr):
+def _program(NUM, H, ORDER_HEADS, LONGEST_FIRST: tl.constexpr, ACROSS_HEADS: tl.constexpr):
     """This program's (bh, z, h, block): program_id = bh * NUM + block over Z x H heads of NUM row blocks each, or
-    with ACROSS_HEADS (causal blocks, whose work falls block by block) block * Z x H + bh, so that the longest block of
-    every head starts before a shorter one of any (longest first across heads: the last wave's programs are short,
-    not one head's longest). LONGEST_FIRST numbers the blocks from the last (causal query blocks, whose last is the
-    longest)."""
+    with ACROSS_HEADS (causal blocks, whose work falls block by block) block by block across groups of ORDER_HEADS
+    heads (`order_heads`), one group after another, so that the longest block of every head of a group starts before
+    a shorter one of any (the last wave's programs are short, not one head's longest). LONGEST_FIRST numbers the
+    blocks from the last (causal query blocks, whose last is the longest)."""
     pid = tl.program_id(0)
     if ACROSS_HEADS:
-        heads = tl.num_programs(0) // NUM
-        bh = pid % heads
-        block = pid // heads
+        first = pid // (ORDER_HEADS * NUM) * ORDER_HEADS  # the group's first head
+        size = tl.minimum(ORDER_HEADS, tl.num_programs(0) // NUM - first)  # the last group may have fewer
+        rank = pid - first * NUM
+        bh = first + rank % size
+        block = rank // size
     else:
         bh = pid // NUM
         block = pid % NUM
@@ -179,7 +181,7 @@ def _fwd_inner(
     return acc_a, acc_b, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP", "ORDER_HEADS"])  # lengths: no recompiles per N
 def attention_fwd_kernel(
     Q,
     K,
@@ -207,6 +209,7 @@ def attention_fwd_kernel(
     NQ,
     NK,
     NUM_M,
+    ORDER_HEADS,
     qk_scale,
     HEAD_DIM: tl.constexpr,
     DA: tl.constexpr,
@@ -226,7 +229,7 @@ def attention_fwd_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale = tl.cast(qk_scale, tl.float32)  # torch.compile passes a Python float as fp64: all math stays fp32
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, ORDER_HEADS, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     q_base = Q + z.to(tl.int64) * sqz + h.to(tl.int64) * sqh + m0.to(tl.int64) * sqn
@@ -321,7 +324,7 @@ def _fwd_inner_tma(
     return acc_a, acc_b, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP", "ORDER_HEADS"])  # lengths: no recompiles per N
 def attention_fwd_tma_kernel(
     q_da,
     q_db,
@@ -337,6 +340,7 @@ def attention_fwd_tma_kernel(
     NQ,
     NK,
     NUM_M,
+    ORDER_HEADS,
     qk_scale,
     DA: tl.constexpr,
     DB: tl.constexpr,
@@ -348,7 +352,7 @@ def attention_fwd_tma_kernel(
     """`attention_fwd_kernel` through tensor descriptors: q_da, q_db, k_da, ... over the (Z, H, N, d) tensors, blocks
     [1, 1, BLOCK_M or BLOCK_N, DA or DB] (the b descriptors unused when DB = 0). Same grid, outputs and math."""
     qk_scale = tl.cast(qk_scale, tl.float32)
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, ORDER_HEADS, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -402,7 +406,7 @@ def attention_bwd_delta_kernel(
     BLOCK_M: tl.constexpr,
 ):
     """DELTA[z*HQ + h, i] = sum_d O[z, h, i, d] * DO[z, h, i, d] in fp32. Grid: (NUM_M * Z * HQ,)."""
-    bh, z, h, block = _program(NUM_M, HQ, False, False)
+    bh, z, h, block = _program(NUM_M, HQ, 1, False, False)
     m0 = block * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
@@ -582,7 +586,7 @@ def _dkdv_inner(
     return dk_a, dk_b, dv_a, dv_b
 
 
-@triton.jit(do_not_specialize=["NQ", "NK", "NUM_N", "GROUP"])  # lengths: no recompiles per N
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_N", "GROUP", "ORDER_HEADS"])  # lengths: no recompiles per N
 def attention_bwd_dkdv_kernel(
     Q,
     K,
@@ -629,6 +633,7 @@ def attention_bwd_dkdv_kernel(
     NQ,
     NK,
     NUM_N,
+    ORDER_HEADS,
     qk_scale,
     sm_scale,
     HEAD_DIM: tl.constexpr,
@@ -653,7 +658,7 @@ def attention_bwd_dkdv_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, hk, block = _program(NUM_N, HKV, False, CAUSAL)
+    bh, z, hk, block = _program(NUM_N, HKV, ORDER_HEADS, False, CAUSAL)
     n0 = block * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -797,7 +802,7 @@ def _dkdv_inner_tma(
     return dk_a, dk_b, dv_a, dv_b
 
 
-@triton.jit(do_not_specialize=["NQ", "NK", "NUM_N", "GROUP"])  # lengths: no recompiles per N
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_N", "GROUP", "ORDER_HEADS"])  # lengths: no recompiles per N
 def attention_bwd_dkdv_tma_kernel(
     q_da,
     q_db,
@@ -821,6 +826,7 @@ def attention_bwd_dkdv_tma_kernel(
     NQ,
     NK,
     NUM_N,
+    ORDER_HEADS,
     qk_scale,
     sm_scale,
     DA: tl.constexpr,
@@ -837,7 +843,7 @@ def attention_bwd_dkdv_tma_kernel(
     dS^T tile it makes also goes to ds_desc ((Z x HQ, NK, NQ rounded up to 8), blocks [1, BLOCK_N, BLOCK_M]; unused
     otherwise), for `attention_bwd_dq_ds_kernel`."""
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, hk, block = _program(NUM_N, HKV, False, CAUSAL)
+    bh, z, hk, block = _program(NUM_N, HKV, ORDER_HEADS, False, CAUSAL)
     n0 = block * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -1030,7 +1036,7 @@ def _dq_inner(
     return dq_a, dq_b
 
 
-@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP", "ORDER_HEADS"])  # lengths: no recompiles per N
 def attention_bwd_dq_kernel(
     Q,
     K,
@@ -1064,6 +1070,7 @@ def attention_bwd_dq_kernel(
     NQ,
     NK,
     NUM_M,
+    ORDER_HEADS,
     qk_scale,
     sm_scale,
     HEAD_DIM: tl.constexpr,
@@ -1079,7 +1086,7 @@ def attention_bwd_dq_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, ORDER_HEADS, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
@@ -1178,7 +1185,7 @@ def _dq_inner_tma(
     return dq_a, dq_b
 
 
-@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP", "ORDER_HEADS"])  # lengths: no recompiles per N
 def attention_bwd_dq_tma_kernel(
     q_da,
     q_db,
@@ -1197,6 +1204,7 @@ def attention_bwd_dq_tma_kernel(
     NQ,
     NK,
     NUM_M,
+    ORDER_HEADS,
     qk_scale,
     sm_scale,
     DA: tl.constexpr,
@@ -1209,7 +1217,7 @@ def attention_bwd_dq_tma_kernel(
     """`attention_bwd_dq_kernel` through tensor descriptors (blocks [1, 1, BLOCK_M or BLOCK_N, DA or DB]; the b
     descriptors unused when DB = 0). Same grid, outputs and math."""
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, ORDER_HEADS, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -1276,7 +1284,7 @@ def _dq_ds_inner(
     return dq_a, dq_b
 
 
-@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP"])  # lengths: no recompiles per N
+@triton.jit(do_not_specialize=["NQ", "NK", "NUM_M", "GROUP", "ORDER_HEADS"])  # lengths: no recompiles per N
 def attention_bwd_dq_ds_kernel(
     ds_desc,
     k_da,
@@ -1288,6 +1296,7 @@ def attention_bwd_dq_ds_kernel(
     NQ,
     NK,
     NUM_M,
+    ORDER_HEADS,
     sm_scale,
     DA: tl.constexpr,
     DB: tl.constexpr,
@@ -1300,7 +1309,7 @@ def attention_bwd_dq_ds_kernel(
     [1, BLOCK_N, BLOCK_M]): one product a tile pair, where `attention_bwd_dq_tma_kernel` recomputes S and dP first.
     One program per BLOCK_M queries of one head, as there; k and dq descriptors as there."""
     sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    bh, z, h, block = _program(NUM_M, HQ, CAUSAL, CAUSAL)
+    bh, z, h, block = _program(NUM_M, HQ, ORDER_HEADS, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -1569,6 +1578,16 @@ def ds_plan(d: int, dtype: torch.dtype, nq: int, nk: int, heads: int, sms: int) 
     return fit_plan("dq", Plan(64, 64, 4 if row <= 256 else 8, 3), nq, nk, heads, sms, row)
 
 
+ORDER_SHARE = 8  # in the causal kernels' order across heads, SMs a head's programs hold at once at least
+
+
+def order_heads(sms: int) -> int:
+    """Heads a group of the causal kernels' order across heads (`_program`) on a GPU of `sms` SMs: sms over
+    ORDER_SHARE, so that the programs running at once share each head's K/V (or Q/dO) reads among at least
+    ORDER_SHARE of them; at least 1 (head by head; 0 SMs: no GPU planned for)."""
+    return max(1, sms // ORDER_SHARE)
+
+
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
@@ -1683,23 +1702,24 @@ def forward(
     lse = torch.empty((z, hq, nq), dtype=torch.float32, device=q.device)
     if o.numel() > 0:
         plan = choose_plan("fwd", d, q.dtype, causal, q.device, nq, nk, z * hq)
-        num_m = triton.cdiv(nq, plan.block_m)
+        gpu = _gpu(q.device)
+        num_m, heads = triton.cdiv(nq, plan.block_m), order_heads(gpu[1] if gpu is not None else 0)
         if tma_ready(q4, k4, v4, o):
             da, db = tma_chunks(d)
             plan = tma_forward_plan(plan, db)
             _launch(
                 attention_fwd_tma_kernel, (num_m * z * hq,), *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
-                *_descriptors(o, plan.block_m, da, db), lse, hq, hq // hkv, nq, nk, num_m, scale * LOG2E,
+                *_descriptors(o, plan.block_m, da, db), lse, hq, hq // hkv, nq, nk, num_m, heads, scale * LOG2E,
                 plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
                 PREC=_precision(q.dtype),
             )  # fmt: skip
             return o.reshape(q.shape), lse.reshape(q.shape[:-1])
         _launch(
             attention_fwd_kernel, (num_m * z * hq,), q4, k4, v4, o, lse,
-            *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(), hq, hq // hkv, nq, nk, num_m, scale * LOG2E,
-            plan=plan, HEAD_DIM=d, DA=d_chunks(d)[0], DB=d_chunks(d)[1], BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-            CAUSAL=causal, PREC=_precision(q.dtype),
+            *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(), hq, hq // hkv, nq, nk, num_m, heads,
+            scale * LOG2E, plan=plan, HEAD_DIM=d, DA=d_chunks(d)[0], DB=d_chunks(d)[1], BLOCK_M=plan.block_m,
+            BLOCK_N=plan.block_n, CAUSAL=causal, PREC=_precision(q.dtype),
         )  # fmt: skip
     return o.reshape(q.shape), lse.reshape(q.shape[:-1])
 
@@ -1764,6 +1784,7 @@ def backward(
             plan = replace(plan, block_m=min(plan.block_m, dq_tile_rows(d, plan.warps)))
         gpu = _gpu(q.device)
         sms = gpu[1] if gpu is not None else 0
+        heads = order_heads(sms)
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
         store_ds = descriptors and not one_block and stores_scores(d, z * hq, nq, nk)
         ds = ds_out = None
@@ -1786,7 +1807,7 @@ def backward(
                 attention_bwd_dkdv_tma_kernel, grid, *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
                 *_descriptors(do4, plan.block_m, da, db), lse4, delta, *out, dkp, dvp, ds_out,
-                hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                hkv, hq // hkv, nq, nk, num, heads, scale * LOG2E, scale,
                 plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
                 QSPLIT=splits > 1, STORE_DS=store_ds, PREC=prec,
             )  # fmt: skip
@@ -1794,7 +1815,7 @@ def backward(
             _launch(
                 attention_bwd_dkdv_kernel, grid, q4, k4, v4, do4, lse4, delta, dk, dv,
                 *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(), dkp, dvp,
-                dq, *dq.stride(), ds_out, hkv, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                dq, *dq.stride(), ds_out, hkv, hq // hkv, nq, nk, num, heads, scale * LOG2E, scale,
                 plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
                 QSPLIT=splits > 1, PREC=prec, WRITE_DQ=one_block, STORE_DS=store_ds,
             )  # fmt: skip
@@ -1815,7 +1836,7 @@ def backward(
                 attention_bwd_dq_ds_kernel, (num * z * hq,),
                 _descriptor(ds, list(ds.shape), list(ds.stride()), [1, plan.block_n, plan.block_m]),
                 *_descriptors(k4, plan.block_n, ta, tb), *_descriptors(dq, plan.block_m, ta, tb),
-                hq, hq // hkv, nq, nk, num, scale,
+                hq, hq // hkv, nq, nk, num, heads, scale,
                 plan=plan, DA=ta, DB=tb, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
             )  # fmt: skip
             return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
@@ -1826,14 +1847,14 @@ def backward(
                 attention_bwd_dq_tma_kernel, (num * z * hq,), *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
                 *_descriptors(do4, plan.block_m, da, db), lse4, delta, *_descriptors(dq, plan.block_m, da, db),
-                hq, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                hq, hq // hkv, nq, nk, num, heads, scale * LOG2E, scale,
                 plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
             )  # fmt: skip
         else:
             _launch(
                 attention_bwd_dq_kernel, (num * z * hq,), q4, k4, v4, do4, lse4, delta, dq,
                 *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq.stride(),
-                hq, hq // hkv, nq, nk, num, scale * LOG2E, scale,
+                hq, hq // hkv, nq, nk, num, heads, scale * LOG2E, scale,
                 plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
                 PREC=prec,
             )  # fmt: skip
