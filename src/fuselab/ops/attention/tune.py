@@ -85,6 +85,11 @@ TOLERANCE = 0.02  # a candidate may take up to this much more than the fallback'
 MARGIN = 0.03  # ... if its geometric-mean time is at least this much less than the fallback's
 
 
+def _plan_of(trial: dict) -> Plan:
+    """The plan a trial (a plan's fields with its times or error) timed."""
+    return Plan(trial["block_m"], trial["block_n"], trial["warps"], trial["stages"])
+
+
 def pick(trials: Sequence[dict], fallback: Plan) -> Plan | None:
     """The plan a table key should hold, from one kernel's `trials` (each a plan's fields with "ms", its geometric
     mean over the lengths, and "ms_by_n", or with "error"): the fastest, where it earns its place against `fallback`,
@@ -94,8 +99,8 @@ def pick(trials: Sequence[dict], fallback: Plan) -> Plan | None:
     if not timed:
         return None
     top = min(timed, key=lambda t: t["ms"])
-    best = Plan(top["block_m"], top["block_n"], top["warps"], top["stages"])
-    base = next((t for t in timed if Plan(t["block_m"], t["block_n"], t["warps"], t["stages"]) == fallback), None)
+    best = _plan_of(top)
+    base = next((t for t in timed if _plan_of(t) == fallback), None)
     if base is None:
         return best
     if best == fallback or top["ms"] > (1 - MARGIN) * base["ms"]:
@@ -155,9 +160,9 @@ def tune_case(
         return _timed(lambda: tk.backward(do, q, k, v, o, lse, causal, scale))
 
     # A discarded run first (the first launches' costs paid, the clocks up); one that fails is a trial's to report
-    with contextlib.suppress(Exception), tk.forced_plans({k: fallbacks[k] for k in kernels}):
-        for kernel in kernels[:1]:
-            time_at(kernel, *tensors[0])
+    if kernels:
+        with contextlib.suppress(Exception), tk.forced_plans({k: fallbacks[k] for k in kernels}):
+            time_at(kernels[0], *tensors[0])
     for kernel in kernels:
         for plan in dict.fromkeys([fallbacks[kernel], *candidates(kernel, d, dtype)]):
             plans = {**running, kernel: plan}
@@ -232,7 +237,8 @@ def measure(
 ) -> dict:
     """`tune_case` at one case (the stepwise search: forward, then dK/dV, then dQ at the best, of the case's kernels),
     on the current GPU; `quick`: at the class's middle length alone (N = 3000 for the long); `compile_peer` does not
-    apply. JSON-able: {"case", "best": {kernel: plan as a dict}, "trials", "shapes"}."""
+    apply. JSON-able: {"case", "best": {kernel: plan as a dict, or None where no plan earned a key}, "trials",
+    "shapes"}."""
     dtype = parse_dtype(case["dtype"])
     lengths = [case["lengths"][len(case["lengths"]) // 2]] if quick else case["lengths"]
     result = tune_case(
@@ -259,13 +265,9 @@ def summary(measured: dict) -> str:
         if plan is None:
             pieces.append(f"{kernel} no key (none beat the plan that runs without one)")
             continue
-        ms = next(t["ms"] for t in measured["trials"][kernel] if "ms" in t and Plan(**_plan_fields(t)) == Plan(**plan))
+        ms = next(t["ms"] for t in measured["trials"][kernel] if "ms" in t and _plan_of(t) == Plan(**plan))
         pieces.append(f"{kernel} {Plan(**plan)} {ms:.3f} ms")
     return "; ".join(pieces) or "no candidate ran"
-
-
-def _plan_fields(trial: dict) -> dict:
-    return {k: trial[k] for k in ("block_m", "block_n", "warps", "stages")}
 
 
 def choose(measurements: Sequence[dict]) -> tuple[dict, dict]:
