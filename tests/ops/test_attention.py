@@ -397,15 +397,17 @@ def _program_of_each(out, NUM, H, ORDER_HEADS, LONGEST_FIRST: tl.constexpr, ACRO
 
 @pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("longest_first", [False, True])
-@pytest.mark.parametrize(("across_heads", "order_heads"), [(False, 4), (True, 1), (True, 4), (True, 6), (True, 64)])
+@pytest.mark.parametrize(
+    ("across_heads", "order_heads"), [(False, 4), (True, 1), (True, 2), (True, 4), (True, 9), (True, 64)]
+)
 def test_programs_cover_every_block_once_and_causal_blocks_go_longest_first_across_heads(
     longest_first: bool, across_heads: bool, order_heads: int
 ) -> None:
-    """`_program` over 3 batches x 2 heads x 5 blocks: each (head, block) once. Across heads, the programs run in
-    groups of `order_heads` heads (the last one smaller: 4 + 2), one group after another, block by block within each
-    (every head's block before any head's next), from the last block where LONGEST_FIRST (a causal query block's
-    work grows with its index, a key block's falls); head by head otherwise."""
-    z, h, num = 3, 2, 5
+    """`_program` over 3 batches x 3 heads x 5 blocks: each (head, block) once. Across heads, the programs run in
+    groups of `order_heads` heads, the last taking the heads left over (2 + 2 + 2 + 3, 4 + 5), one group after
+    another, block by block within each (every head's block before any head's next), from the last block where
+    LONGEST_FIRST (a causal query block's work grows with its index, a key block's falls); head by head otherwise."""
+    z, h, num = 3, 3, 5
     device = "cuda" if HAS_CUDA else "cpu"
     out = torch.full((z * h * num, 4), -1, dtype=torch.int32, device=device)
     _program_of_each[(z * h * num,)](out, num, h, order_heads, longest_first, across_heads)
@@ -413,7 +415,8 @@ def test_programs_cover_every_block_once_and_causal_blocks_go_longest_first_acro
     assert sorted((bh, block) for bh, _, _, block in got) == [(bh, b) for bh in range(z * h) for b in range(num)]
     assert all(bh == zz * h + hh for bh, zz, hh, _ in got)
     blocks = list(range(num))[:: -1 if longest_first else 1]
-    groups = [range(first, min(first + order_heads, z * h)) for first in range(0, z * h, order_heads)]
+    count = max(z * h // order_heads, 1)
+    groups = [range(g * order_heads, (g + 1) * order_heads if g < count - 1 else z * h) for g in range(count)]
     if across_heads:
         expected = [(bh, b) for g in groups for b in blocks for bh in g]
     else:
@@ -421,14 +424,21 @@ def test_programs_cover_every_block_once_and_causal_blocks_go_longest_first_acro
     assert [(bh, block) for bh, _, _, block in got] == expected
 
 
-def test_the_causal_kernels_order_heads_in_groups_that_share_their_reads() -> None:
-    """On the H200's 132 SMs, groups of 132 // ORDER_SHARE heads; without a GPU (0 SMs) or a small one, head by
-    head."""
+def test_the_causal_kernels_order_heads_in_groups_that_share_their_reads_and_outlast_their_longest_block() -> None:
+    """On the H200's 132 SMs, groups of 132 // ORDER_SHARE heads where heads are long (4 096 tokens in 64 rows a block:
+    64 blocks); more where they are short, so that a group's work outlasts its longest program: at 1 100 tokens (18
+    blocks, 171 block steps a head) 28 heads hold 4 788 steps, 18 a program on each of 2 x 132 slots. Without a GPU (0
+    SMs), head by head; a small one, at least 1."""
     from fuselab.ops import tuning
     from fuselab.ops.attention import triton_kernels as tk
 
-    assert tk.order_heads(tuning.MODELS["sm_90"].sms) == 132 // tk.ORDER_SHARE == 16
-    assert tk.order_heads(0) == tk.order_heads(tk.ORDER_SHARE - 1) == 1
+    sms = tuning.MODELS["sm_90"].sms
+    assert tk.order_heads(sms, 64) == 132 // tk.ORDER_SHARE == 16
+    assert tk.order_heads(sms, 18) == 28
+    heads = tk.order_heads(sms, 18)
+    assert heads * 18 * 19 / 2 / (2 * sms) >= 18 > (heads - 1) * 18 * 19 / 2 / (2 * sms)
+    assert tk.order_heads(0, 64) == 1
+    assert tk.order_heads(tk.ORDER_SHARE - 1, 1 << 20) == 1
 
 
 @pytest.mark.skipif(not TRITON_OK, reason="Triton needs a GPU or TRITON_INTERPRET=1")

@@ -75,12 +75,15 @@ def _program(NUM, H, ORDER_HEADS, LONGEST_FIRST: tl.constexpr, ACROSS_HEADS: tl.
     """This program's (bh, z, h, block): program_id = bh * NUM + block over Z x H heads of NUM row blocks each, or
     with ACROSS_HEADS (causal blocks, whose work falls block by block) block by block across groups of ORDER_HEADS
     heads (`order_heads`), one group after another, so that the longest block of every head of a group starts before
-    a shorter one of any (the last wave's programs are short, not one head's longest). LONGEST_FIRST numbers the
-    blocks from the last (causal query blocks, whose last is the longest)."""
+    a shorter one of any (the last wave's programs are short, not one head's longest). The last group takes the
+    heads left over too (ORDER_HEADS to 2 ORDER_HEADS - 1 of them): a smaller one would start its longest blocks
+    last. LONGEST_FIRST numbers the blocks from the last (causal query blocks, whose last is the longest)."""
     pid = tl.program_id(0)
     if ACROSS_HEADS:
-        first = pid // (ORDER_HEADS * NUM) * ORDER_HEADS  # the group's first head
-        size = tl.minimum(ORDER_HEADS, tl.num_programs(0) // NUM - first)  # the last group may have fewer
+        heads = tl.num_programs(0) // NUM
+        last = tl.maximum(heads // ORDER_HEADS, 1) - 1  # the last group's index
+        first = tl.minimum(pid // (ORDER_HEADS * NUM), last) * ORDER_HEADS  # the group's first head
+        size = tl.where(first == last * ORDER_HEADS, heads - first, ORDER_HEADS)
         rank = pid - first * NUM
         bh = first + rank % size
         block = rank // size
@@ -1581,11 +1584,15 @@ def ds_plan(d: int, dtype: torch.dtype, nq: int, nk: int, heads: int, sms: int) 
 ORDER_SHARE = 8  # in the causal kernels' order across heads, SMs a head's programs hold at once at least
 
 
-def order_heads(sms: int) -> int:
-    """Heads a group of the causal kernels' order across heads (`_program`) on a GPU of `sms` SMs: sms over
-    ORDER_SHARE, so that the programs running at once share each head's K/V (or Q/dO) reads among at least
-    ORDER_SHARE of them; at least 1 (head by head; 0 SMs: no GPU planned for)."""
-    return max(1, sms // ORDER_SHARE)
+def order_heads(sms: int, blocks: int) -> int:
+    """Heads a group of the causal kernels' order across heads (`_program`) on a GPU of `sms` SMs, each head cut
+    into `blocks` row blocks: sms over ORDER_SHARE, so that the programs running at once share each head's K/V (or
+    Q/dO) reads among at least ORDER_SHARE of them, and at least 4 sms / (blocks + 1), so that a group's work (blocks
+    (blocks + 1) / 2 block steps a head, over about 2 programs an SM) outlasts its longest program: the last group's
+    would otherwise run on alone. At least 1 (head by head; 0 SMs: no GPU planned for)."""
+    if sms == 0:
+        return 1
+    return max(1, sms // ORDER_SHARE, -(-4 * sms // (blocks + 1)))
 
 
 def _index(device: torch.device) -> int:
@@ -1703,7 +1710,8 @@ def forward(
     if o.numel() > 0:
         plan = choose_plan("fwd", d, q.dtype, causal, q.device, nq, nk, z * hq)
         gpu = _gpu(q.device)
-        num_m, heads = triton.cdiv(nq, plan.block_m), order_heads(gpu[1] if gpu is not None else 0)
+        num_m = triton.cdiv(nq, plan.block_m)
+        heads = order_heads(gpu[1] if gpu is not None else 0, num_m)
         if tma_ready(q4, k4, v4, o):
             da, db = tma_chunks(d)
             plan = tma_forward_plan(plan, db)
@@ -1784,7 +1792,6 @@ def backward(
             plan = replace(plan, block_m=min(plan.block_m, dq_tile_rows(d, plan.warps)))
         gpu = _gpu(q.device)
         sms = gpu[1] if gpu is not None else 0
-        heads = order_heads(sms)
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
         store_ds = descriptors and not one_block and stores_scores(d, z * hq, nq, nk)
         ds = ds_out = None
@@ -1807,7 +1814,7 @@ def backward(
                 attention_bwd_dkdv_tma_kernel, grid, *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
                 *_descriptors(do4, plan.block_m, da, db), lse4, delta, *out, dkp, dvp, ds_out,
-                hkv, hq // hkv, nq, nk, num, heads, scale * LOG2E, scale,
+                hkv, hq // hkv, nq, nk, num, order_heads(sms, num), scale * LOG2E, scale,
                 plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
                 QSPLIT=splits > 1, STORE_DS=store_ds, PREC=prec,
             )  # fmt: skip
@@ -1815,7 +1822,7 @@ def backward(
             _launch(
                 attention_bwd_dkdv_kernel, grid, q4, k4, v4, do4, lse4, delta, dk, dv,
                 *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(), dkp, dvp,
-                dq, *dq.stride(), ds_out, hkv, hq // hkv, nq, nk, num, heads, scale * LOG2E, scale,
+                dq, *dq.stride(), ds_out, hkv, hq // hkv, nq, nk, num, order_heads(sms, num), scale * LOG2E, scale,
                 plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
                 QSPLIT=splits > 1, PREC=prec, WRITE_DQ=one_block, STORE_DS=store_ds,
             )  # fmt: skip
@@ -1836,7 +1843,7 @@ def backward(
                 attention_bwd_dq_ds_kernel, (num * z * hq,),
                 _descriptor(ds, list(ds.shape), list(ds.stride()), [1, plan.block_n, plan.block_m]),
                 *_descriptors(k4, plan.block_n, ta, tb), *_descriptors(dq, plan.block_m, ta, tb),
-                hq, hq // hkv, nq, nk, num, heads, scale,
+                hq, hq // hkv, nq, nk, num, order_heads(sms, num), scale,
                 plan=plan, DA=ta, DB=tb, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
             )  # fmt: skip
             return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
@@ -1847,14 +1854,14 @@ def backward(
                 attention_bwd_dq_tma_kernel, (num * z * hq,), *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
                 *_descriptors(do4, plan.block_m, da, db), lse4, delta, *_descriptors(dq, plan.block_m, da, db),
-                hq, hq // hkv, nq, nk, num, heads, scale * LOG2E, scale,
+                hq, hq // hkv, nq, nk, num, order_heads(sms, num), scale * LOG2E, scale,
                 plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
             )  # fmt: skip
         else:
             _launch(
                 attention_bwd_dq_kernel, (num * z * hq,), q4, k4, v4, do4, lse4, delta, dq,
                 *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq.stride(),
-                hq, hq // hkv, nq, nk, num, heads, scale * LOG2E, scale,
+                hq, hq // hkv, nq, nk, num, order_heads(sms, num), scale * LOG2E, scale,
                 plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
                 PREC=prec,
             )  # fmt: skip
