@@ -1,13 +1,14 @@
 """A list schedule of the causal kernels' programs under four orders across heads: how far each puts the last program's
 end over the bound (the work over the slots, or the longest program, whichever is larger). The figures in
-docs/ops/attention.md, session 55, are this script's over the regime draw's 40 shapes (scripts/attention_results.sh).
+docs/ops/attention.md, sessions 55 and 56, are this script's over the regime draw's 40 shapes
+(scripts/attention_results.sh).
 
 A head of N tokens is cut into blocks of `--block` rows; a causal block's work is the key blocks it reads (1 to NUM),
 and the kernels number every head's longest first. The slots are programs that run at once (`--slots`, 2 an SM of
 `--sms` by default); a free slot takes the next program in the order. No memory effects: the order across all heads
 wins here and loses at many heads on a GPU (its programs' reads of K and V no longer fit L2; session 55's A/B).
 
-    python pending/attention-order-tail/order_model.py --block 64 17x2x2x1914x1914x128 20x4x4x1344x1344x128
+    PYTHONPATH=src python scripts/attention_order_model.py --block 64 17x2x2x1914x1914x128 20x4x4x1344x1344x128
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import heapq
 import math
 import statistics
 
-ORDER_SHARE = 8  # as src/fuselab/ops/attention/triton_kernels.py
+from fuselab.ops.attention.triton_kernels import ORDER_SHARE, order_heads
 
 
 def order(heads: int, num: int, group: int, merge_last: bool) -> list[int]:
@@ -45,15 +46,14 @@ def makespan(works: list[int], slots: int) -> float:
 
 
 def orders(heads: int, num: int, sms: int) -> dict[str, list[int]]:
-    """The orders compared: head by head, across all heads, groups of sms / ORDER_SHARE heads (3ff3bbc), and groups of
-    at least 4 sms / (num + 1) heads with the heads left over in the last (attention-order-tail)."""
-    landed = max(1, sms // ORDER_SHARE)
-    tail = max(landed, -(-4 * sms // (num + 1)))
+    """The orders compared: head by head, across all heads, groups of sms / ORDER_SHARE heads with a smaller last
+    group (3ff3bbc), and the kernels' own (fa8c98f on): groups of `order_heads` heads, the heads left over in the
+    last."""
     return {
         "head by head": order(heads, num, 1, False),
         "across all": order(heads, num, heads, False),
-        "groups": order(heads, num, landed, False),
-        "groups, tail rule": order(heads, num, tail, True),
+        "groups": order(heads, num, max(1, sms // ORDER_SHARE), False),
+        "groups, tail rule": order(heads, num, order_heads(sms, num), True),
     }
 
 
