@@ -937,11 +937,11 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
              "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024,
              "staged_row_bytes_fp32": 0, "staged_row_bytes_16bit": 0, "staged_packed_row_bytes": 0,
              "staged_tile_bytes": 256, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 0,
-             "single_column_elementwise": 0}  # fmt: skip
+             "single_column_elementwise": 0, "one_wave": 0}  # fmt: skip
     wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
             "staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048, "staged_packed_row_bytes": 2048,
             "staged_tile_bytes": 16384, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 4096,
-            "single_column_elementwise": 1}  # fmt: skip
+            "single_column_elementwise": 1, "one_wave": 1}  # fmt: skip
     shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
               (3, 1100001), (3001, 900), (20001, 7), (40001, 8), (5001, 301))  # fmt: skip
     try:
@@ -1402,7 +1402,7 @@ CUDA_PLAN_SHIM = """
 using namespace fuselab::softmax_plan;
 SpanRules rules_of(const int64_t* r) {
   return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13],
-          r[14]};
+          r[14], r[15]};
 }
 extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
                      int64_t* out) {
@@ -1582,6 +1582,40 @@ def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cud
     assert route(3, 20000, 4, False, r1024, offsets=(4, 0)) == ("spans", False, False, 9, (4, 2 * 3 * 9))
 
 
+def test_cuda_one_wave_cuts_few_rows_finer_where_that_makes_the_grid_run_at_once(cuda_plans) -> None:
+    """one_wave 1: few rows whose blocks would not all run at once (a second wave, mostly idle, waits out the first)
+    are cut finer where smaller blocks, more of them an SM, make it one wave. fp32 112 x 33 024 (1.42-1.51x the best
+    peer in the seed-2035 draw): 3 spans of 512 threads, 336 blocks where 264 run at once (2 an SM by registers), then
+    9 spans of 128 threads, 1008 blocks where 1056 do. Unchanged: rows that fit one wave already, and rows no cut fits
+    in one (bf16 125 x 50 086: 6.3 M values, past 132 SMs x 1024 threads x 32 values)."""
+    plan, *_ = cuda_plans
+    wave = {"one_wave": 1}
+    assert plan(112, 33024, 4, 4, 132, False) == (3, 11008, 512, 6)
+    assert plan(112, 33024, 4, 4, 132, False, wave) == (9, 3672, 128, 8)
+    assert plan(125, 50086, 8, 2, 132, False, wave) == plan(125, 50086, 8, 2, 132, False)
+    assert plan(2, 694237, 4, 4, 132, False, wave) == plan(2, 694237, 4, 4, 132, False)  # 264 blocks of 128: one wave
+    assert plan(52, 32000, 4, 4, 132, False, wave) == plan(52, 32000, 4, 4, 132, False)  # whole rows, no meeting
+    # the H200's table (which an H100 reads) has the rule on: timed on an H100, 0.71-0.78x forward at the shapes it
+    # changes (docs/ops/softmax.md); at fp32 112 x 33 024 its plan is one wave too
+    h200 = json.loads((Path(plans.__file__).parent / "plans" / "nvidia-h200-sm90.json").read_text())
+    table = h200["params"]["cuda_spans"]
+    assert table["one_wave"] == 1
+    parts, _, threads, _ = plan(112, 33024, 4, 4, 132, False, table)
+    assert parts > plan(112, 33024, 4, 4, 132, False, {**table, "one_wave": 0})[0]
+    assert 112 * parts <= 1024 // threads * 132
+    for sms, backward, (itemsize, vec) in itertools.product((132, 78, 16), (False, True), ((4, 4), (2, 8), (4, 1))):
+        for rows, width in itertools.product((1, 2, 7, 15, 77, 112, 131), (16385, 22769, 33024, 50257, 694237)):
+            base = plan(rows, width, vec, itemsize, sms, backward)
+            parts, span, threads, iters = plan(rows, width, vec, itemsize, sms, backward, wave)
+            if (parts, span, threads, iters) == base:
+                continue
+            rounded = iters if iters <= 8 else (16 if iters <= 16 else 32)
+            per_sm = (1024 if rounded * vec <= wide_hold(vec, backward) else 512) // threads
+            assert parts > base[0] and rows * parts <= per_sm * sms, (sms, backward, rows, width, parts, threads)
+            assert span * itemsize >= DEFAULT_SPAN_RULES["min_span_bytes"] and parts <= sms
+            assert span % vec == 0 and parts * span >= width and threads * iters * vec >= span
+
+
 def test_cuda_routes_pick_the_launchers_kernels_and_scratch_only_where_spans_meet(cuda_plans) -> None:
     """softmax_plan.h's `route`, which the launchers and the scratch they ask for both follow: rows of one column
     elementwise where the rules say so; short contiguous rows of no whole number of packs staged, but not off a 16-byte
@@ -1622,6 +1656,11 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     header's check, which the binding applies."""
     plan, route, valid, warp, *_ = cuda_plans
     assert set(DEFAULT_SPAN_RULES) == set(cuda.SPAN_RULES) and valid(DEFAULT_SPAN_RULES)
+    tables = sorted((plans.FOLDER / "plans").glob("*.json"))  # a GPU's table replaces the defaults' rules whole
+    assert tables
+    for table in tables:
+        rules = json.loads(table.read_text())["params"].get("cuda_spans", DEFAULT_SPAN_RULES)
+        assert set(rules) == set(cuda.SPAN_RULES) and valid(rules), table.name
     assert plan(613, 22711, 4, 4, 132, False, {"threads": 256})[0] == 3  # 256 x 32 values a block: 3 spans
     assert plan(6, 5500, 4, 4, 132, False, {"split_row_bytes": 16384}) == (2, 2752, 128, 6)
     assert route(6, 5500, 4, False, {"split_row_bytes": 16384}).scratch == (7, 2 * 6 * 2)
@@ -1631,7 +1670,7 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
                 {"scalar_warp_width_16bit": 1025}, {"staged_row_bytes_fp32": -1}, {"staged_row_bytes_16bit": 2049},
                 {"staged_tile_bytes": 255}, {"staged_tile_bytes": 16385},
                 {"staged_packed_row_bytes": 2049}, {"edge_warp_row_bytes": -1},
-                {"edge_warp_row_bytes": 4097}, {"single_column_elementwise": 2}):  # fmt: skip
+                {"edge_warp_row_bytes": 4097}, {"single_column_elementwise": 2}, {"one_wave": 2}):  # fmt: skip
         assert not valid({**DEFAULT_SPAN_RULES, **bad}), bad
     # rows read one element at a time leave the warp kernels past the scalar warp width of their element size (the
     # defaults: 1024 fp32, 512 16-bit); rows read in packs do not

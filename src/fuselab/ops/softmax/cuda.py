@@ -46,6 +46,7 @@ SPAN_RULES = (
     "staged_blocks_per_sm",
     "edge_warp_row_bytes",
     "single_column_elementwise",
+    "one_wave",
 )
 
 
@@ -67,6 +68,7 @@ SPAN_LIMITS: dict[str, tuple[int, int | None]] = {
     "staged_blocks_per_sm": (1, None),
     "edge_warp_row_bytes": (0, 4096),
     "single_column_elementwise": (0, 1),
+    "one_wave": (0, 1),
 }
 
 

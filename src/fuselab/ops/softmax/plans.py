@@ -75,7 +75,9 @@ DEFAULTS: dict[str, object] = {
     # whose tensors' rows all start at one offset from a 16-byte boundary, from 512 bytes up to 1024 columns and
     # `edge_warp_row_bytes` (0: none), go to the edge warp kernels: a warp a row, its aligned bulk in packs and its
     # edges one element a lane. Rows of one column run elementwise (y = 1, or NaN where x is not finite) where
-    # `single_column_elementwise` is 1.
+    # `single_column_elementwise` is 1. With `one_wave` 1, few rows whose spans' blocks would not all run at once (a
+    # second wave, mostly idle, waiting out the first) are cut finer where smaller blocks, more of them an SM, make
+    # the grid one wave (softmax_plan.h's resident_blocks: by registers alone).
     # The kernels are compiled for threads <= 1024, hold <= 32, backward_hold <= 16, scalar warp widths <= 1024,
     # staged rows <= 2048 bytes, staged tiles of 256-16384 bytes and edge warp rows <= 4096 bytes.
     "cuda_spans": {
@@ -94,6 +96,7 @@ DEFAULTS: dict[str, object] = {
         "staged_blocks_per_sm": 4,
         "edge_warp_row_bytes": 0,
         "single_column_elementwise": 0,
+        "one_wave": 0,
     },
 }
 

@@ -50,6 +50,8 @@ struct SpanRules {
   int64_t staged_blocks_per_sm;     // ... fewer for a tensor of few rows, until about this many blocks per SM run
   int64_t edge_warp_row_bytes;      // rows of no whole number of packs up to this long: a warp each, with edges
   int64_t single_column_elementwise;  // 1: rows of one column elementwise (y = 1, or NaN), 0: as other rows
+  int64_t one_wave;                 // 1: few rows whose spans' blocks would not all run at once are cut finer where
+                                    // finer spans (smaller blocks, more of them an SM) make the grid one wave
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -72,6 +74,14 @@ inline int hold_at(int threads, int hold, int vec, bool backward) {
   return threads <= kFullHoldThreads ? hold : std::min(hold, wide_hold(vec, backward));
 }
 
+// Blocks of `plan` that run at once on `sms` SMs, by registers alone: a span kernel is compiled for at most 64
+// registers a thread (1024 threads an SM) where a thread's values fit them (`wide_hold`), else 128 (512 threads).
+inline int64_t resident_blocks(const SpanPlan& plan, int vec, bool backward, int sms) {
+  const int iters = plan.iters <= 8 ? plan.iters : plan.iters <= 16 ? 16 : 32;  // the instance the launcher runs
+  const int64_t per_sm = (iters * vec <= wide_hold(vec, backward) ? 1024 : 512) / plan.threads;
+  return per_sm * sms;
+}
+
 // A row cut into the fewest spans a block of at most kFullHoldThreads threads holds in registers (`hold` values a
 // thread at most, about as many given), or left whole where one block of r.threads (past kFullHoldThreads: fewer
 // values a thread, `hold_at`) holds it: such blocks only pay where they spare a meeting (where rows are cut anyway,
@@ -87,16 +97,26 @@ inline SpanPlan span_plan(int64_t rows, int64_t width, int vec, int itemsize, in
   int64_t parts = ceil_div(width, (int64_t)full * hold);
   if (parts > 1 && width <= (int64_t)r.threads * hold_at(r.threads, hold, vec, backward)) parts = 1;
   const int64_t row_bytes = width * itemsize;
-  if (rows < sms && (parts > 1 || row_bytes >= r.split_row_bytes)) {
-    const int64_t fill = r.blocks_per_sm * sms / rows;
-    parts = std::max(parts, std::min({fill, row_bytes / r.min_span_bytes, (int64_t)sms}));
-  }
+  // spans of `p` parts: the fewest threads (128 at least) that hold one, up to `full` at `hold` values each, else
+  // r.threads
+  const auto cut = [&](int64_t p) -> SpanPlan {
+    const int64_t span = ceil_div(ceil_div(width, p), vec) * vec;
+    const int64_t by_hold = std::max<int64_t>(128, next_pow2(ceil_div(span, hold)));
+    const int64_t threads = by_hold <= full ? by_hold : r.threads;
+    return {(int)p, span, (int)threads, (int)ceil_div(span, threads * vec)};
+  };
+  const bool few = rows < sms && (parts > 1 || row_bytes >= r.split_row_bytes);
+  const int64_t finest = std::min(row_bytes / r.min_span_bytes, (int64_t)sms);
+  if (few) parts = std::max(parts, std::min(r.blocks_per_sm * sms / rows, finest));
   if (parts > sms || rows * parts > INT_MAX) return {0, 0, 0, 0};
-  const int64_t span = ceil_div(ceil_div(width, parts), vec) * vec;
-  // the fewest threads (128 at least) that hold the span: up to `full` at `hold` values each, else r.threads
-  const int64_t by_hold = std::max<int64_t>(128, next_pow2(ceil_div(span, hold)));
-  const int64_t threads = by_hold <= full ? by_hold : r.threads;
-  return {(int)parts, span, (int)threads, (int)ceil_div(span, threads * vec)};
+  SpanPlan plan = cut(parts);
+  if (few && r.one_wave) {  // a grid past what runs at once: finer spans, where some make it one wave
+    for (int64_t p = parts + 1; rows * plan.parts > resident_blocks(plan, vec, backward, sms) && p <= finest; ++p) {
+      const SpanPlan finer = cut(p);
+      if (rows * p <= resident_blocks(finer, vec, backward, sms)) plan = finer;
+    }
+  }
+  return plan;
 }
 
 // The forward's plan for rows wider than kWarpMaxWidth (r.hold values a thread at most).
@@ -180,7 +200,7 @@ inline bool valid_rules(const SpanRules& r) {
          r.staged_packed_row_bytes <= kStagedMaxRowBytes && r.staged_tile_bytes >= kStagedMinTileBytes &&
          r.staged_tile_bytes <= kStagedMaxTileBytes && r.staged_blocks_per_sm >= 1 && r.edge_warp_row_bytes >= 0 &&
          r.edge_warp_row_bytes <= kEdgeWarpMaxRowBytes && r.single_column_elementwise >= 0 &&
-         r.single_column_elementwise <= 1;
+         r.single_column_elementwise <= 1 && r.one_wave >= 0 && r.one_wave <= 1;
 }
 
 // Whether a pointer is 16-byte aligned.
