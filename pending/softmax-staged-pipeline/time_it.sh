@@ -24,9 +24,10 @@ PYTHONPATH=src python3 -c "from fuselab.ops.softmax import cuda; cuda.extension(
 echo "extension built in $(( $(date +%s) - s )) s; $(left) s left"
 PYTHONPATH=src timeout 90 python3 -m pytest -q -m gpu tests/ops/test_softmax.py -k "staged" 2>&1 | tail -3
 export TABLE=src/fuselab/ops/softmax/plans/nvidia-h200-sm90.json MEASURED=cuda DTYPES="fp32 bf16" IMPLS=torch,cuda
-export SHAPES="1434907x10 5909110x10 279197x30 105063x31 415086x12 57801x20 8682249x2 1322659x4 1439492x19
-392652x17 1317129x11 4480121x3 4038158x11 777777x6 333331x27 98765x38 2000003x5 654321x23"
-T=$(( ($(left) - 15) / 3 )); [ "$T" -gt 130 ] && T=130
-OUT="$OUT/variants" T_BENCH=$T VARIANTS='base:{} pipe4:{"cuda_spans":{"staged_pipeline_blocks_per_sm":4}}
-pipe2:{"cuda_spans":{"staged_pipeline_blocks_per_sm":2}}' bash scripts/softmax_variants.sh | tail -80
+export SHAPES=${SHAPES:-"1434907x10 5909110x10 279197x30 105063x31 415086x12 57801x20 8682249x2 1322659x4 1439492x19
+392652x17 1317129x11 4480121x3 4038158x11 777777x6 333331x27 98765x38 2000003x5 654321x23"}
+export VARIANTS=${VARIANTS:-'base:{} pipe4:{"cuda_spans":{"staged_pipeline_blocks_per_sm":4}}
+pipe2:{"cuda_spans":{"staged_pipeline_blocks_per_sm":2}}'}
+n=$(echo $VARIANTS | wc -w); T=$(( ($(left) - 15) / n )); [ "$T" -gt 130 ] && T=130
+OUT="$OUT/variants" T_BENCH=$T bash scripts/softmax_variants.sh | tail -80
 echo "done, $(left) s left"
