@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# softmax-staged-pipeline on a GPU, in one device call (about 8 min), on main with or without softmax-staged-lanes
-# landed: the series not yet in the tree are applied (staged-lanes first, then this one) and put back at the end. The
+# softmax-staged-pipeline on a GPU, in one device call (about 8 min), on main with or without pending/land-next
+# landed: the series not yet in the tree are applied (land-next first, then this one) and put back at the end. The
 # extension is built, the new GPU test runs (the pipelined forward against float64, bitwise twice), then
 # scripts/softmax_variants.sh times the cuda impl (the H200's table, which an H100 reads; CUDA graphs, fp32 and bf16)
 # with the rule off (`base`), at 4 blocks an SM and at 2, beside torch, at narrow staged shapes.
@@ -13,7 +13,7 @@ T0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export FUSELAB_EXT_DIR=${FUSELAB_EXT_DIR:-/tmp/fuselab-ext}; mkdir -p "$FUSELAB_EXT_DIR"
 [ -n "${EXT_TGZ:-}" ] && [ -f "$EXT_TGZ" ] && tar xzf "$EXT_TGZ" -C "$(dirname "$FUSELAB_EXT_DIR")"
 applied=()
-for p in pending/softmax-staged-lanes/*.patch pending/softmax-staged-pipeline/*.patch; do
+for p in pending/land-next/*.patch pending/softmax-staged-pipeline/*.patch; do
   [ -f "$p" ] && git apply --check "$p" 2>/dev/null && git apply "$p" && applied=("$p" "${applied[@]}")
 done
 trap 'for p in "${applied[@]}"; do git apply -R "$p"; done' EXIT
