@@ -920,6 +920,14 @@ def test_gpu_a_captured_call_zeroes_only_the_counters_its_spans_meet_by(
     assert rel_err(out, want) <= SOFTMAX.tolerance[dtype]
 
 
+# The GPU test's small rules, every rule given (a CPU test checks the names against cuda.SPAN_RULES).
+SMALL_SPAN_RULES = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
+                    "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024,
+                    "staged_row_bytes_fp32": 0, "staged_row_bytes_16bit": 0, "staged_packed_row_bytes": 0,
+                    "staged_tile_bytes": 256, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 0,
+                    "single_column_elementwise": 0, "one_wave": 0, "staged_lane_columns": 0}  # fmt: skip
+
+
 @pytest.mark.gpu
 def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() -> None:
     """`cuda.configure` hands other span rules to the launchers without a rebuild: blocks of 128 threads holding 8
@@ -933,11 +941,7 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
     index = torch.cuda.current_device()
     table = cuda.span_rules(index)
     assert set(table) == set(cuda.SPAN_RULES)
-    small = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_bytes": 4096, "split_row_bytes": 16384,
-             "blocks_per_sm": 1, "scalar_warp_width_fp32": 1024, "scalar_warp_width_16bit": 1024,
-             "staged_row_bytes_fp32": 0, "staged_row_bytes_16bit": 0, "staged_packed_row_bytes": 0,
-             "staged_tile_bytes": 256, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 0,
-             "single_column_elementwise": 0, "one_wave": 0}  # fmt: skip
+    small = SMALL_SPAN_RULES
     wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
             "staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048, "staged_packed_row_bytes": 2048,
             "staged_tile_bytes": 16384, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 4096,
@@ -1402,7 +1406,7 @@ CUDA_PLAN_SHIM = """
 using namespace fuselab::softmax_plan;
 SpanRules rules_of(const int64_t* r) {
   return {(int)r[0], (int)r[1], (int)r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13],
-          r[14], r[15]};
+          r[14], r[15], r[16]};
 }
 extern "C" void plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, int backward, const int64_t* r,
                      int64_t* out) {
@@ -1424,7 +1428,7 @@ extern "C" void route_of(int64_t rows, int64_t width, int itemsize, int sms, int
 extern "C" int valid(const int64_t* r) { return valid_rules(rules_of(r)); }
 extern "C" void staged(int64_t rows, int64_t width, int itemsize, int sms, int backward, const int64_t* r,
                        int64_t* out) {
-  const StagedPlan p = staged_plan(rows, width, itemsize, sms, rules_of(r));
+  const StagedPlan p = staged_plan(rows, width, itemsize, sms, rules_of(r), backward != 0);
   out[0] = p.rows; out[1] = p.group; out[2] = p.items; out[3] = staged_smem_bytes(p, width, itemsize, backward != 0);
 }
 extern "C" int warp(int64_t width, int itemsize, int vectorized, int backward, const int64_t* r) {
@@ -1656,6 +1660,7 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     header's check, which the binding applies."""
     plan, route, valid, warp, *_ = cuda_plans
     assert set(DEFAULT_SPAN_RULES) == set(cuda.SPAN_RULES) and valid(DEFAULT_SPAN_RULES)
+    assert set(SMALL_SPAN_RULES) == set(cuda.SPAN_RULES) and valid(SMALL_SPAN_RULES)  # the GPU test's, given whole
     tables = sorted((plans.FOLDER / "plans").glob("*.json"))  # a GPU's table replaces the defaults' rules whole
     assert tables
     for table in tables:
@@ -1670,7 +1675,8 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
                 {"scalar_warp_width_16bit": 1025}, {"staged_row_bytes_fp32": -1}, {"staged_row_bytes_16bit": 2049},
                 {"staged_tile_bytes": 255}, {"staged_tile_bytes": 16385},
                 {"staged_packed_row_bytes": 2049}, {"edge_warp_row_bytes": -1},
-                {"edge_warp_row_bytes": 4097}, {"single_column_elementwise": 2}, {"one_wave": 2}):  # fmt: skip
+                {"edge_warp_row_bytes": 4097}, {"single_column_elementwise": 2}, {"one_wave": 2},
+                {"staged_lane_columns": -1}, {"staged_lane_columns": 17}):  # fmt: skip
         assert not valid({**DEFAULT_SPAN_RULES, **bad}), bad
     # rows read one element at a time leave the warp kernels past the scalar warp width of their element size (the
     # defaults: 1024 fp32, 512 16-bit); rows read in packs do not
@@ -1737,6 +1743,14 @@ def test_cuda_staged_plans_take_short_rows_of_no_whole_pack_within_the_shared_me
     assert staged(many, 13, 4, False, {"staged_row_bytes_16bit": 0})[0] == 160  # fp32 rows: their own limit
     assert staged(many, 8, 2, False, {"staged_packed_row_bytes": 16}) == (512, 2, 4, 8192)  # whole packs, when asked
     assert staged(many, 12, 2, False, {"staged_packed_row_bytes": 2048, "staged_row_bytes_16bit": 0})[0] == 0
+    # staged_lane_columns (forward only): a row of 10 fp32 on one lane holding 16 values, a block of 256 rows (one a
+    # thread); rows wider than the rule, and the backward, in groups as before
+    lanes = {"staged_lane_columns": 16}
+    assert staged(many, 10, 4, False, lanes) == (256, 1, 16, 256 * 40)
+    assert staged(many, 10, 4, False, {"staged_lane_columns": 8}) == (208, 4, 4, 208 * 40)
+    assert staged(many, 6, 2, False, {"staged_lane_columns": 8}) == (688, 1, 8, 688 * 12)
+    assert staged(many, 10, 4, True, lanes) == staged(many, 10, 4, True) == (208, 4, 4, 2 * 208 * 40)
+    assert staged(many, 17, 4, False, lanes) == staged(many, 17, 4, False)
     for itemsize, tile, backward, rows in itertools.product((2, 4), (256, 8192, 16384), (False, True), (999, many)):
         for width in range(1, 2048 // itemsize + 1):
             rules = {**wide, "staged_tile_bytes": tile, "staged_packed_row_bytes": 2048 if tile == 256 else 0}

@@ -47,6 +47,7 @@ SPAN_RULES = (
     "edge_warp_row_bytes",
     "single_column_elementwise",
     "one_wave",
+    "staged_lane_columns",
 )
 
 
@@ -69,6 +70,7 @@ SPAN_LIMITS: dict[str, tuple[int, int | None]] = {
     "edge_warp_row_bytes": (0, 4096),
     "single_column_elementwise": (0, 1),
     "one_wave": (0, 1),
+    "staged_lane_columns": (0, 16),
 }
 
 

@@ -77,7 +77,9 @@ DEFAULTS: dict[str, object] = {
     # edges one element a lane. Rows of one column run elementwise (y = 1, or NaN where x is not finite) where
     # `single_column_elementwise` is 1. With `one_wave` 1, few rows whose spans' blocks would not all run at once (a
     # second wave, mostly idle, waiting out the first) are cut finer where smaller blocks, more of them an SM, make
-    # the grid one wave (softmax_plan.h's resident_blocks: by registers alone).
+    # the grid one wave (softmax_plan.h's resident_blocks: by registers alone). Staged forward rows of up to
+    # `staged_lane_columns` columns (at most 16) go one to a lane (no shuffles), wider ones to groups of lanes holding
+    # up to 4 values each (0: all to groups).
     # The kernels are compiled for threads <= 1024, hold <= 32, backward_hold <= 16, scalar warp widths <= 1024,
     # staged rows <= 2048 bytes, staged tiles of 256-16384 bytes and edge warp rows <= 4096 bytes.
     "cuda_spans": {
@@ -97,6 +99,7 @@ DEFAULTS: dict[str, object] = {
         "edge_warp_row_bytes": 0,
         "single_column_elementwise": 0,
         "one_wave": 0,
+        "staged_lane_columns": 0,
     },
 }
 

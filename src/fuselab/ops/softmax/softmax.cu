@@ -152,19 +152,23 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
   constexpr int N = ITERS * VEC;
   constexpr int BATCH = rows_per_group<T>(N);
   constexpr int ROWS_PER_BLOCK = kWarpKernelThreads / GROUP * BATCH;
+  constexpr int GROUPS = kWarpKernelThreads / GROUP;  // a group's rows are GROUPS apart, so a warp's loads of
+                                                     // its b-th rows are contiguous (rows of a whole pack: 512 bytes)
   const int lane = threadIdx.x % GROUP;
   // The loop bounds are the same for the whole block: every lane of a warp must join every shuffle.
   for (int64_t block_row = (int64_t)blockIdx.x * ROWS_PER_BLOCK; block_row < rows;
        block_row += (int64_t)gridDim.x * ROWS_PER_BLOCK) {
-    const int64_t first = block_row + threadIdx.x / GROUP * BATCH;
+    const int64_t first = block_row + threadIdx.x / GROUP;
     float v[BATCH][N];
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
-      const bool valid = first + b < rows;
+      // a row past the end reads the last row (its results are not stored): no branch on the row between a group's
+      // loads (16-bit rows of one pack a lane: ptxas issued the second row's load once the first's had arrived)
+      const int64_t row = first + b * GROUPS < rows ? first + b * GROUPS : rows - 1;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int col = (it * GROUP + lane) * VEC;
-        load_or<T, VEC>(x + (first + b) * x_stride, valid ? col : width, width, &v[b][it * VEC], kNegInf);
+        load_or<T, VEC>(x + row * x_stride, col, width, &v[b][it * VEC], kNegInf);
       }
     }
     float inv_sum[BATCH];
@@ -175,11 +179,12 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
     }
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
-      if (first + b >= rows) continue;
+      const int64_t row = first + b * GROUPS;
+      if (row >= rows) continue;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int col = (it * GROUP + lane) * VEC;
-        if (col < width) store<T, VEC>(y + (first + b) * y_stride + col, &v[b][it * VEC], inv_sum[b]);
+        if (col < width) store<T, VEC>(y + row * y_stride + col, &v[b][it * VEC], inv_sum[b]);
       }
     }
   }
@@ -441,19 +446,20 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
   constexpr int N = ITERS * VEC;
   constexpr int BATCH = rows_per_group<T>(N);
   constexpr int ROWS_PER_BLOCK = kWarpKernelThreads / GROUP * BATCH;
+  constexpr int GROUPS = kWarpKernelThreads / GROUP;  // a group's rows GROUPS apart, as in softmax_warp_kernel
   const int lane = threadIdx.x % GROUP;
   for (int64_t block_row = (int64_t)blockIdx.x * ROWS_PER_BLOCK; block_row < rows;
        block_row += (int64_t)gridDim.x * ROWS_PER_BLOCK) {
-    const int64_t first = block_row + threadIdx.x / GROUP * BATCH;
+    const int64_t first = block_row + threadIdx.x / GROUP;
     float a[BATCH][N], g[BATCH][N];
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
-      const bool valid = first + b < rows;
+      const int64_t row = first + b * GROUPS < rows ? first + b * GROUPS : rows - 1;  // past the end: not stored
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
-        const int col = valid ? (it * GROUP + lane) * VEC : width;
-        load_or<T, VEC>(y + (first + b) * y_stride, col, width, &a[b][it * VEC], 0.f);
-        load_or<T, VEC>(dy + (first + b) * dy_stride, col, width, &g[b][it * VEC], 0.f);
+        const int col = (it * GROUP + lane) * VEC;
+        load_or<T, VEC>(y + row * y_stride, col, width, &a[b][it * VEC], 0.f);
+        load_or<T, VEC>(dy + row * dy_stride, col, width, &g[b][it * VEC], 0.f);
       }
     }
 #pragma unroll
@@ -467,11 +473,12 @@ __global__ void __launch_bounds__(kWarpKernelThreads)
     }
 #pragma unroll
     for (int b = 0; b < BATCH; ++b) {
-      if (first + b >= rows) continue;
+      const int64_t row = first + b * GROUPS;
+      if (row >= rows) continue;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int col = (it * GROUP + lane) * VEC;
-        if (col < width) store<T, VEC>(dx + (first + b) * dx_stride + col, &a[b][it * VEC], 1.f);
+        if (col < width) store<T, VEC>(dx + row * dx_stride + col, &a[b][it * VEC], 1.f);
       }
     }
   }
@@ -890,14 +897,15 @@ cudaError_t forward_spans(const T* x, T* y, int64_t rows, int64_t width, int64_t
   });
 }
 
-// Calls f(group, items) as integral constants for a staged plan's (group, items): items <= 4 below a warp.
-template <typename F>
+// Calls f(group, items) as integral constants for a staged plan's (group, items): items <= MOST below a warp
+// (staged_plan: 4, and forward up to kStagedMaxLaneColumns on one lane, the rules' staged_lane_columns).
+template <int MOST, typename F>
 cudaError_t with_staged(const StagedPlan& p, F&& f) {
   return with_pow2(p.group, [&](auto group) {
     return with_pow2(p.items, [&](auto items) {
       constexpr int GROUP = decltype(group)::value;
       constexpr int ITEMS = decltype(items)::value;
-      if constexpr (GROUP < 32 && ITEMS > 4) {
+      if constexpr (GROUP < 32 && ITEMS > MOST) {
         return cudaErrorInvalidValue;
       } else {
         return f(group, items);
@@ -909,7 +917,7 @@ cudaError_t with_staged(const StagedPlan& p, F&& f) {
 template <typename T>
 cudaError_t forward_staged(const T* x, T* y, int64_t rows, int64_t width, const StagedPlan& p, cudaStream_t stream) {
   const int64_t smem = staged_smem_bytes(p, width, sizeof(T), false);
-  return with_staged(p, [&](auto group, auto items) {
+  return with_staged<kStagedMaxLaneColumns>(p, [&](auto group, auto items) {
     softmax_staged_kernel<T, decltype(group)::value, decltype(items)::value>
         <<<grid_for(ceil_div(rows, p.rows)), kStagedThreads, smem, stream>>>(x, y, rows, (int)width, p.rows);
     return cudaGetLastError();
@@ -1037,7 +1045,7 @@ template <typename T>
 cudaError_t backward_staged(const T* y, const T* dy, T* dx, int64_t rows, int64_t width, const StagedPlan& p,
                             cudaStream_t stream) {
   const int64_t smem = staged_smem_bytes(p, width, sizeof(T), true);
-  return with_staged(p, [&](auto group, auto items) {
+  return with_staged<4>(p, [&](auto group, auto items) {
     constexpr int GROUP = decltype(group)::value;
     constexpr int ITEMS = decltype(items)::value;
     if (smem > 48 * 1024) {

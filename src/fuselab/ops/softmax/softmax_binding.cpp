@@ -91,7 +91,8 @@ bool rules_from(const std::map<std::string, int64_t>& given, fuselab::SoftmaxRul
                    take("staged_tile_bytes", r.staged_tile_bytes) &&
                    take("staged_blocks_per_sm", r.staged_blocks_per_sm) &&
                    take("edge_warp_row_bytes", r.edge_warp_row_bytes) &&
-                   take("single_column_elementwise", r.single_column_elementwise) && take("one_wave", r.one_wave);
+                   take("single_column_elementwise", r.single_column_elementwise) && take("one_wave", r.one_wave) &&
+                   take("staged_lane_columns", r.staged_lane_columns);
   return all && found == given.size();
 }
 

@@ -23,6 +23,7 @@ constexpr int kStagedThreads = 256;               // threads of a staged kernel'
 constexpr int64_t kStagedMaxRowBytes = 2048;      // staged rows are at most this long (the warp kernels' widths)
 constexpr int64_t kStagedMinTileBytes = 256;      // the rules' staged_tile_bytes: within these bounds
 constexpr int64_t kStagedMaxTileBytes = 16384;
+constexpr int kStagedMaxLaneColumns = 16;         // the rules' staged_lane_columns: at most this (values a lane)
 constexpr int64_t kEdgeWarpMaxRowBytes = 4096;    // the rules' edge_warp_row_bytes: at most this (1024 fp32 columns)
 constexpr int64_t kEdgeWarpLeastRowBytes = 512;   // edge warp rows: at least a 16-byte pack a lane
 
@@ -52,6 +53,7 @@ struct SpanRules {
   int64_t single_column_elementwise;  // 1: rows of one column elementwise (y = 1, or NaN), 0: as other rows
   int64_t one_wave;                 // 1: few rows whose spans' blocks would not all run at once are cut finer where
                                     // finer spans (smaller blocks, more of them an SM) make the grid one wave
+  int64_t staged_lane_columns;      // staged forward rows of up to this many columns: one lane a row (0: none)
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -139,8 +141,8 @@ inline bool warp_rows(int64_t width, int itemsize, bool vectorized, bool backwar
 }
 
 // A staged launch: `rows` rows a block (a multiple of 8, so every block's rows start on a 16-byte boundary), `group`
-// threads a row in the math (a power of 2 <= 32), each holding `items` values in registers (a power of 2: <= 4 where
-// group < 32, else <= 32); rows 0: not staged.
+// threads a row in the math (a power of 2 <= 32), each holding `items` values in registers (a power of 2: <= 4
+// where 1 < group < 32, <= kStagedMaxLaneColumns where group is 1, else <= 32); rows 0: not staged.
 struct StagedPlan {
   int rows;
   int group;
@@ -157,12 +159,16 @@ struct StagedPlan {
 // contiguous rows of 16-byte aligned tensors. A tensor of fewer rows than about r.staged_blocks_per_sm blocks per SM
 // of a block's groups is not staged: it would wait out each block's copy in, math and copy out one after the other.
 // docs/ops/softmax.md has the measurements the limits come from.
-inline StagedPlan staged_plan(int64_t rows, int64_t width, int itemsize, int sms, const SpanRules& r) {
+inline StagedPlan staged_plan(int64_t rows, int64_t width, int itemsize, int sms, const SpanRules& r,
+                              bool backward = false) {
   const int64_t row_bytes = width * itemsize;
   const int64_t unpacked = itemsize == 4 ? r.staged_row_bytes_fp32 : r.staged_row_bytes_16bit;
   const int64_t most = row_bytes % 16 == 0 ? r.staged_packed_row_bytes : unpacked;
   if (width < 1 || row_bytes > std::min(most, kStagedMaxRowBytes)) return {0, 0, 0};
-  const int group = std::min<int>(32, next_pow2(ceil_div(width, 4)));
+  // forward rows of up to r.staged_lane_columns columns: a lane a row (no shuffles; in SASS at sm_90 a row of 10 fp32
+  // took 5.8 instructions a warp in the math, 13.2 on 4 lanes of 4 values); else groups of up to 4 values a lane
+  const bool lane = !backward && width <= r.staged_lane_columns;
+  const int group = lane ? 1 : std::min<int>(32, next_pow2(ceil_div(width, 4)));
   const int64_t least = kStagedThreads / group;
   const int64_t fill = ceil_div(rows, std::max<int64_t>(1, sms * r.staged_blocks_per_sm));
   if (fill < least) return {0, 0, 0};
@@ -200,7 +206,8 @@ inline bool valid_rules(const SpanRules& r) {
          r.staged_packed_row_bytes <= kStagedMaxRowBytes && r.staged_tile_bytes >= kStagedMinTileBytes &&
          r.staged_tile_bytes <= kStagedMaxTileBytes && r.staged_blocks_per_sm >= 1 && r.edge_warp_row_bytes >= 0 &&
          r.edge_warp_row_bytes <= kEdgeWarpMaxRowBytes && r.single_column_elementwise >= 0 &&
-         r.single_column_elementwise <= 1 && r.one_wave >= 0 && r.one_wave <= 1;
+         r.single_column_elementwise <= 1 && r.one_wave >= 0 && r.one_wave <= 1 && r.staged_lane_columns >= 0 &&
+         r.staged_lane_columns <= kStagedMaxLaneColumns;
 }
 
 // Whether a pointer is 16-byte aligned.
@@ -252,7 +259,7 @@ inline Route route(std::initializer_list<const void*> ptrs, std::initializer_lis
                    int64_t width, int itemsize, int sms, bool backward, const SpanRules& r) {
   Route out{Kernels::single, false, false, {0, 0, 0}, {0, 0, 0, 0}};
   if (width == 1 && r.single_column_elementwise) return out;
-  out.staged = staged_plan(rows, width, itemsize, sms, r);
+  out.staged = staged_plan(rows, width, itemsize, sms, r, backward);
   bool contiguous = out.staged.rows > 0;
   for (const void* p : ptrs) contiguous = contiguous && aligned16(p);
   for (int64_t s : strides) contiguous = contiguous && (rows == 1 || s == width);
