@@ -1711,21 +1711,21 @@ def forward(
         plan = choose_plan("fwd", d, q.dtype, causal, q.device, nq, nk, z * hq)
         gpu = _gpu(q.device)
         num_m = triton.cdiv(nq, plan.block_m)
-        heads = order_heads(gpu[1] if gpu is not None else 0, num_m)
+        group = order_heads(gpu[1] if gpu is not None else 0, num_m)
         if tma_ready(q4, k4, v4, o):
             da, db = tma_chunks(d)
             plan = tma_forward_plan(plan, db)
             _launch(
                 attention_fwd_tma_kernel, (num_m * z * hq,), *_descriptors(q4, plan.block_m, da, db),
                 *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
-                *_descriptors(o, plan.block_m, da, db), lse, hq, hq // hkv, nq, nk, num_m, heads, scale * LOG2E,
+                *_descriptors(o, plan.block_m, da, db), lse, hq, hq // hkv, nq, nk, num_m, group, scale * LOG2E,
                 plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
                 PREC=_precision(q.dtype),
             )  # fmt: skip
             return o.reshape(q.shape), lse.reshape(q.shape[:-1])
         _launch(
             attention_fwd_kernel, (num_m * z * hq,), q4, k4, v4, o, lse,
-            *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(), hq, hq // hkv, nq, nk, num_m, heads,
+            *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(), hq, hq // hkv, nq, nk, num_m, group,
             scale * LOG2E, plan=plan, HEAD_DIM=d, DA=d_chunks(d)[0], DB=d_chunks(d)[1], BLOCK_M=plan.block_m,
             BLOCK_N=plan.block_n, CAUSAL=causal, PREC=_precision(q.dtype),
         )  # fmt: skip
