@@ -35,7 +35,7 @@ def test_item_is_a_device_to_host_copy_and_a_sync(tmp_path):
 
 
 def test_the_cpu_runs_ahead_until_a_print_syncs(tmp_path):
-    study = run_runahead(MLPConfig(steps=8, layers=4, dim=2048, batch=2048), tmp_path)
+    study = run_runahead(MLPConfig(steps=8, layers=4, dim=4096, batch=4096), tmp_path)
     plain, printed = study.runs
     assert plain.analysis.has_gpu and plain.analysis.steps_ahead_max >= 2
     assert printed.analysis.steps_ahead_max == 0
