@@ -12,6 +12,10 @@ before each step) and back to back (on CUDA).
     PYTHONPATH=src python3 benchmarks/gpt_blocks.py --device cpu --dim 64 --heads 4 --tokens 33 --batch 2 \
         --layers 2 --dtype fp32 --rep-ms 50 --no-compile
 
+`--kernels PATH` also profiles each step (torch.profiler, a few steps after the timing) and writes every kernel's
+calls and GPU µs a step to PATH (JSON), then prints, for eager and compiled, the kernels whose time a step differs most
+between the two models: where a gap between them is.
+
 On the CPU the drop-ins' default impls are PyTorch's own (impl="auto": Triton would only interpret there), so
 both models run the same kernels: a check that the example runs, not a measurement.
 """
@@ -24,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +41,8 @@ from fuselab.bench.dtypes import dtype_name, parse_dtype
 from fuselab.bench.env import environment
 from fuselab.bench.timer import Timing, benchmark_side_by_side
 from fuselab.gate.model import Block
+from fuselab.profile.capture import profile_callable
+from fuselab.profile.table import build_table
 
 
 def torch_blocks(layers: int, dim: int, heads: int) -> nn.Sequential:
@@ -60,6 +67,30 @@ def step(model: nn.Module, x: torch.Tensor) -> Callable[[], list[torch.Tensor]]:
     return lambda: torch.autograd.grad(model(x).float().square().mean(), params)
 
 
+def step_kernels(call: Callable[[], object], label: str, steps: int = 5) -> dict[str, tuple[float, float]]:
+    """{kernel name: (launches a step, GPU µs a step)} of `steps` profiled calls of `call`, after two unprofiled."""
+    with tempfile.TemporaryDirectory() as folder:
+        result = profile_callable(call, label=label, warmup=2, iters=steps, out_dir=folder)
+    kernels: dict[str, tuple[float, float]] = {}
+    for op in build_table(result.trace).ops:
+        for k in op.kernels:
+            calls, us = kernels.get(k.name, (0.0, 0.0))
+            kernels[k.name] = (calls + k.calls / steps, us + k.gpu_us / steps)
+    return kernels
+
+
+def kernel_gaps(kernels: dict[str, dict[str, tuple[float, float]]], mode: str, top: int = 12) -> list[str]:
+    """Lines: the `top` kernels whose GPU µs a step differ most between fuselab's and torch.nn's `mode` step."""
+    ours, theirs = kernels[f"fuselab {mode}"], kernels[f"torch.nn {mode}"]
+    names = sorted(ours.keys() | theirs.keys(), key=lambda n: -abs(ours.get(n, (0, 0))[1] - theirs.get(n, (0, 0))[1]))
+    total = [sum(us for _, us in k.values()) for k in (ours, theirs)]
+    lines = [f"{mode}: GPU µs a step, fuselab {total[0]:.1f}, torch.nn {total[1]:.1f}; the largest differences:"]
+    for n in names[:top]:
+        (c0, u0), (c1, u1) = ours.get(n, (0, 0)), theirs.get(n, (0, 0))
+        lines.append(f"  {u0 - u1:+9.1f}  fuselab {u0:8.1f} ({c0:g} calls)  torch.nn {u1:8.1f} ({c1:g})  {n[:90]}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="results JSON")
@@ -72,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--rep-ms", type=float, default=1000.0, help="each step's timed repetitions, ms (rested)")
     p.add_argument("--no-compile", action="store_true", help="eager only (torch.compile takes minutes on a CPU)")
+    p.add_argument("--kernels", type=Path, help="profile each step too: its kernels' GPU µs a step, JSON")
     args = p.parse_args(argv)
     if args.dim % args.heads:
         p.error(f"--dim {args.dim} is not a multiple of --heads {args.heads}")
@@ -108,16 +140,24 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['step']:18} {r['median_ms']:10.3f} {r['iqr_ms']:7.3f} {r['time_vs_torch_nn']:11.3f} "
               f"{r.get('sustained_ms', float('nan')):10.3f} {r['grad_rel_err_vs_torch_nn_eager']:9.2g}")  # fmt: skip
+    revision = (
+        os.environ.get("FUSELAB_REVISION")
+        or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
+    shape = {name: getattr(args, name) for name in ("layers", "dim", "heads", "batch", "tokens")}
+    about = {"model": shape, "dtype": dtype_name(dtype), "revision": revision, "env": environment(args.device)}
     if args.out:
-        revision = (
-            os.environ.get("FUSELAB_REVISION")
-            or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        )
-        shape = {name: getattr(args, name) for name in ("layers", "dim", "heads", "batch", "tokens")}
-        record = {"model": shape, "dtype": dtype_name(dtype), "revision": revision, "env": environment(args.device),
-                  "rows": rows}  # fmt: skip
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        args.out.write_text(json.dumps(about | {"rows": rows}, indent=1) + "\n")
+    if args.kernels:
+        kernels = {name: step_kernels(call, name) for name, call in calls.items()}
+        for mode in ("eager", "compiled"):
+            if f"fuselab {mode}" in kernels:
+                print("\n".join(kernel_gaps(kernels, mode)))
+        args.kernels.parent.mkdir(parents=True, exist_ok=True)
+        table = {name: [{"kernel": n, "calls_per_step": c, "gpu_us_per_step": us} for n, (c, us) in k.items()]
+                 for name, k in kernels.items()}  # fmt: skip
+        args.kernels.write_text(json.dumps(about | {"steps": table}, indent=1) + "\n")
     return 0
 
 

@@ -9,15 +9,15 @@ one run: one kernel's candidate plans, the backward's dS stored or recomputed, t
         --shape 209x8x8x91x91x64 --out sweep.jsonl
 
 A shape is B x Hq x Hkv x Nq x Nk x d (GQA when Hkv < Hq). For each shape and causal setting, side by side
-(fuselab.bench.timer.benchmark_side_by_side, L2 flushed): cuDNN (the op's sdpa-cudnn impl, K/V heads repeated once
-beforehand), the Triton kernels at their own plans ("plan", what `choose_plan` picks: table or rule, fitted), with
-`--kernel` forced to each of `--plans` (as given, not fitted to the shape; dqds: the dQ kernel of stored scores,
-timed with them stored; dq: the recomputing dQ kernel, timed with dS recomputed, the only backward it runs in), with
-the dS stored for dQ ("stored", `--stored-scores`) or recomputed ("recomputed", where the rule stores it), and with
-the head dim held in other chunks ("chunks64+0", `--chunks`; own plans, as the table keys them). Each line of `--out`
-(JSON) is one shape's medians in ms, with the GPU, torch, Triton and git revision. A variant that fails to compile
-or gives a wrong result is recorded with its error. Exploration: what it finds goes into the rules or the tuner's
-candidates (docs/ops/attention.md).
+(fuselab.bench.timer.benchmark_side_by_side, L2 flushed): cuDNN and SDPA-flash (the op's sdpa-cudnn and sdpa-flash
+impls, K/V heads repeated once beforehand; a backend that refuses the shape is recorded as its error), the Triton
+kernels at their own plans ("plan", what `choose_plan` picks: table or rule, fitted), with `--kernel` forced to each of
+`--plans` (as given, not fitted to the shape; dqds: the dQ kernel of stored scores, timed with them stored; dq: the
+recomputing dQ kernel, timed with dS recomputed, the only backward it runs in), with the dS stored for dQ ("stored",
+`--stored-scores`) or recomputed ("recomputed", where the rule stores it), and with the head dim held in other chunks
+("chunks64+0", `--chunks`; own plans, as the table keys them). Each line of `--out` (JSON) is one shape's medians in ms,
+with the GPU, torch, Triton and git revision. A variant that fails to compile or gives a wrong result is recorded with
+its error. Exploration: what it finds goes into the rules or the tuner's candidates (docs/ops/attention.md).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a smoke test
 
 
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # the interpreter: fp32 only
+PEERS = ("sdpa-cudnn", "sdpa-flash")  # timed beside, where they take the shape (K/V heads repeated beforehand)
 
 
 def parse_plan(text: str) -> tk.Plan:
@@ -116,12 +117,16 @@ def sweep_shape(
     scale = d**-0.5
     # K/V heads repeated once, outside the timed call; the backend forced as `fuselab bench attention` forces it
     leaves = [t.clone().requires_grad_(True) for t in (q, *repeat_kv(q, k, v))]
-    sdpa_cudnn = ATTENTION.get_impl("sdpa-cudnn")
 
-    def cudnn() -> None:
-        out = sdpa_cudnn(*leaves, causal=causal, scale=scale)
-        if backward:
-            out.backward(do)
+    def peer_step(impl: str):
+        fn = ATTENTION.get_impl(impl)
+
+        def step() -> None:
+            out = fn(*leaves, causal=causal, scale=scale)
+            if backward:
+                out.backward(do)
+
+        return step
 
     def triton_step(variant: Variant):
         def step() -> None:
@@ -135,8 +140,14 @@ def sweep_shape(
     # checked against float64 on one batch entry, every output
     small = [t[:1] for t in (q, k, v)]
     refs = None
-    fns = {"sdpa-cudnn": cudnn, "plan": triton_step(Variant())}
-    errors: dict[str, str] = {}
+    fns, errors = {}, {}
+    for impl in PEERS:  # each tried once: a backend that refuses the shape is recorded, not timed
+        try:
+            peer_step(impl)()
+            fns[impl] = peer_step(impl)
+        except Exception as exc:
+            errors[impl] = f"{type(exc).__name__}: {exc}"[:200]
+    fns["plan"] = triton_step(Variant())
     for name, variant in variants.items():
         if variant.chunks is not None and sum(variant.chunks) < d:
             continue  # chunks that cannot hold this head dim
@@ -155,13 +166,7 @@ def sweep_shape(
             fns[name] = triton_step(variant)
         except Exception as exc:  # out of shared memory, a compile error, a wrong result
             errors[name] = f"{type(exc).__name__}: {exc}"[:200]
-    try:
-        measured = benchmark_side_by_side(fns, rounds=3, rep_ms=rep_ms, warmup_ms=50)
-        ms = {name: m.median_ms for name, m in measured.items()}
-    except Exception as exc:  # cuDNN refusing a shape: time the rest
-        errors["run"] = f"{type(exc).__name__}: {exc}"[:200]
-        fns.pop("sdpa-cudnn")
-        ms = {name: m.median_ms for name, m in benchmark_side_by_side(fns, rounds=3, rep_ms=rep_ms).items()}
+    ms = {name: m.median_ms for name, m in benchmark_side_by_side(fns, rounds=3, rep_ms=rep_ms, warmup_ms=50).items()}
     # each kernel's plan as the launchers choose it (dK/dV: the keys some query sees, over key/value heads)
     sizes = {"fwd": (nk, b * hq), "dkdv": (tk.seen_keys(nq, nk, causal), b * hkv), "dq": (nk, b * hq)}
     if not backward:
