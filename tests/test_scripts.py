@@ -321,3 +321,20 @@ def test_ab_trees_checks_tell_a_failure_the_patches_brought(tmp_path) -> None:
     after, before = (found[name]["records"] for name in ("check-after-1", "check-before-1"))
     assert after and before
     assert any(r["status"] == "FAIL" for r in after) and all(r["status"] == "pass" for r in before), (after, before)
+
+
+def test_gpt_blocks_kernel_gaps_rank_the_kernels_by_their_difference_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/gpt_blocks.py --kernels: the lines name the two models' GPU µs a step, then the kernels whose time a
+    step differs most between them, largest first, a kernel only one model runs counted as 0 in the other."""
+    monkeypatch.setattr(sys, "argv", ["gpt_blocks.py"])
+    spec = importlib.util.spec_from_file_location("_bench_gpt_blocks", ROOT / "benchmarks" / "gpt_blocks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernels = {
+        "fuselab compiled": {"ours_fwd": (4.0, 200.0), "gemm": (8.0, 500.0), "copy": (4.0, 28.0)},
+        "torch.nn compiled": {"cudnn_fwd": (4.0, 185.0), "gemm": (8.0, 503.0)},
+    }
+    lines = module.kernel_gaps(kernels, "compiled", top=3)
+    assert lines[0].startswith("compiled: GPU µs a step, fuselab 728.0, torch.nn 688.0")
+    assert [line.split()[-1] for line in lines[1:]] == ["ours_fwd", "cudnn_fwd", "copy"]
+    assert lines[1].split()[0] == "+200.0" and lines[2].split()[0] == "-185.0"
