@@ -142,9 +142,10 @@ def sweep_shape(
     refs = None
     fns, errors = {}, {}
     for impl in PEERS:  # each tried once: a backend that refuses the shape is recorded, not timed
+        step = peer_step(impl)
         try:
-            peer_step(impl)()
-            fns[impl] = peer_step(impl)
+            step()
+            fns[impl] = step
         except Exception as exc:
             errors[impl] = f"{type(exc).__name__}: {exc}"[:200]
     fns["plan"] = triton_step(Variant())
