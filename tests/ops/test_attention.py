@@ -1044,6 +1044,22 @@ def test_scores_are_stored_for_dq_at_wide_heads_within_a_budget() -> None:
     assert tk.stores_scores(128, 32, 2048, 2048)
 
 
+def test_the_tuner_tries_small_two_stage_forwards_and_the_h100_runs_them_at_short_causal_sequences() -> None:
+    """The forward's candidates include 64 x 64 and 64 x 32 on 2 stages, and the H100's table holds what its tuner
+    chose of them for short causal sequences (0.76-0.94x the long class's forward at 8 shapes of 91-999 tokens it did
+    not tune on); long sequences keep the long class's plans."""
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+    from fuselab.ops.attention.tune import candidates
+
+    assert {tk.Plan(64, 64, 4, 2), tk.Plan(64, 32, 4, 2)} <= set(candidates("fwd", 96, torch.bfloat16))
+    table = tuning.load_table(tk.FOLDER, "nvidia-h100-80gb-hbm3-sm90")
+    for d, plan in ((64, tk.Plan(64, 64, 4, 2)), (80, tk.Plan(64, 64, 4, 2)), (96, tk.Plan(64, 64, 4, 2)),
+                    (128, tk.Plan(64, 32, 4, 2))):  # fmt: skip
+        assert tk.table_plan("fwd", d, torch.bfloat16, True, table, tk.n_class(127, 127)) == plan, d
+        assert tk.table_plan("fwd", d, torch.bfloat16, True, table, tk.n_class(4096, 4096)) != plan, d
+
+
 def test_the_tuner_tries_fewer_keys_for_wide_16_bit_heads() -> None:
     """Past d 128 the tuner's dK/dV candidates include the smaller key blocks the sweep found faster at d 256 (64
     keys' fp32 accumulators spill there), and every candidate fits the wide rows' shared memory (at most 64 x 64)."""

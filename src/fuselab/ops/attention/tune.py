@@ -57,6 +57,8 @@ def candidates(kernel: str, d: int, dtype: torch.dtype) -> list[Plan]:
             Plan(64, 64, 4, 3),
             Plan(64, 128, 4, 2),
             Plan(64, 128, 4, 3),
+            Plan(64, 64, 4, 2),  # smaller tiles on 2 stages: what short sequences take (docs/ops/attention.md,
+            Plan(64, 32, 4, 2),  # session 59)
         ]
     elif kernel == "dkdv":
         # (spill-free tiles of 16 x 64 on 4 warps and 32 x 64 on 8 took 1.1-2.2x the winners' time on the H200:
