@@ -522,6 +522,34 @@ def test_triton_strided_inputs_and_stride0_grad() -> None:
 
 
 @needs_triton
+def test_triton_lays_o_out_in_qs_order_as_its_fake_does() -> None:
+    """O takes q's order of dimensions, as SDPA's kernels do: for q, k, v sliced from one (B, N, 3, H, d) projection,
+    o.transpose(1, 2) is contiguous (a model's reshape to (B, N, H * d) is a view, not a copy), O and the gradients
+    right. The op's fake, which torch.compile plans the graph with, gives the real output's strides for such q, for
+    contiguous q and for q of 3 and 5 dims (contiguous O)."""
+    from fuselab.ops.attention import triton as impl
+
+    b, n, h, d = 2, 37, 3, 24
+    qkv = torch.randn(b, n, 3, h, d, device=DEVICE)
+    xs = [t.detach().requires_grad_(True) for t in qkv.permute(2, 0, 3, 1, 4)]  # (B, H, N, d) views, not contiguous
+    o = attention(*xs, causal=True, impl="triton")
+    assert not xs[0].is_contiguous() and o.transpose(1, 2).is_contiguous()
+    dy = torch.randn_like(o)
+    o.backward(dy)
+    xs64 = [t.detach().double().requires_grad_(True) for t in xs]
+    want = reference(*xs64, causal=True)
+    want.backward(dy.double())
+    tolerance = ATTENTION.tolerance[torch.float32]
+    assert relative_error(o, want) < tolerance
+    for x, x64 in zip(xs, xs64, strict=True):
+        assert relative_error(x.grad, x64.grad) < tolerance
+    for q in (xs[0].detach(), torch.randn(b, h, n, d, device=DEVICE), torch.randn(b, n, d, device=DEVICE),
+              torch.randn(2, b, h, n, d, device=DEVICE)):  # fmt: skip
+        real, fake = impl.forward(q, q, q, False, None)[0], impl._fake(q, q, q, False, None)[0]
+        assert real.shape == fake.shape == q.shape and real.stride() == fake.stride(), q.stride()
+
+
+@needs_triton
 def test_triton_backward_is_deterministic() -> None:
     q, k, v = inputs((1, 4, 2, 40, 37, 16), torch.float32, DEVICE)
     grads = []

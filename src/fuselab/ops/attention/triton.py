@@ -65,7 +65,7 @@ def backward(
 
 
 def _fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> tuple:
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return _kernels().output_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _backward_fake(do, q, k, v, o, lse, causal, scale) -> tuple:

@@ -1669,6 +1669,16 @@ def as_4d(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
 
 
+def output_like(q: torch.Tensor) -> torch.Tensor:
+    """An empty tensor of q's shape and dtype, (B, H, N, d) laid out in memory in the order of q's strides (d
+    innermost), as SDPA's kernels lay out O: where q is sliced from a (B, N, 3, H, d) projection, O's
+    `transpose(1, 2).reshape(B, N, H * d)` is then a view, not a copy. Other ranks: contiguous."""
+    if q.dim() != 4:
+        return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    order = sorted(range(3), key=lambda i: -q.stride(i))  # outermost first; ties (size-1 dims) keep their order
+    return torch.empty_permuted(q.shape, (*order, 3), dtype=q.dtype, device=q.device)
+
+
 def _precision(dtype: torch.dtype) -> str:
     """fp32 inputs are multiplied in full fp32 ("ieee"), not TF32; the setting is moot for 16-bit inputs."""
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -1701,11 +1711,12 @@ def _descriptor(t: torch.Tensor, shape: list[int], strides: list[int], block: li
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """O (q's shape, contiguous) and L (q's shape without d, fp32, natural log). Inputs checked by the caller."""
+    """O (q's shape, laid out by `output_like`) and L (q's shape without d, fp32, natural log). Inputs checked by the
+    caller."""
     q4, k4, v4 = as_4d(q), as_4d(k), as_4d(v)
     z, hq, nq, d = q4.shape
     hkv, nk = k4.shape[1], k4.shape[2]
-    o = torch.empty((z, hq, nq, d), dtype=q.dtype, device=q.device)
+    o = as_4d(output_like(q))
     lse = torch.empty((z, hq, nq), dtype=torch.float32, device=q.device)
     if o.numel() > 0:
         plan = choose_plan("fwd", d, q.dtype, causal, q.device, nq, nk, z * hq)
