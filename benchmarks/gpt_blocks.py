@@ -12,6 +12,9 @@ before each step) and back to back (on CUDA).
     PYTHONPATH=src python3 benchmarks/gpt_blocks.py --device cpu --dim 64 --heads 4 --tokens 33 --batch 2 \
         --layers 2 --dtype fp32 --rep-ms 50 --no-compile
 
+`--host` also times the host's ms a step (the GPU held busy ahead of it, so no launch waits on it) and profiles
+fuselab's compiled step in Python (cProfile): what the host does where a step is bound by it, back to back.
+
 `--kernels PATH` also profiles each step (torch.profiler, a few steps after the timing) and writes every kernel's
 calls and GPU µs a step to PATH (JSON), then prints, for eager and compiled, the kernels whose time a step differs most
 between the two models: where a gap between them is.
@@ -24,11 +27,16 @@ from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
+import io
 import json
 import os
+import pstats
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,6 +87,36 @@ def step_kernels(call: Callable[[], object], label: str, steps: int = 5) -> dict
     return kernels
 
 
+def host_ms(call: Callable[[], object], steps: int = 9) -> float:
+    """The host's median ms to queue one step, the GPU kept busy by a sleeping kernel so that no launch waits."""
+    call()
+    samples = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # some 50 ms of GPU cycles: longer than any step's launches
+        start = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def host_profile(call: Callable[[], object], steps: int = 5, top: int = 30) -> str:
+    """cProfile's `top` functions by own time over `steps` calls of `call`, the GPU kept busy ahead of them."""
+    call()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(steps):
+        call()
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def kernel_gaps(kernels: dict[str, dict[str, tuple[float, float]]], mode: str, top: int = 12) -> list[str]:
     """Lines: the `top` kernels whose GPU µs a step differ most between fuselab's and torch.nn's `mode` step."""
     ours, theirs = kernels[f"fuselab {mode}"], kernels[f"torch.nn {mode}"]
@@ -103,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--rep-ms", type=float, default=1000.0, help="each step's timed repetitions, ms (rested)")
     p.add_argument("--no-compile", action="store_true", help="eager only (torch.compile takes minutes on a CPU)")
+    p.add_argument("--host", action="store_true", help="time the host's ms a step, profile fuselab's compiled one")
     p.add_argument("--kernels", type=Path, help="profile each step too: its kernels' GPU µs a step, JSON")
     args = p.parse_args(argv)
     if args.dim % args.heads:
@@ -127,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         from fuselab.evaluate import back_to_back
 
         sustained = back_to_back(calls, device=args.device, timing=timing, rounds=5)
+    host = {name: host_ms(call) for name, call in calls.items()} if args.host and args.device.startswith("cuda") else {}
     rows = []
     for name in calls:
         base_name = "torch.nn " + name.split()[-1]
@@ -135,11 +175,18 @@ def main(argv: list[str] | None = None) -> int:
                "grad_rel_err_vs_torch_nn_eager": agree[name]}  # fmt: skip
         if sustained:
             row |= {"sustained_ms": sustained[name], "sustained_vs_torch_nn": sustained[name] / sustained[base_name]}
+        if host:
+            row |= {"host_ms": host[name]}
         rows.append(row)
-    print(f"{'step':18} {'rested ms':>10} {'IQR':>7} {'vs torch.nn':>11} {'sustained':>10} {'grad err':>9}")
+    head = ("step", "rested ms", "IQR", "vs torch.nn", "sustained", "host ms", "grad err")
+    print(" ".join(f"{h:{w}}" for h, w in zip(head, ("18", ">10", ">7", ">11", ">10", ">8", ">9"), strict=True)))
     for r in rows:
         print(f"{r['step']:18} {r['median_ms']:10.3f} {r['iqr_ms']:7.3f} {r['time_vs_torch_nn']:11.3f} "
-              f"{r.get('sustained_ms', float('nan')):10.3f} {r['grad_rel_err_vs_torch_nn_eager']:9.2g}")  # fmt: skip
+              f"{r.get('sustained_ms', float('nan')):10.3f} {r.get('host_ms', float('nan')):8.3f} "
+              f"{r['grad_rel_err_vs_torch_nn_eager']:9.2g}")  # fmt: skip
+    if host and "fuselab compiled" in calls:
+        print("fuselab compiled, the host's own time by function (cProfile):")
+        print(host_profile(calls["fuselab compiled"]))
     revision = (
         os.environ.get("FUSELAB_REVISION")
         or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
