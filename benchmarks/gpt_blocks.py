@@ -12,8 +12,8 @@ before each step) and back to back (on CUDA).
     PYTHONPATH=src python3 benchmarks/gpt_blocks.py --device cpu --dim 64 --heads 4 --tokens 33 --batch 2 \
         --layers 2 --dtype fp32 --rep-ms 50 --no-compile
 
-`--host` also times the host's ms a step (the GPU held busy ahead of it, so no launch waits on it) and profiles
-fuselab's compiled step in Python (cProfile): what the host does where a step is bound by it, back to back.
+`--host` also times the host's ms a step (queued behind a sleeping kernel: an upper bound, see `host_ms`) and
+profiles fuselab's compiled step in Python (cProfile): what the host does where a step is bound by it, back to back.
 
 `--kernels PATH` also profiles each step (torch.profiler, a few steps after the timing) and writes every kernel's
 calls and GPU µs a step to PATH (JSON), then prints, for eager and compiled, the kernels whose time a step differs most
@@ -88,7 +88,8 @@ def step_kernels(call: Callable[[], object], label: str, steps: int = 5) -> dict
 
 
 def host_ms(call: Callable[[], object], steps: int = 9) -> float:
-    """The host's median ms to queue one step, the GPU kept busy by a sleeping kernel so that no launch waits."""
+    """The host's median ms to queue one step behind a sleeping kernel: an upper bound (launches may still wait for
+    room in the GPU's queue), to compare between models."""
     call()
     samples = []
     for _ in range(steps):
