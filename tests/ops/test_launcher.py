@@ -279,7 +279,7 @@ def c_replayer() -> object:
     mod = launcher.module()
     if mod is None:
         pytest.fail("the launcher's C module did not build")
-    return mod.Replayer(launcher.NUMBERS, torch.empty, id, CallTensor)
+    return mod.Replayer(launcher.NUMBERS, torch.empty_strided, id, CallTensor)
 
 
 def test_recipe_limits_are_the_c_modules() -> None:
@@ -372,8 +372,9 @@ def as_if_on_gpu(monkeypatch, make_recipe) -> None:
 
 def test_a_recipe_maps_each_launched_pointer_to_an_input_or_an_output(monkeypatch) -> None:
     """recipe(): every tensor a launch was given (or a descriptor's base) is an input or an output, by address; the
-    outputs are allocated as the call's were (shape, dtype number). A tensor made per call, a launch left to Triton, an
-    output not contiguous, an output torch wrote in place or two tensors at one address: no recipe."""
+    outputs are allocated as the call's were (shape, dtype number, strides: a dense output in another order of its
+    dimensions keeps that order). A tensor made per call, a launch left to Triton, an output with gaps or overlaps,
+    an output torch wrote in place or two tensors at one address: no recipe."""
     made = []
 
     def made_recipe(device, outputs, steps, keep, stream, options):
@@ -394,12 +395,16 @@ def test_a_recipe_maps_each_launched_pointer_to_an_input_or_an_output(monkeypatc
 
     assert launcher.recipe((x, "tanh"), out, noted(x, out, 17, 17, 1)) == "recipe"
     device, outputs, steps = made[-1]
-    assert (device, outputs) == (0, (((5,), launcher.NUMBERS[torch.float32]),))
+    assert (device, outputs) == (0, (((5,), launcher.NUMBERS[torch.float32], (1,)),))
     assert steps == (("binary", (5, 1, 1), b"v" * 40, ((0, 0), (1, -1))),)
     per_call = torch.empty(1)
     assert launcher.recipe((x, "tanh"), out, noted(x, out, per_call)) is None
     assert launcher.recipe((x, "tanh"), out, noted(x, out, replayable=False)) is None
-    assert launcher.recipe((x, "tanh"), out.expand(5, 5).t(), noted(x, out)) is None  # not contiguous
+    assert launcher.recipe((x, "tanh"), out.expand(5, 5).t(), noted(x, out)) is None  # overlapping
+    assert launcher.recipe((x, "tanh"), torch.empty(5, 6)[:, :5], noted(x, out)) is None  # gaps between rows
+    permuted = torch.empty(7, 3, 5).permute(1, 0, 2)  # (3, 7, 5) laid out as (7, 3, 5): dense, not contiguous
+    assert launcher.recipe((x, "tanh"), permuted, noted(x, permuted)) == "recipe"
+    assert made[-1][1] == (((3, 7, 5), launcher.NUMBERS[torch.float32], (5, 15, 1)),)
     assert launcher.recipe((x, "tanh"), x, noted(x)) is None  # an output at an input's address
     zeroed = torch.empty(5)
     zeroed[3:].zero_()  # rows torch wrote, not a launch: a replay would leave them as the allocator left them
@@ -411,7 +416,10 @@ def test_a_recipe_maps_each_launched_pointer_to_an_input_or_an_output(monkeypatc
     q_desc, o_desc = (TensorDescriptor.from_tensor(t, [16, 64]) for t in (q, o))
     assert launcher.recipe((q, "tanh"), (o, lse), noted(q_desc, None, o_desc, lse, 3)) == "recipe"
     device, outputs, steps = made[-1]
-    assert outputs == (((3, 64), launcher.NUMBERS[torch.bfloat16]), ((3,), launcher.NUMBERS[torch.float32]))
+    assert outputs == (
+        ((3, 64), launcher.NUMBERS[torch.bfloat16], (64, 1)),
+        ((3,), launcher.NUMBERS[torch.float32], (1,)),
+    )
     assert steps[0][3] == ((0, 0), (2, -1), (3, -2))  # the descriptors' bases patched as pointers are
 
 
@@ -698,6 +706,45 @@ def test_gpu_attention_calls_and_gradients_are_replayed_bitwise(
     with launcher.enabled(False):
         (want_summed,) = torch.autograd.grad(fused(xs[0], k, v, causal).sum(), xs[0])
     torch.testing.assert_close(summed, want_summed, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "tokens", "heads", "d"), [(2, 77, 3, 80), (1, 130, 4, 64)])
+def test_gpu_attention_on_views_of_one_projection_is_replayed_in_qs_layout(
+    batch: int, tokens: int, heads: int, d: int
+) -> None:
+    """q, k, v sliced from one (B, N, 3, H, d) projection, as a GPT block makes them: O is laid out in q's order of
+    dimensions (dense, not contiguous) and the forward is still replayed from a key's second call (its Python not
+    run), O with the Python path's strides and values, bitwise; gradients through the views match too."""
+    from fuselab.ops.attention.triton import attention_triton as fused
+
+    gen = torch.Generator(device="cpu").manual_seed(batch * tokens + d)
+
+    def projection() -> torch.Tensor:
+        return torch.randn(batch, tokens, 3, heads, d, generator=gen).to("cuda", torch.bfloat16)
+
+    def views(qkv: torch.Tensor) -> list[torch.Tensor]:
+        return [t.transpose(1, 2) for t in qkv.unbind(2)]
+
+    qkv, other = projection(), projection()
+    with launcher.enabled(False):
+        want, want_other = fused(*views(qkv), True), fused(*views(other), True)
+        leaf = qkv.clone().requires_grad_(True)
+        (want_grad,) = torch.autograd.grad(fused(*views(leaf), True).square().sum(), leaf)
+    assert not want.is_contiguous() and want.transpose(1, 2).is_contiguous()  # O in q's order
+    first = fused(*views(qkv), True)  # records the key's recipe
+    forward = fused._forward
+    try:
+        fused._forward = lambda *args: pytest.fail("the op's Python ran: not replayed")
+        again = fused(*views(other), True)
+    finally:
+        fused._forward = forward
+    for got, expected in ((first, want), (again, want_other)):
+        assert got.stride() == expected.stride()
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    leaf = qkv.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(fused(*views(leaf), True).square().sum(), leaf)
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
 
 
 def test_a_kernel_the_launcher_does_not_wrap_makes_a_recording_not_replayable() -> None:

@@ -413,22 +413,27 @@ def new_replayer() -> object | None:
     mod = module() if _current_stream is not None else None
     if mod is None:
         return None
-    return mod.Replayer(NUMBERS, torch.empty, _current_stream, torch.Tensor)
+    return mod.Replayer(NUMBERS, torch.empty_strided, _current_stream, torch.Tensor)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t` fills its memory without gaps or overlaps: contiguous once its dimensions are ordered by stride."""
+    return t.permute(sorted(range(t.dim()), key=lambda d: -t.stride(d))).is_contiguous()
 
 
 def recipe(args: Sequence[object], out: object, noted: Recording) -> object | None:
-    """The C Recipe that redoes a call with `args` that returned `out` (a tensor, or a tuple of up to MAX_OUTPUTS)
-    and launched `noted`, or None when it cannot: a launch not from C, more than MAX_STEPS launches, an output not
-    contiguous or on another device, an output torch wrote in place (its version counter moved: a recipe redoes the
-    launches alone), a launch given a tensor (or a descriptor's base) that is neither an input, nor
-    an output, nor part of a `workspace` (a copy, a buffer made per call), tensors sharing an address. A workspace's
-    address is kept as it was, the recipe holding the buffer and running on its stream alone. The outputs are
-    allocated as this call's were (contiguous; the key fixes their shapes). The recipe keeps the call's options (its
-    arguments that are not tensors), which the C++ autograd hands to the backward's Python path."""
+    """The C Recipe that redoes a call with `args` that returned `out` (a tensor, or a tuple of up to MAX_OUTPUTS) and
+    launched `noted`, or None when it cannot: a launch not from C, more than MAX_STEPS launches, an output not dense (a
+    view with gaps or overlaps) or on another device, an output torch wrote in place (its version counter moved: a
+    recipe redoes the launches alone), a launch given a tensor (or a descriptor's base) that is neither an input, nor an
+    output, nor part of a `workspace` (a copy, a buffer made per call), tensors sharing an address. A workspace's
+    address is kept as it was, the recipe holding the buffer and running on its stream alone. The outputs are allocated
+    as this call's were (shape, strides, dtype: the key fixes them). The recipe keeps the call's options (its arguments
+    that are not tensors), which the C++ autograd hands to the backward's Python path."""
     outs = out if isinstance(out, tuple) else (out,)
     if not noted.replayable or len(noted.launches) > MAX_STEPS or not 0 < len(outs) <= MAX_OUTPUTS:
         return None
-    if not all(type(o) is torch.Tensor and o.is_cuda and o.is_contiguous() and o.dtype in NUMBERS for o in outs):
+    if not all(type(o) is torch.Tensor and o.is_cuda and _dense(o) and o.dtype in NUMBERS for o in outs):
         return None
     if any(o._version for o in outs):  # torch wrote an output in place (a zero_ of rows no kernel writes): not redone
         return None
@@ -463,5 +468,5 @@ def recipe(args: Sequence[object], out: object, noted: Recording) -> object | No
         return None
     options = tuple(a for a in args if not isinstance(a, torch.Tensor))
     stream = streams.pop() if streams else 0
-    shapes = tuple((tuple(o.shape), NUMBERS[o.dtype]) for o in outs)
-    return module().Recipe(device, shapes, tuple(steps), tuple(keep.values()), stream, options)
+    layouts = tuple((tuple(o.shape), NUMBERS[o.dtype], tuple(o.stride())) for o in outs)
+    return module().Recipe(device, layouts, tuple(steps), tuple(keep.values()), stream, options)

@@ -439,8 +439,8 @@ def define_op(
     torch::autograd::Function of the extension's): the eager path calls it when gradients are needed, instead of a
     Python autograd.Function, so backward runs without Python. Needs `backward` (what compiled code differentiates).
     replay: kinds "triton" and "python" whose kernels launch through `wrap_triton`, at most 4 outputs and extras; a
-    promise that forward and backward each return fresh contiguous tensors (torch.empty, torch.empty_like) written by
-    Triton kernels only, with any scratch from `fuselab.ops.launcher.workspace`: eager calls (forward, and backward
+    promise that forward and backward each return fresh dense tensors (torch.empty, empty_like, empty_permuted) written
+    by Triton kernels only, with any scratch from `fuselab.ops.launcher.workspace`: eager calls (forward, and backward
     under autograd) are then replayed from C after the first of each key
     (`fuselab.ops.launcher.recipe`; a call it cannot replay runs as before). A user's call is first handed to the
     Replayer's C entry (`call`), which replays a known key without any Python of this module: neither the argument

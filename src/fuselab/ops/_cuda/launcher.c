@@ -723,8 +723,8 @@ static PyTypeObject BinaryType = {
 //
 // A Replayer stands for one fused op's eager forward. Its key of a call reads each tensor's dtype, device, 16-byte
 // alignment, shape and strides, and each option's value. A Recipe, recorded from the first call of a key (in
-// Python: fuselab.ops.launcher.recipe), redoes such a call with no Python between: the outputs allocated (contiguous,
-// of the shapes and dtypes the key's first call returned: the key fixes every shape), then each step's binary
+// Python: fuselab.ops.launcher.recipe), redoes such a call with no Python between: the outputs allocated (of the
+// shapes, strides and dtypes the key's first call returned: the key fixes them all), then each step's binary
 // launched with the values it was launched with, its pointers (and its descriptors' bases) patched to this call's
 // inputs and outputs, on the current stream.
 
@@ -747,6 +747,7 @@ typedef struct {
   int rank;
   int dtype;  // the dtype's number (Launcher's dtypes)
   int64_t sizes[MAX_DIMS];
+  int64_t strides[MAX_DIMS];  // elements; the strides of a dense tensor (contiguous, or its dimensions permuted)
 } OutputSpec;
 
 typedef struct {
@@ -757,6 +758,7 @@ typedef struct {
   PyObject* keep; // what the launches' constant pointers point into (workspaces), kept alive
   PyObject* options;  // the call's options (its arguments that are not tensors, in order): a tuple
   PyObject* shapes;   // the outputs' shapes, a tuple of tuples (the C Replayer allocates with them)
+  PyObject* strides;  // the outputs' strides, a tuple of tuples
   int n_outputs;
   OutputSpec outputs[MAX_OUTPUTS];
   int n_steps;
@@ -765,43 +767,69 @@ typedef struct {
 
 static PyTypeObject RecipeType;
 
-// The outputs of Recipe(...), ((sizes, dtype number), ...), into r: 0, -1.
+// A tuple of `rank` ints from `values` (an output's sizes or strides): a new reference, NULL on an error.
+static PyObject* int_tuple(const int64_t* values, int rank) {
+  PyObject* t = PyTuple_New(rank);
+  for (int d = 0; t != NULL && d < rank; d++) {
+    PyObject* v = PyLong_FromLongLong(values[d]);
+    if (v == NULL) Py_CLEAR(t);
+    else PyTuple_SET_ITEM(t, d, v);
+  }
+  return t;
+}
+
+// The outputs of Recipe(...), ((sizes, dtype number[, strides]), ...), into r: 0, -1. Without strides, contiguous.
 static int read_outputs(Recipe* r, PyObject* outputs) {
   PyObject* seq = PySequence_Fast(outputs, "outputs must be a sequence");
   if (seq == NULL) return -1;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   PyObject* shapes = PyTuple_New(n);
-  int ok = shapes != NULL && n >= 1 && n <= MAX_OUTPUTS;
+  PyObject* all_strides = PyTuple_New(n);
+  int ok = shapes != NULL && all_strides != NULL && n >= 1 && n <= MAX_OUTPUTS;
   for (Py_ssize_t j = 0; ok && j < n; j++) {
     PyObject* sizes;
+    PyObject* strides = NULL;
     OutputSpec* o = &r->outputs[j];
-    ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "O!i", &PyTuple_Type, &sizes, &o->dtype);
+    ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "O!i|O!", &PyTuple_Type, &sizes, &o->dtype,
+                          &PyTuple_Type, &strides);
     if (!ok) break;
     Py_ssize_t rank = PyTuple_GET_SIZE(sizes);
-    ok = rank <= MAX_DIMS;
+    ok = rank <= MAX_DIMS && (strides == NULL || PyTuple_GET_SIZE(strides) == rank);
     o->rank = (int)rank;
     for (Py_ssize_t d = 0; ok && d < rank; d++) {
       o->sizes[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, d));
       ok = !(o->sizes[d] == -1 && PyErr_Occurred()) && o->sizes[d] >= 0;
     }
-    if (ok) PyTuple_SET_ITEM(shapes, j, Py_NewRef(sizes));
+    for (Py_ssize_t d = rank - 1; ok && d >= 0; d--) {
+      if (strides != NULL) o->strides[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, d));
+      else o->strides[d] = d == rank - 1 ? 1 : o->strides[d + 1] * (o->sizes[d + 1] > 1 ? o->sizes[d + 1] : 1);
+      ok = !(o->strides[d] == -1 && PyErr_Occurred()) && o->strides[d] >= 0;
+    }
+    PyObject* kept = ok ? int_tuple(o->strides, o->rank) : NULL;
+    ok = kept != NULL;
+    if (ok) {
+      PyTuple_SET_ITEM(shapes, j, Py_NewRef(sizes));
+      PyTuple_SET_ITEM(all_strides, j, kept);
+    }
   }
   Py_DECREF(seq);
   if (!ok) {
     Py_XDECREF(shapes);
+    Py_XDECREF(all_strides);
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fuselab launcher: a recipe's outputs are not valid");
     return -1;
   }
   Py_XSETREF(r->shapes, shapes);
+  Py_XSETREF(r->strides, all_strides);
   r->n_outputs = (int)n;
   return 0;
 }
 
-// Recipe(device, outputs, steps, keep=(), stream=0, options=()): outputs ((sizes, dtype number), ...), each allocated
-// contiguous; steps a sequence of (binary, (gx, gy, gz), values: bytes (Launcher.values), ((arg, source), ...));
-// keep: objects held for the recipe's life (the workspaces its values point into); stream: the only stream it may
-// run on (0: any); options: the recorded call's options (read by the C++ autograd, whose backward passes them on
-// where Python runs it).
+// Recipe(device, outputs, steps, keep=(), stream=0, options=()): outputs ((sizes, dtype number[, strides]), ...), each
+// allocated with its strides (contiguous without); steps a sequence of (binary, (gx, gy, gz), values: bytes
+// (Launcher.values), ((arg, source), ...)); keep: objects held for the recipe's life (the workspaces its values point
+// into); stream: the only stream it may run on (0: any); options: the recorded call's options (read by the C++
+// autograd, whose backward passes them on where Python runs it).
 static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
   int device;
   PyObject* outputs;
@@ -882,12 +910,14 @@ static void Recipe_dealloc(Recipe* self) {
   Py_XDECREF(self->keep);
   Py_XDECREF(self->options);
   Py_XDECREF(self->shapes);
+  Py_XDECREF(self->strides);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
 static PyMemberDef Recipe_members[] = {
     {"options", T_OBJECT, offsetof(Recipe, options), READONLY, "the recorded call's options (a tuple)"},
     {"shapes", T_OBJECT, offsetof(Recipe, shapes), READONLY, "the outputs' shapes (a tuple of tuples)"},
+    {"strides", T_OBJECT, offsetof(Recipe, strides), READONLY, "the outputs' strides (a tuple of tuples)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -924,7 +954,7 @@ typedef struct {
   PyObject* dtypes;        // dict: dtype -> int
   PyObject* by_number;     // dict: int -> dtype
   PyObject* recipes;       // dict: key -> Recipe
-  PyObject* empty;         // torch.empty
+  PyObject* empty_strided;  // torch.empty_strided
   PyObject* raw_stream;    // torch._C._cuda_getCurrentRawStream
   PyObject* tensor_type;   // torch.Tensor: Replayer.call takes tensors of exactly this type
 } Replayer;
@@ -1086,8 +1116,8 @@ static PyObject* run_recipe(Replayer* self, Recipe* r, PyObject* const* args, co
     PyObject* dtype = number == NULL ? NULL : PyDict_GetItemWithError(self->by_number, number);  // borrowed
     Py_XDECREF(number);
     PyObject* kwargs = dtype == NULL ? NULL : Py_BuildValue("{s:O,s:i}", "dtype", dtype, "device", r->device);
-    PyObject* shape = PyTuple_Pack(1, PyTuple_GET_ITEM(r->shapes, j));
-    PyObject* out = kwargs == NULL || shape == NULL ? NULL : PyObject_Call(self->empty, shape, kwargs);
+    PyObject* shape = PyTuple_Pack(2, PyTuple_GET_ITEM(r->shapes, j), PyTuple_GET_ITEM(r->strides, j));
+    PyObject* out = kwargs == NULL || shape == NULL ? NULL : PyObject_Call(self->empty_strided, shape, kwargs);
     Py_XDECREF(kwargs);
     Py_XDECREF(shape);
     PyObject* address = out == NULL ? NULL : PyObject_CallMethodNoArgs(out, str_data_ptr);
@@ -1186,10 +1216,11 @@ static PyObject* Replayer_size(Replayer* self, PyObject* Py_UNUSED(ignored)) {
   return PyLong_FromSsize_t(n);
 }
 
-// Replayer(dtypes, empty, raw_stream, tensor_type)
+// Replayer(dtypes, empty_strided, raw_stream, tensor_type)
 static int Replayer_init(Replayer* self, PyObject* args, PyObject* kwds) {
-  PyObject *dtypes, *empty, *raw_stream, *tensor_type;
-  if (!PyArg_ParseTuple(args, "O!OOO!", &PyDict_Type, &dtypes, &empty, &raw_stream, &PyType_Type, &tensor_type))
+  PyObject *dtypes, *empty_strided, *raw_stream, *tensor_type;
+  if (!PyArg_ParseTuple(args, "O!OOO!", &PyDict_Type, &dtypes, &empty_strided, &raw_stream, &PyType_Type,
+                        &tensor_type))
     return -1;
   PyObject* by_number = PyDict_New();
   if (by_number == NULL) return -1;
@@ -1202,13 +1233,13 @@ static int Replayer_init(Replayer* self, PyObject* args, PyObject* kwds) {
     }
   }
   Py_INCREF(dtypes);
-  Py_INCREF(empty);
+  Py_INCREF(empty_strided);
   Py_INCREF(raw_stream);
   Py_INCREF(tensor_type);
   Py_XSETREF(self->tensor_type, tensor_type);
   Py_XSETREF(self->dtypes, dtypes);
   Py_XSETREF(self->by_number, by_number);
-  Py_XSETREF(self->empty, empty);
+  Py_XSETREF(self->empty_strided, empty_strided);
   Py_XSETREF(self->raw_stream, raw_stream);
   Py_XSETREF(self->recipes, PyDict_New());
   return self->recipes == NULL ? -1 : 0;
@@ -1218,7 +1249,7 @@ static void Replayer_dealloc(Replayer* self) {
   Py_XDECREF(self->dtypes);
   Py_XDECREF(self->by_number);
   Py_XDECREF(self->recipes);
-  Py_XDECREF(self->empty);
+  Py_XDECREF(self->empty_strided);
   Py_XDECREF(self->raw_stream);
   Py_XDECREF(self->tensor_type);
   Py_TYPE(self)->tp_free((PyObject*)self);
@@ -1280,10 +1311,11 @@ static int api_replays_on(void) { return replays_on; }
 static int api_recording_depth(void) { return recording_depth; }
 static int api_is_recipe(void* object) { return Py_IS_TYPE((PyObject*)object, &RecipeType); }
 static int api_recipe_outputs(void* recipe) { return ((Recipe*)recipe)->n_outputs; }
-static const int64_t* api_recipe_output(void* recipe, int j, int* rank, int* dtype) {
+static const int64_t* api_recipe_output(void* recipe, int j, int* rank, int* dtype, const int64_t** strides) {
   const OutputSpec* o = &((Recipe*)recipe)->outputs[j];
   *rank = o->rank;
   *dtype = o->dtype;
+  *strides = o->strides;
   return o->sizes;
 }
 static int api_recipe_device(void* recipe) { return ((Recipe*)recipe)->device; }

@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-#define FUSELAB_LAUNCHER_API_VERSION 2
+#define FUSELAB_LAUNCHER_API_VERSION 3
 // A Recipe's limits: the launches it holds and the outputs it allocates (the module's MAX_STEPS, MAX_OUTPUTS).
 #define FUSELAB_RECIPE_MAX_STEPS 8
 #define FUSELAB_RECIPE_MAX_OUTPUTS 4
@@ -21,11 +21,12 @@ typedef struct {
   // Whether replays are on (fuselab.ops.launcher.enabled), and this thread's depth in recordings.
   int (*replays_on)(void);
   int (*recording_depth)(void);
-  // Whether `object` (a PyObject*) is a Recipe; then how many outputs it allocates (1 to FUSELAB_RECIPE_MAX_OUTPUTS), output j's sizes (its
-  // rank and dtype number, the launcher's, into *rank and *dtype), and the device it runs on.
+  // Whether `object` (a PyObject*) is a Recipe; then how many outputs it allocates (1 to FUSELAB_RECIPE_MAX_OUTPUTS),
+  // output j's sizes (its rank, dtype number (the launcher's) and strides (elements) into *rank, *dtype and
+  // *strides), and the device it runs on.
   int (*is_recipe)(void* object);
   int (*recipe_outputs)(void* recipe);
-  const int64_t* (*recipe_output)(void* recipe, int j, int* rank, int* dtype);
+  const int64_t* (*recipe_output)(void* recipe, int j, int* rank, int* dtype, const int64_t** strides);
   int (*recipe_device)(void* recipe);
   // Whether the recipe may run now on `stream`: its CUDA context current, and `stream` its workspaces' (if any).
   int (*recipe_ready)(void* recipe, void* stream);

@@ -300,10 +300,12 @@ class Replays {
     for (int j = 0; j < n && j < kMaxOutputs; ++j) {
       int rank = 0;
       int dtype = 0;
-      const int64_t* sizes = api_->recipe_output(held.recipe, j, &rank, &dtype);
+      const int64_t* strides = nullptr;
+      const int64_t* sizes = api_->recipe_output(held.recipe, j, &rank, &dtype, &strides);
       TORCH_CHECK(dtype >= 0 && static_cast<size_t>(dtype) < dtypes_.size(), "fuselab replays: an output's dtype");
-      outs.push_back(at::empty(at::IntArrayRef(sizes, static_cast<size_t>(rank)),
-                               at::TensorOptions().dtype(dtypes_[static_cast<size_t>(dtype)]).device(at::kCUDA, device)));
+      outs.push_back(at::empty_strided(
+          at::IntArrayRef(sizes, static_cast<size_t>(rank)), at::IntArrayRef(strides, static_cast<size_t>(rank)),
+          at::TensorOptions().dtype(dtypes_[static_cast<size_t>(dtype)]).device(at::kCUDA, device)));
       out_ptrs[j] = address(outs.back());
     }
     char error[256] = {0};
