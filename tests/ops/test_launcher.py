@@ -747,6 +747,41 @@ def test_gpu_attention_on_views_of_one_projection_is_replayed_in_qs_layout(
     torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+def test_gpu_compiled_attention_is_replayed_from_a_keys_second_call() -> None:
+    """Under torch.compile(fullgraph=True) the graph's calls of attention's forward and backward ops are replayed from
+    C once a key is recorded (neither op's Python runs: it would raise), with the eager path's O and gradients
+    bitwise, on inputs at other addresses."""
+    from fuselab.ops.attention.triton import attention_triton as fused
+
+    gen = torch.Generator(device="cpu").manual_seed(77)
+
+    def make(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen).to("cuda", torch.bfloat16)
+
+    q, k, v, dy = make(2, 6, 77, 80), make(2, 3, 91, 80), make(2, 3, 91, 80), make(2, 6, 77, 80)
+    with launcher.enabled(False):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        want = fused(*leaves, True)
+        want_grads = torch.autograd.grad(want, leaves, dy)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *ts: fused(*ts, True), fullgraph=True)
+    for _ in range(2):  # compiles, then records each op's recipe
+        torch.autograd.grad(compiled(*leaves), leaves, dy)
+    parts = fused._forward, fused._backward
+    try:
+        fused._forward = fused._backward = lambda *args: pytest.fail("the op's Python ran: not replayed")
+        others = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        got = compiled(*others)
+        grads = torch.autograd.grad(got, others, dy.clone())
+    finally:
+        fused._forward, fused._backward = parts
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for g, expected in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, expected, rtol=0, atol=0)
+
+
 def test_a_kernel_the_launcher_does_not_wrap_makes_a_recording_not_replayable() -> None:
     """A launch site given something other than a plain @triton.jit kernel (a wrapper, an autotuner) launches it
     itself, unseen by the recording: the recording is marked not replayable, so no recipe skips that launch."""

@@ -187,42 +187,40 @@ def test_replay_is_for_triton_impls_and_leaves_the_cpu_to_forward() -> None:
     assert len(calls) == 2 and torch.equal(first, second) and torch.equal(first, a * b)
 
 
-def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoes(monkeypatch) -> None:
-    """The replay flow, forward and backward alike, over a stand-in C Replayer: a key without a recipe runs forward
-    recorded and adds the recipe; a key whose recording makes none is refused (forward runs, unrecorded, and is not
-    recorded again); a call without a key runs forward; later calls of a held key never run forward."""
+class StandInReplayer:
+    """A C Replayer's stand-in for the replay flow's tests: keyed by shape, no key for one element (None), a recipe
+    being the output itself."""
+
+    def __init__(self) -> None:
+        self.held: dict[bytes, object] = {}
+        self.refused: list[bytes] = []
+
+    def replay(self, x, *options):
+        key = None if x.shape[0] == 1 else f"{tuple(x.shape)}".encode()
+        if key is None or key in self.refused:
+            return None
+        return self.held[key].clone() if key in self.held else key
+
+    def call(self, args, kwargs):  # as the C entry: plain tensors not requiring grad
+        x = args[0]
+        return None if type(x) is not torch.Tensor or x.requires_grad else self.replay(*args)
+
+    def add(self, key, recipe):
+        self.held[key] = recipe
+
+    def refuse(self, key):
+        self.refused.append(key)
+
+
+def stand_in_replays(monkeypatch) -> tuple[list[StandInReplayer], list, Callable, Callable]:
+    """Replayers made as stand-ins (`made`, in order), no recipe for 5 elements (refused), and a forward and backward
+    doubling their input, each run logged in `runs` (the forward's shape; ("backward", shape))."""
     from fuselab.ops import launcher, library
 
-    with pytest.raises(ValueError, match="at most 4 outputs"):
-        define_op("test_library_toy_replay_five", toy_forward, fake=toy_fake, outputs=("a", "b", "c"),
-                  extras=("d", "e"), kind="triton", replay=True)  # fmt: skip
-
-    class StandIn:
-        def __init__(self) -> None:
-            self.held: dict[bytes, object] = {}
-            self.refused: list[bytes] = []
-
-        def replay(self, x, *options):
-            key = None if x.shape[0] == 1 else f"{tuple(x.shape)}".encode()
-            if key is None or key in self.refused:
-                return None
-            return self.held[key].clone() if key in self.held else key
-
-        def call(self, args, kwargs):  # as the C entry: plain tensors not requiring grad
-            x = args[0]
-            return None if type(x) is not torch.Tensor or x.requires_grad else self.replay(*args)
-
-        def add(self, key, recipe):
-            self.held[key] = recipe
-
-        def refuse(self, key):
-            self.refused.append(key)
-
-    made = []
+    made, runs = [], []
     monkeypatch.setattr(library, "_interpreted", lambda: False)
-    monkeypatch.setattr(launcher, "new_replayer", lambda: made.append(StandIn()) or made[-1])
+    monkeypatch.setattr(launcher, "new_replayer", lambda: made.append(StandInReplayer()) or made[-1])
     monkeypatch.setattr(launcher, "recipe", lambda args, out, noted: None if args[0].shape[0] == 5 else out)
-    runs = []
 
     def double(x: torch.Tensor) -> torch.Tensor:
         runs.append(tuple(x.shape))
@@ -232,6 +230,19 @@ def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoe
         runs.append(("backward", tuple(dy.shape)))
         return dy * 2
 
+    return made, runs, double, double_backward
+
+
+def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoes(monkeypatch) -> None:
+    """The replay flow, forward and backward alike, over a stand-in C Replayer: a key without a recipe runs forward
+    recorded and adds the recipe; a key whose recording makes none is refused (forward runs, unrecorded, and is not
+    recorded again); a call without a key runs forward; later calls of a held key never run forward."""
+
+    with pytest.raises(ValueError, match="at most 4 outputs"):
+        define_op("test_library_toy_replay_five", toy_forward, fake=toy_fake, outputs=("a", "b", "c"),
+                  extras=("d", "e"), kind="triton", replay=True)  # fmt: skip
+
+    made, runs, double, double_backward = stand_in_replays(monkeypatch)
     toy = define_op("test_library_toy_replay_flow", double, fake=lambda x: torch.empty_like(x), kind="triton",
                     backward=double_backward, backward_fake=lambda dy: torch.empty_like(dy), replay=True)  # fmt: skip
     x3, x5, x1 = torch.randn(3), torch.randn(5), torch.randn(1)
@@ -247,6 +258,43 @@ def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoe
         assert torch.equal(g, torch.full((3,), 2.0))
     assert runs == [("backward", (3,))]  # forward replayed both times, backward recorded once then replayed
     assert len(made) == 2 and list(made[1].held) == [b"(3,)"]
+
+
+def test_the_registered_ops_calls_are_replayed_as_eager_ones_and_checked_where_they_run(monkeypatch) -> None:
+    """A replay op's registered ops (what a compiled graph calls) replay as its eager calls do: a key's first call is
+    checked, run recorded and its recipe added; later calls of the key are replayed, neither run nor checked; a
+    refused key, a call without a key and replays switched off are checked and run every time; the backward op
+    alike, by a Replayer of its own. Bad input still raises the check's error."""
+    from fuselab.ops import launcher
+
+    made, runs, double, double_backward = stand_in_replays(monkeypatch)
+    checked = []
+
+    def check(x: torch.Tensor) -> None:
+        checked.append(tuple(x.shape))
+        if x.dtype != torch.float32:
+            raise ValueError("double: float32 only")
+
+    toy = define_op("test_library_toy_op_replay", double, fake=lambda x: torch.empty_like(x), check=check,
+                    backward=double_backward, backward_fake=lambda dy: torch.empty_like(dy), backward_check=check,
+                    kind="python", replay=True)  # fmt: skip
+    x3, x5, x1 = torch.randn(3), torch.randn(5), torch.randn(1)
+    for _ in range(3):
+        for x in (x3, x5, x1):
+            assert torch.equal(toy.op(x), x * 2)
+    assert runs == [(3,), (5,), (1,), (5,), (1,), (5,), (1,)]  # 3: recorded once; 5: refused; 1: no key
+    assert checked == runs  # a replayed call is not checked
+    assert list(made[0].held) == [b"(3,)"] and made[0].refused == [b"(5,)"]
+    runs.clear(), checked.clear()
+    with launcher.enabled(False):
+        assert torch.equal(toy.op(x3), x3 * 2)
+    assert runs == checked == [(3,)]
+    runs.clear(), checked.clear()
+    for _ in range(2):
+        assert torch.equal(toy.backward_op(x3), x3 * 2)
+    assert runs == [("backward", (3,))] and checked == [(3,)] and len(made) == 2 and list(made[1].held) == [b"(3,)"]
+    with pytest.raises(ValueError, match="float32 only"):
+        toy.op(x5.double())
 
 
 def test_a_grad_call_the_c_entry_keys_is_recorded_then_handed_back_and_its_backward_recorded_by_key(monkeypatch):
@@ -309,7 +357,7 @@ def test_a_users_call_goes_to_the_c_entry_first_and_its_answers_steer_the_python
     """Once the first call made the replayer, a call is handed to its C entry (`call`) as the user made it: a held key
     returns without the check or forward; a key it holds nothing for (options by keyword make a key of their own) is
     recorded under that key after the check; None leaves the call to the Python path, which gives the check's
-    errors. While torch.compile traces, the entry is never called."""
+    errors. While torch.compile traces, the entry is never called; the compiled graph's call of the op is replayed."""
     from fuselab.ops import launcher, library
 
     class Entry:
@@ -320,7 +368,8 @@ def test_a_users_call_goes_to_the_c_entry_first_and_its_answers_steer_the_python
         def call(self, args, kwargs):
             self.calls.append((len(args), tuple(kwargs)))
             x = args[0]
-            if type(x) is not torch.Tensor or x.requires_grad or x.shape[0] == 1:
+            assert type(x) is torch.Tensor and not torch.compiler.is_compiling(), "the entry was called while tracing"
+            if x.requires_grad or x.shape[0] == 1:
                 return None
             key = repr((tuple(x.shape), args[1:], sorted(kwargs.items()))).encode()
             return self.held.get(key, key)
@@ -371,7 +420,7 @@ def test_a_users_call_goes_to_the_c_entry_first_and_its_answers_steer_the_python
     torch._dynamo.reset()
     compiled = torch.compile(lambda t: toy(t, 3.0) + 1, fullgraph=True, backend="eager")
     assert torch.equal(compiled(x), x * 3.0 + 1)
-    assert entry.calls == []
+    assert entry.calls == [(2, ())]  # the graph's call of the op, replayed (its arguments all positional)
     torch._dynamo.reset()
 
 

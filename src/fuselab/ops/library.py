@@ -186,13 +186,18 @@ class FusedOp:
         triton = kind == "triton"
         self._forward, self._backward = forward, backward  # outside tracing, wrap_triton launches directly
 
-        self.op = _register(name, _checked(forward, check), _checked(fake, check), triton)
+        body = _checked(forward, check)
+        if replay:  # the registered op's calls (a compiled graph's) replayed as the eager ones are
+            body = _replaying(forward, lambda *args: self._forward(*args), check, self._made_replayer)
+        self.op = _register(name, body, _checked(fake, check), triton)
         self.backward_op = None
         if backward is not None:
             self._plan_backward(backward, name)
-            self.backward_op = _register(
-                f"{name}_backward", _checked(backward, backward_check), _checked(backward_fake, backward_check), triton
-            )
+            body = _checked(backward, backward_check)
+            if replay:
+                body = _replaying(backward, lambda *args: self._backward(*args), backward_check,
+                                  self._made_backward_replayer)  # fmt: skip
+            self.backward_op = _register(f"{name}_backward", body, _checked(backward_fake, backward_check), triton)
             self.op.register_autograd(self._op_backward, setup_context=self._op_setup_context)
             self._function = self._make_function()
         self._visible = lambda out: out[0] if n_out == 1 else out[:n_out]  # forward's outputs without its extras
@@ -260,13 +265,21 @@ class FusedOp:
             self._fast = replayer.call
         return replayer
 
+    def _made_replayer(self) -> object | None:
+        """The forward's Replayer, made on first use; None where replay is off."""
+        return self._replayer or (self._start_replay() if self._replay else None)
+
+    def _made_backward_replayer(self) -> object | None:
+        """The backward's Replayer (one of its own), made on first use; None where replay is off."""
+        if self._backward_replayer is None and self._replay:
+            self._backward_replayer = self._new_replayer()
+        return self._backward_replayer
+
     def _replayed_backward(self, args: Sequence[object]) -> tuple[torch.Tensor, ...] | torch.Tensor:
         """backward(*args), as `_replayed` runs forward (a Replayer of its own)."""
-        replayer = self._backward_replayer
+        replayer = self._made_backward_replayer()
         if replayer is None:
-            replayer = self._backward_replayer = self._new_replayer()
-            if replayer is None:
-                return self._backward(*args)
+            return self._backward(*args)
         return _replay(replayer, self._backward, args, None)
 
     def _new_replayer(self, autograd: bool = False) -> object | None:
@@ -441,7 +454,8 @@ def define_op(
     replay: kinds "triton" and "python" whose kernels launch through `wrap_triton`, at most 4 outputs and extras; a
     promise that forward and backward each return fresh dense tensors (torch.empty, empty_like, empty_permuted) written
     by Triton kernels only, with any scratch from `fuselab.ops.launcher.workspace`: eager calls (forward, and backward
-    under autograd) are then replayed from C after the first of each key
+    under autograd, and the registered ops' calls, as a compiled graph makes them) are then replayed from C after the
+    first of each key
     (`fuselab.ops.launcher.recipe`; a call it cannot replay runs as before). A user's call is first handed to the
     Replayer's C entry (`call`), which replays a known key without any Python of this module: neither the argument
     completion nor `check`, which must therefore depend on nothing but what the key holds (each tensor's dtype,
@@ -526,6 +540,36 @@ def _replay(replayer: object, fn: Callable[..., object], args: Sequence[object],
     else:
         replayer.add(key, recipe)
     return result
+
+
+def _replaying(
+    fn: Callable, run: Callable[..., object], check: Callable[..., None] | None, replayer: Callable[[], object | None]
+) -> Callable:
+    """The body of a replay op as registered (what a compiled graph calls): run(*args) after check(*args), with fn's
+    signature (the schema's), replayed from C first where `replayer()` holds a recipe of the call's key; `check` is then
+    skipped, as the eager C entry skips it (it passed for the key's first call and depends on nothing but the key).
+    Tensor subclasses, recordings and replays switched off run `run` as before."""
+
+    @functools.wraps(fn)
+    def body(*args: object) -> object:
+        key = held = None
+        if _replayable(args) and (held := replayer()) is not None:
+            out = held.replay(*args)
+            if out is not None and type(out) is not bytes:
+                return out
+            key = out  # a key without a recipe: recorded below; None: a refused key, run alone
+        if check is not None:
+            check(*args)
+        return run(*args) if key is None else _replay(held, run, args, key)
+
+    return body
+
+
+def _replayable(args: Sequence[object]) -> bool:
+    """Whether a call on `args` may be replayed now: replays on, no recording or tracing, no tensor subclass."""
+    if not launcher.enabled_now() or launcher.recording_now() or launcher.tracing():
+        return False
+    return not any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args)
 
 
 def _with_defaults(signature: inspect.Signature, defaults: dict[str, object], name: str) -> inspect.Signature:
