@@ -566,10 +566,14 @@ def _replaying(
 
 
 def _replayable(args: Sequence[object]) -> bool:
-    """Whether a call on `args` may be replayed now: replays on, no recording or tracing, no tensor subclass."""
+    """Whether a registered op's call on `args` may be replayed now: replays on, no recording, tracing or CUDA graph
+    capture (a captured call runs its Python, so that the graph gets buffers of its own: `launcher.workspace`), no
+    tensor subclass."""
     if not launcher.enabled_now() or launcher.recording_now() or launcher.tracing():
         return False
-    return not any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args)
+    if any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args):
+        return False
+    return not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
 
 
 def _with_defaults(signature: inspect.Signature, defaults: dict[str, object], name: str) -> inspect.Signature:

@@ -8,8 +8,8 @@ TMA descriptors on the host, which torch's tracing of Triton launches does not t
 launch on wrong arguments). Under torch.compile(fullgraph=True) each op is one node of the graph, replayed from C as
 eager calls are; FlashAttentionTriton calls the ops while torch.compile traces it.
 
-Eager calls and the graph's are replayed (define_op's `replay`): after the first call of a key (the tensors' layouts, the options),
-forward (O and the logsumexp) and backward (dQ, dK, dV; its scratch, delta and the split partials, kept as
+Eager calls and the graph's are replayed (define_op's `replay`): after the first call of a key (the tensors' layouts,
+the options), forward (O and the logsumexp) and backward (dQ, dK, dV; its scratch, delta and the split partials, kept as
 `fuselab.ops.launcher.workspace`s) are each one call into C, the TMA descriptors encoded there. A call whose backward
 must copy (a broadcast gradient, another dtype) or zero-fill (causal keys no query sees) runs its Python each time.
 """
