@@ -610,7 +610,7 @@ def test_gpu_the_cpp_autograd_takes_a_grad_call_whole(op: str, shape: tuple, dty
 def test_gpu_a_call_with_a_workspace_is_replayed_on_its_stream(shape: tuple, dtype: torch.dtype) -> None:
     """Softmax's split plan (a few very wide rows: a vocabulary) keeps its workspace per stream: its calls are
     replayed (forward is not run: it would raise), bitwise what forward gives, the counters left zeros; on another
-    stream the recipe is not used and the call is right."""
+    stream the recipe, recorded on the default stream (whose handle is 0), is not used: forward runs, right."""
     from fuselab.ops import get_op
 
     fused = get_op("softmax").get_impl("triton").fn
@@ -629,10 +629,16 @@ def test_gpu_a_call_with_a_workspace_is_replayed_on_its_stream(shape: tuple, dty
     assert not sync.any()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            torch.testing.assert_close(fused(x), want, rtol=0, atol=0)
+    runs = []
+    try:
+        fused._forward = lambda *args: runs.append(1) or forward(*args)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                torch.testing.assert_close(fused(x), want, rtol=0, atol=0)
+    finally:
+        fused._forward = forward
     torch.cuda.current_stream().wait_stream(side)
+    assert len(runs) == 2  # the recipe (recorded on the default stream, handle 0) is not replayed on another
     torch.testing.assert_close(torch.softmax(x.float(), -1).to(dtype), want, rtol=2e-2, atol=1e-5)
     torch.cuda.synchronize()
 

@@ -754,7 +754,8 @@ typedef struct {
   PyObject_HEAD
   int device;
   void* context;  // the CUDA context the binaries were loaded in: replayed only while it is current
-  void* stream;   // the stream its workspaces belong to, replayed only on it; NULL: any stream
+  void* stream;   // the stream its workspaces belong to (NULL: the default stream), replayed only on it if `bound`
+  int bound;      // whether it holds workspaces (`keep` not empty): without, it runs on any stream
   PyObject* keep; // what the launches' constant pointers point into (workspaces), kept alive
   PyObject* options;  // the call's options (its arguments that are not tensors, in order): a tuple
   PyObject* shapes;   // the outputs' shapes, a tuple of tuples (the C Replayer allocates with them)
@@ -828,7 +829,7 @@ static int read_outputs(Recipe* r, PyObject* outputs) {
 // Recipe(device, outputs, steps, keep=(), stream=0, options=()): outputs ((sizes, dtype number[, strides]), ...), each
 // allocated with its strides (contiguous without); steps a sequence of (binary, (gx, gy, gz), values: bytes
 // (Launcher.values), ((arg, source), ...)); keep: objects held for the recipe's life (the workspaces its values point
-// into); stream: the only stream it may run on (0: any); options: the recorded call's options (read by the C++
+// into); stream: the only stream it may run on where it keeps any (0: the default stream); options: the recorded call's options (read by the C++
 // autograd, whose backward passes them on where Python runs it).
 static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
   int device;
@@ -847,6 +848,9 @@ static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
   Py_XINCREF(keep);
   Py_XSETREF(self->keep, keep);
   self->stream = (void*)(uintptr_t)stream;
+  // the default stream's handle is 0 too, so the stream alone cannot say "any" (a recipe recorded there with
+  // workspaces was replayed on other streams, a CUDA graph's capture included, sharing its counters)
+  self->bound = keep != NULL && PyObject_Length(keep) > 0;
   PyObject* seq = PySequence_Fast(steps, "steps must be a sequence");
   if (seq == NULL) return -1;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -925,7 +929,7 @@ static PyMemberDef Recipe_members[] = {
 static int recipe_ready(Recipe* r, void* stream) {
   void* context = NULL;
   if (cu_ctx_get_current == NULL || cu_ctx_get_current(&context) != 0 || context != r->context) return 0;
-  return r->stream == NULL || stream == r->stream;
+  return !r->bound || stream == r->stream;
 }
 
 // Run `r`'s launches on `stream`, pointers (a descriptor's base) patched to ptrs (by call argument) and out_ptrs (by
