@@ -644,6 +644,43 @@ def test_gpu_a_call_with_a_workspace_is_replayed_on_its_stream(shape: tuple, dty
 
 
 @pytest.mark.gpu
+def test_gpu_a_recipe_with_a_workspace_is_not_replayed_while_its_stream_captures() -> None:
+    """A recipe keeping a workspace (softmax's split plan), recorded on a side stream, is not replayed by the C entry
+    while that stream captures a CUDA graph (the graph would share the eager calls' counters): the capture runs
+    forward, with buffers of the graph's own, and records nothing. Eager calls between the graph's replays are
+    replayed again, and both are right. (The registered op's path: test_softmax's captured-call test.)"""
+    from fuselab.ops import get_op
+
+    fused = get_op("softmax").get_impl("triton").fn
+    x = torch.randn((2, 300_001), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # recorded, then replayed, on the side stream
+            fused(x)
+    forward = fused._forward
+    runs = []
+    try:
+        fused._forward = lambda *args: runs.append(1) or forward(*args)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            y_graph = fused(x)
+        assert len(runs) == 1  # forward ran in the capture
+        for _ in range(3):
+            x.normal_()
+            graph.replay()
+            with torch.cuda.stream(side):
+                y_eager = fused(x)
+            torch.cuda.synchronize()
+            want = torch.softmax(x.double(), -1)
+            torch.testing.assert_close(y_graph.double(), want, rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(y_eager.double(), want, rtol=1e-5, atol=1e-7)
+        assert len(runs) == 1  # the eager calls on the side stream were replayed
+    finally:
+        fused._forward = forward
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 80, 96, 128])
 def test_gpu_tma_kernels_launch_from_c_with_tritons_results(d: int) -> None:
     """Attention's 16-bit kernels take TMA descriptors: from a key's second call they launch from C (the binary

@@ -236,7 +236,9 @@ def stand_in_replays(monkeypatch) -> tuple[list[StandInReplayer], list, Callable
 def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoes(monkeypatch) -> None:
     """The replay flow, forward and backward alike, over a stand-in C Replayer: a key without a recipe runs forward
     recorded and adds the recipe; a key whose recording makes none is refused (forward runs, unrecorded, and is not
-    recorded again); a call without a key runs forward; later calls of a held key never run forward."""
+    recorded again); a call without a key runs forward; later calls of a held key never run forward. Under CUDA graph
+    capture a new key runs forward, neither recorded nor refused."""
+    from fuselab.ops import launcher
 
     with pytest.raises(ValueError, match="at most 4 outputs"):
         define_op("test_library_toy_replay_five", toy_forward, fake=toy_fake, outputs=("a", "b", "c"),
@@ -251,6 +253,14 @@ def test_replayed_calls_record_once_replay_after_and_refuse_what_no_recipe_redoe
     assert runs == [(3,), (5,), (1,), (5,), (1,), (5,), (1,)]  # 3: recorded once; 5: refused; 1: no key
     forward_replayer = made[0]
     assert list(forward_replayer.held) == [b"(3,)"] and forward_replayer.refused == [b"(5,)"]
+    runs.clear()
+    monkeypatch.setattr(launcher, "capturing", lambda: True)  # a CUDA graph's capture: nothing recorded
+    x7 = torch.randn(7)
+    for _ in range(2):
+        assert torch.equal(toy(x7), x7 * 2) and torch.equal(toy(x3), x3 * 2)
+    assert runs == [(7,), (7,)]  # a held key still replays (the C module refuses those holding workspaces)
+    assert list(forward_replayer.held) == [b"(3,)"] and forward_replayer.refused == [b"(5,)"]
+    monkeypatch.setattr(launcher, "capturing", lambda: False)
     runs.clear()
     x = torch.randn(3, requires_grad=True)
     for _ in range(2):

@@ -887,28 +887,35 @@ def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("impl", "backward", "shape", "dtype", "fills"),
-    [("cuda", False, (29, 28672), torch.bfloat16, 0), ("cuda", False, (2, 694237), torch.float32, 1),
-     ("cuda", True, (52, 32000), torch.bfloat16, 1), ("triton", False, (2, 300001), torch.float32, 1),
-     ("triton", True, (2, 300001), torch.float32, 0), ("triton", False, (37, 325), torch.bfloat16, 0)],
+    ("impl", "backward", "shape", "dtype", "fills", "warm_on_capture_stream"),
+    [("cuda", False, (29, 28672), torch.bfloat16, 0, False), ("cuda", False, (2, 694237), torch.float32, 1, False),
+     ("cuda", True, (52, 32000), torch.bfloat16, 1, False), ("triton", False, (2, 300001), torch.float32, 1, False),
+     ("triton", False, (2, 300001), torch.float32, 1, True), ("triton", True, (2, 300001), torch.float32, 0, False),
+     ("triton", False, (37, 325), torch.bfloat16, 0, False)],
 )  # fmt: skip
 def test_gpu_a_captured_call_zeroes_only_the_counters_its_spans_meet_by(
-    impl: str, backward: bool, shape: tuple[int, int], dtype: torch.dtype, fills: int
+    impl: str, backward: bool, shape: tuple[int, int], dtype: torch.dtype, fills: int, warm_on_capture_stream: bool
 ) -> None:
     """Captured in a CUDA graph, a call's replays run the impl's kernels and at most one fill of PyTorch's: the zeros
     of the counters by which the spans of a row meet (a buffer of the graph's own), where rows are cut into spans.
     Scratch written before it is read is allocated, not zeroed, and a launch whose rows are not cut asks for none
-    (each fill is a node every replay waits for). The replays' results are right."""
+    (each fill is a node every replay waits for). The replays' results are right. So too where the op was warmed, and
+    its call recorded for replays, on the stream that then captures (a recipe holding the eager calls' counters is not
+    replayed into the graph)."""
     op = getattr(torch.ops.fuselab, f"softmax_{impl}" + ("_backward" if backward else ""))
     (x,) = SOFTMAX.make_inputs(shape, dtype, "cuda", 29)
     y = torch.softmax(x.float(), -1).to(dtype)
     dy = torch.randn_like(x)
     args = (y, dy) if backward else (x,)
     want = _exact_backward(y, dy) if backward else reference(x)
-    op(*args)  # compiled and warm before the capture
+    stream = torch.cuda.Stream() if warm_on_capture_stream else torch.cuda.current_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # compiled, warm and recorded before the capture
+            op(*args)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream if warm_on_capture_stream else None):
         out = op(*args)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         graph.replay()

@@ -293,6 +293,11 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a CUDA graph (False before CUDA is initialized)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
 _WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device, stream, zeros) -> the buffer kept for them
 _HELD: dict[int, tuple[torch.Tensor, int]] = {}  # a kept buffer's address -> (the buffer, its stream)
 

@@ -301,10 +301,11 @@ class FusedOp:
     ) -> torch.Tensor:
         """The backward of a call the C++ autograd took (`launcher.new_replays`), where it holds no recipe for the
         backward's `key`: run and recorded for it (`add_backward`); with key None (a refused key, replays off, another
-        CUDA context) run alone. options: forward's options of the call, as its recipe kept them."""
+        CUDA context), or under CUDA graph capture, run alone. options: forward's options of the call, as its recipe
+        kept them."""
         sources = ((grad,), saved, options)
         args = [sources[k][i] for k, i in self._bw_sources]
-        if key is None or not launcher.enabled_now() or launcher.recording_now():
+        if key is None or not launcher.enabled_now() or launcher.recording_now() or launcher.capturing():
             return self._input_grads(self._backward(*args))[self._tensor_idx[0]]
         with launcher.recording() as noted:
             result = self._input_grads(self._backward(*args))[self._tensor_idx[0]]
@@ -521,17 +522,19 @@ class OpFamily:
 
 def _replay(replayer: object, fn: Callable[..., object], args: Sequence[object], key: bytes | None) -> object:
     """fn(*args) replayed by `replayer` (a C Replayer) where it holds a recipe of the call's key; else run, recorded
-    and the recipe added, or the key refused when no recipe can redo the call. key: the key, when the caller already
-    asked the replayer and it held nothing for it."""
+    and the recipe added, or the key refused when no recipe can redo the call (under CUDA graph capture run alone, not
+    recorded). key: the key, when the caller already asked the replayer and it held nothing for it."""
     if key is None:
         if not launcher.enabled_now() or launcher.recording_now():
             return fn(*args)
         out = replayer.replay(*args)
-        if out is None:  # no key, a refused key, another CUDA context
+        if out is None:  # no key, a refused key, another CUDA context, workspaces of another stream or captured
             return fn(*args)
         if type(out) is not bytes:
             return out
         key = out
+    if launcher.capturing():  # a recipe recorded now would hold the graph's own buffers: the key, refused for good
+        return fn(*args)
     with launcher.recording() as noted:
         result = fn(*args)
     recipe = launcher.recipe(args, result, noted)
@@ -566,14 +569,11 @@ def _replaying(
 
 
 def _replayable(args: Sequence[object]) -> bool:
-    """Whether a registered op's call on `args` may be replayed now: replays on, no recording, tracing or CUDA graph
-    capture (a captured call runs its Python, so that the graph gets buffers of its own: `launcher.workspace`), no
-    tensor subclass."""
+    """Whether a registered op's call on `args` may be replayed now: replays on, no recording or tracing, no tensor
+    subclass. (Under CUDA graph capture the C module replays no recipe that holds workspaces.)"""
     if not launcher.enabled_now() or launcher.recording_now() or launcher.tracing():
         return False
-    if any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args):
-        return False
-    return not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+    return not any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args)
 
 
 def _with_defaults(signature: inspect.Signature, defaults: dict[str, object], name: str) -> inspect.Signature:

@@ -36,6 +36,7 @@ typedef CUresult (*LaunchKernelFn)(void* function, unsigned gx, unsigned gy, uns
                                    unsigned bz, unsigned shared, void* stream, void** params, void** extra);
 typedef CUresult (*GetErrorStringFn)(CUresult, const char**);
 typedef CUresult (*CtxGetCurrentFn)(void** context);
+typedef CUresult (*StreamIsCapturingFn)(void* stream, int* status);  // status: CUstreamCaptureStatus, 0 when none
 typedef CUresult (*TensorMapEncodeTiledFn)(void* map, int dtype, unsigned rank, void* address, const uint64_t* dims,
                                            const uint64_t* strides, const unsigned* box, const unsigned* element_strides,
                                            int interleave, int swizzle, int l2_promotion, int oob_fill);
@@ -43,6 +44,7 @@ typedef CUresult (*TensorMapEncodeTiledFn)(void* map, int dtype, unsigned rank, 
 static LaunchKernelFn cu_launch_kernel = NULL;
 static GetErrorStringFn cu_get_error_string = NULL;
 static CtxGetCurrentFn cu_ctx_get_current = NULL;
+static StreamIsCapturingFn cu_stream_is_capturing = NULL;
 static TensorMapEncodeTiledFn cu_tensor_map_encode_tiled = NULL;  // NULL with a driver before CUDA 12
 static PyObject* str_data_ptr = NULL;
 static PyObject* str_dtype = NULL;
@@ -96,6 +98,7 @@ static int load_driver(void) {
   }
   cu_get_error_string = (GetErrorStringFn)dlsym(lib, "cuGetErrorString");
   cu_ctx_get_current = (CtxGetCurrentFn)dlsym(lib, "cuCtxGetCurrent");
+  cu_stream_is_capturing = (StreamIsCapturingFn)dlsym(lib, "cuStreamIsCapturing");
   cu_launch_kernel = (LaunchKernelFn)dlsym(lib, "cuLaunchKernel");
   cu_tensor_map_encode_tiled = (TensorMapEncodeTiledFn)dlsym(lib, "cuTensorMapEncodeTiled");
   if (cu_launch_kernel == NULL || cu_ctx_get_current == NULL) {
@@ -925,11 +928,16 @@ static PyMemberDef Recipe_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-// Whether `r` may run now on `stream`: its CUDA context current, and `stream` its workspaces' if it holds any.
+// Whether `r` may run now on `stream`: its CUDA context current, and if it holds workspaces, `stream` theirs and not
+// capturing a CUDA graph (a graph's replays would share the eager calls' workspaces: the Python forward gives the
+// capture buffers of its own).
 static int recipe_ready(Recipe* r, void* stream) {
   void* context = NULL;
   if (cu_ctx_get_current == NULL || cu_ctx_get_current(&context) != 0 || context != r->context) return 0;
-  return !r->bound || stream == r->stream;
+  if (!r->bound) return 1;
+  int capture = 0;
+  return stream == r->stream && cu_stream_is_capturing != NULL && cu_stream_is_capturing(stream, &capture) == 0 &&
+         capture == 0;
 }
 
 // Run `r`'s launches on `stream`, pointers (a descriptor's base) patched to ptrs (by call argument) and out_ptrs (by
