@@ -426,8 +426,8 @@ class Replays {
 
   py::object option_set(int index) { return option_sets_.at(static_cast<size_t>(index)); }
 
-  // Whether `held`'s recipe can run now: its context current, the current stream of its device its workspaces' (if
-  // any); that stream into *stream.
+  // Whether `held`'s recipe can run now: its context current, and if it holds workspaces, the current stream of its
+  // device theirs and not capturing a CUDA graph (launcher.c's recipe_ready); that stream into *stream.
   bool ready(const Held& held, void** stream) {
     if (held.recipe == nullptr) return false;
     const auto device = static_cast<c10::DeviceIndex>(api_->recipe_device(held.recipe));
