@@ -6,7 +6,7 @@
 #   docs/call-cost.md's table; 180 s reached 5 of its 6 mode x token sets).
 # PART=draw (several calls): the softmax seed-2036 draw (200 shapes a dtype, 6000 cases; 270 s on an H100 timed 155
 #   after its warm-up), afresh or with RESUME_FROM=<dir of an earlier call's draw/*.jsonl at the same src> going on.
-#   Liger-Kernel for the draw's rival: carry explore/liger (the unzipped wheel; pending/README's setup line).
+#   Liger-Kernel for the draw's rival: carry explore/liger (the unzipped wheel: pending/README.md says how).
 #   OUT=$OUT FUSELAB_REVISION=<the gated commit> PART=calls timeout 590 bash pending/next_results.sh
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/next_results}; mkdir -p "$OUT"
