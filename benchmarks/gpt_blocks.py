@@ -30,10 +30,8 @@ import copy
 import cProfile
 import io
 import json
-import os
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +44,7 @@ from torch import nn
 
 from fuselab.bench.accuracy import gradient_error
 from fuselab.bench.dtypes import dtype_name, parse_dtype
-from fuselab.bench.env import environment
+from fuselab.bench.env import environment, revision
 from fuselab.bench.timer import Timing, benchmark_side_by_side
 from fuselab.gate.model import Block
 from fuselab.profile.capture import profile_callable
@@ -188,12 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     if host and "fuselab compiled" in calls:
         print("fuselab compiled, the host's own time by function (cProfile):")
         print(host_profile(calls["fuselab compiled"]))
-    revision = (
-        os.environ.get("FUSELAB_REVISION")
-        or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    )
+    commit, dirty = revision()
     shape = {name: getattr(args, name) for name in ("layers", "dim", "heads", "batch", "tokens")}
-    about = {"model": shape, "dtype": dtype_name(dtype), "revision": revision, "env": environment(args.device)}
+    about = {"model": shape, "dtype": dtype_name(dtype), "revision": commit, "dirty": dirty,
+             "env": environment(args.device)}  # fmt: skip
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(about | {"rows": rows}, indent=1) + "\n")

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import torch
@@ -22,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fuselab.bench.accuracy import relative_error
-from fuselab.bench.env import environment
+from fuselab.bench.env import environment, revision
 from fuselab.bench.timer import Timing, benchmark_side_by_side
 from fuselab.evaluate import back_to_back
 from fuselab.ops.attention import FlashAttentionTriton
@@ -83,12 +81,9 @@ def main() -> int:
     for r in rows:
         r["time_vs_cudnn"] = r["median_ms"] / base["median_ms"]
         r["sustained_vs_cudnn"] = r["sustained_ms"] / base["sustained_ms"]
-    revision = (
-        os.environ.get("FUSELAB_REVISION")
-        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    )
-    record = {"shape": SHAPE, "dtype": "bfloat16", "causal": True, "revision": revision, "env": environment("cuda"),
-              "flops_per_step": step_flops, "rows": rows}  # fmt: skip
+    commit, dirty = revision()
+    record = {"shape": SHAPE, "dtype": "bfloat16", "causal": True, "revision": commit, "dirty": dirty,
+              "env": environment("cuda"), "flops_per_step": step_flops, "rows": rows}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{'step':42} {'rested ms':>10} {'IQR':>7} {'sustained':>10} {'vs cuDNN':>9} {'grad err':>9}")

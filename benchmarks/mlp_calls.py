@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -35,7 +33,7 @@ import torch
 from torch import nn
 
 from fuselab.bench.dtypes import dtype_name, parse_dtype
-from fuselab.bench.env import environment
+from fuselab.bench.env import environment, revision
 from fuselab.bench.timer import call_cost
 
 
@@ -121,12 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)  # fmt: skip
     torch._dynamo.reset()
     if args.out:
-        revision = (
-            os.environ.get("FUSELAB_REVISION")
-            or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        )
-        record = {"model": {"dim": args.dim, "hidden": 4 * args.dim}, "dtype": dtype_name(dtype), "revision": revision,
-                  "env": environment(args.device), "budget_ms": args.budget_ms, "rows": rows}  # fmt: skip
+        commit, dirty = revision()
+        record = {"model": {"dim": args.dim, "hidden": 4 * args.dim}, "dtype": dtype_name(dtype), "revision": commit,
+                  "dirty": dirty, "env": environment(args.device), "budget_ms": args.budget_ms,
+                  "rows": rows}  # fmt: skip
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     return 0

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ import torch
 import triton
 
 from fuselab.bench.accuracy import relative_error
+from fuselab.bench.env import revision
 from fuselab.bench.timer import benchmark_side_by_side
 from fuselab.ops import tuning
 from fuselab.ops.attention import triton_kernels as tk
@@ -91,16 +91,6 @@ def running(variant: Variant, d: int) -> Iterator[None]:
 
 
 CHUNKED_PLANS: dict[tuple[int, int], tuning.Prepared] = {}  # the plans chosen under each chunking
-
-
-def revision() -> str:
-    rev = os.environ.get("FUSELAB_REVISION")
-    if rev:
-        return rev
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def sweep_shape(
@@ -223,11 +213,13 @@ def main() -> int:
     if args.forward_only and (args.stored_scores or args.kernel not in (None, "fwd")):
         p.error("--forward-only times the forward: --kernel fwd or --chunks only")
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
+    commit, dirty = revision()
     env = {
         "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "revision": revision(),
+        "revision": commit,
+        "dirty": dirty,
     }
     for shape in args.shape:
         for causal in causals:
