@@ -2,7 +2,7 @@
 # The H200's short forward keys (a plan, not yet run; session 60 was refused the H200 four times): the held-out short
 # shapes swept first (own plans = the table before, beside 64x64x4x2 and 64x32x4x2, SDPA-flash and cuDNN), then the
 # short class's forward tuned with the 2-stage candidates, as on the H100 (session 59); the table and logs to $OUT.
-#   OUT=$OUT bash pending/h200-short-forward/tune_it.sh   (device: nvidia-h200, needs_h200; about 4-5 min)
+#   OUT=$OUT bash pending/h200-short-forward/tune_it.sh   (device: nvidia-h200, needs_h200; about 5-7 min)
 cd "$(dirname "$0")/../.."; OUT=${OUT:-/tmp/out}; export PYTHONPATH=src
 nvidia-smi --query-gpu=name --format=csv,noheader
 S=""; for s in 209x8x8x91x91x64 84x4x4x125x125x48 64x12x12x200x200x80 30x16x16x300x300x96 48x16x16x129x129x128 24x16x4x500x500x96 11x32x8x999x999x80 40x12x12x640x640x128 17x8x8x127x127x96; do S="$S --shape $s"; done
@@ -12,9 +12,13 @@ timeout ${T2:-180} python3 -m fuselab tune attention --part fwd --part short --d
   --shape 128 --shape 64 > "$OUT/tune.log" 2>&1
 echo "tune rc=$?"; grep -v Warning "$OUT/tune.log" | tail -20
 cp src/fuselab/ops/attention/plans/nvidia-h200-sm90.json "$OUT/"
-python3 - "$OUT/short_many_h200.jsonl" <<'PY'
+# the held-out shapes again, "own" now the tuned table's plans (the first sweep's own: the table before)
+timeout ${T3:-100} python3 scripts/attention_plan_sweep.py --forward-only --kernel fwd --plans 64x64x4x2,64x32x4x2 $S \
+  --causal yes --rep-ms 40 --out "$OUT/short_many_h200_tuned.jsonl" > "$OUT/sweep_tuned.log" 2>&1
+echo "sweep after the tune rc=$?"
+python3 - "$OUT"/short_many_h200*.jsonl <<'PY'
 import json, sys
-for line in open(sys.argv[1]):
+for line in (line for f in sys.argv[1:] for line in open(f)):
     r = json.loads(line); ms = r["ms"]
     print("x".join(map(str, r["shape"])), "c" if r["causal"] else "f", r["own_plans"]["fwd"][5:], " ".join(f"{k}={v*1e3:.1f}" for k, v in ms.items()), list(r["errors"]))
 PY
