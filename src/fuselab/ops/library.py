@@ -560,9 +560,7 @@ def _replaying(
             out = held.replay(*args)
             if out is not None and type(out) is not bytes:
                 return out
-            # a key without a recipe: recorded below; None: a refused key, or a recipe not runnable now (another
-            # stream, a capture), run alone
-            key = out
+            key = out  # a key without a recipe: recorded below; None: a refused key, run alone
         if check is not None:
             check(*args)
         return run(*args) if key is None else _replay(held, run, args, key)
