@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The H200's short forward keys (a plan, not yet run; session 60 was refused the H200 four times): the held-out short
-# shapes swept first (own plans = the table before, beside 64x64x4x2 and 64x32x4x2, SDPA-flash and cuDNN), then the
-# short class's forward tuned with the 2-stage candidates, as on the H100 (session 59); the table and logs to $OUT.
-#   OUT=$OUT bash pending/h200-short-forward/tune_it.sh   (device: nvidia-h200, needs_h200; about 5-7 min)
+# The H200's short forward keys (ran in session 63; its table is 0002 here, its sweeps are in
+# benchmarks/results/h200/explorations): the held-out short shapes swept first (own plans = the table before, beside
+# 64x64x4x2 and 64x32x4x2, SDPA-flash and cuDNN), then the short class's forward tuned with the 2-stage candidates, as
+# on the H100 (session 59), the same shapes swept on the tuned table, and keep.py's choice; the table and logs to $OUT.
+#   OUT=$OUT bash pending/h200-short-forward/tune_it.sh   (device: nvidia-h200, needs_h200; 168 s in session 63)
 cd "$(dirname "$0")/../.."; OUT=${OUT:-/tmp/out}; export PYTHONPATH=src
 nvidia-smi --query-gpu=name --format=csv,noheader
 S=""; for s in 209x8x8x91x91x64 84x4x4x125x125x48 64x12x12x200x200x80 30x16x16x300x300x96 48x16x16x129x129x128 24x16x4x500x500x96 11x32x8x999x999x80 40x12x12x640x640x128 17x8x8x127x127x96; do S="$S --shape $s"; done
