@@ -1,6 +1,6 @@
 """Keep only the tuned short forward keys that are not slower at held-out shapes (run on the device after the tune).
 
-    python3 pending/h200-short-forward/keep.py BEFORE.jsonl AFTER.jsonl TABLE.json OUT.json
+    PYTHONPATH=src python3 pending/h200-short-forward/keep.py BEFORE.jsonl AFTER.jsonl TABLE.json OUT.json
 
 BEFORE: the plan sweep on the table before the tune ("plan": the long class's plan, beside forced candidates); AFTER:
 the same shapes on the tuned table. A shape's ratio is the tuned key's time over the old plan's: side by side from
@@ -17,7 +17,6 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import torch
 
 from fuselab.ops.attention import triton_kernels as tk
