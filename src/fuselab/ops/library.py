@@ -560,7 +560,9 @@ def _replaying(
             out = held.replay(*args)
             if out is not None and type(out) is not bytes:
                 return out
-            key = out  # a key without a recipe: recorded below; None: a refused key, run alone
+            # a key without a recipe: recorded below; None: a refused key, or a recipe not runnable now (another
+            # stream, a capture), run alone
+            key = out
         if check is not None:
             check(*args)
         return run(*args) if key is None else _replay(held, run, args, key)

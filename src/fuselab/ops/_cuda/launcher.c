@@ -14,9 +14,9 @@
 // creation), Python ints, bools, floats and None, and Triton's host-side TensorDescriptors (the type given at
 // creation): for those the key holds the base's dtype, the rank, the padding and the block shape, and the launch
 // encodes the CUtensorMap (cuTensorMapEncodeTiled, as Triton's launcher does, with the binary's swizzle and block) and
-// passes it, then the shape (i32) and the strides (i64), as Triton 3.6's kernels take a descriptor argument. No torch headers: it builds with any C compiler against Python.h,
-// and libcuda is opened at the first launch (dlopen), so the module loads and computes keys on machines without a
-// GPU.
+// passes it, then the shape (i32) and the strides (i64), as Triton 3.6's kernels take a descriptor argument. No torch
+// headers: it builds with any C compiler against Python.h, and libcuda is opened at the first launch (dlopen), so the
+// module loads and computes keys on machines without a GPU.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
@@ -832,8 +832,8 @@ static int read_outputs(Recipe* r, PyObject* outputs) {
 // Recipe(device, outputs, steps, keep=(), stream=0, options=()): outputs ((sizes, dtype number[, strides]), ...), each
 // allocated with its strides (contiguous without); steps a sequence of (binary, (gx, gy, gz), values: bytes
 // (Launcher.values), ((arg, source), ...)); keep: objects held for the recipe's life (the workspaces its values point
-// into); stream: the only stream it may run on where it keeps any (0: the default stream); options: the recorded call's options (read by the C++
-// autograd, whose backward passes them on where Python runs it).
+// into); stream: the only stream it may run on where it keeps any (0: the default stream); options: the recorded
+// call's options (read by the C++ autograd, whose backward passes them on where Python runs it).
 static int Recipe_init(Recipe* self, PyObject* args, PyObject* kwds) {
   int device;
   PyObject* outputs;
@@ -1377,7 +1377,8 @@ PyMODINIT_FUNC PyInit_fuselab_launcher(void) {
     Py_DECREF(m);
     return NULL;
   }
-  if (PyModule_AddIntConstant(m, "MAX_STEPS", MAX_STEPS) < 0 || PyModule_AddIntConstant(m, "MAX_OUTPUTS", MAX_OUTPUTS) < 0) {
+  if (PyModule_AddIntConstant(m, "MAX_STEPS", MAX_STEPS) < 0 ||
+      PyModule_AddIntConstant(m, "MAX_OUTPUTS", MAX_OUTPUTS) < 0) {
     Py_DECREF(m);
     return NULL;
   }

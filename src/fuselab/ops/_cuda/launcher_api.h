@@ -28,7 +28,8 @@ typedef struct {
   int (*recipe_outputs)(void* recipe);
   const int64_t* (*recipe_output)(void* recipe, int j, int* rank, int* dtype, const int64_t** strides);
   int (*recipe_device)(void* recipe);
-  // Whether the recipe may run now on `stream`: its CUDA context current, and `stream` its workspaces' (if any).
+  // Whether the recipe may run now on `stream`: its CUDA context current, and if it holds workspaces, `stream` theirs
+  // and not capturing a CUDA graph.
   int (*recipe_ready)(void* recipe, void* stream);
   // Run the recipe's launches on `stream`, each pointer (a descriptor's base) patched to ptrs[argument index] or, for
   // output j, to out_ptrs[j]: 0; -1 with a message in error (error_len bytes at most) when a launch failed.
