@@ -331,6 +331,70 @@ def test_planned_as_the_h200_few_seen_keys_take_one_block_that_writes_dq(monkeyp
                 assert any("_dq_" in n for n in names) and not names[dkdv][1].get("WRITE_DQ"), names
 
 
+def test_the_recomputing_dq_kernel_writes_delta_before_the_dkdv_kernel_reads_it(monkeypatch) -> None:
+    """Planned as the H200 (the launches noted, not run): where the dQ kernel recomputes S and dP on 16-bit tiles, it
+    runs first and writes delta = rowsum(O * dO) (it loads dO anyway), so no delta kernel is launched; where the dK/dV
+    kernel writes dQ (one key block) or stores dS for a dQ kernel of one product, and in fp32 (`delta_in_dq`), the
+    delta kernel runs first, as before."""
+    pytest.importorskip("triton")
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    launched: list = []
+    monkeypatch.setattr(tk, "_launch", lambda kernel, grid, *a, plan, **c: launched.append(kernel.__name__))
+    bf16, fp32 = torch.bfloat16, torch.float32
+    want = {
+        (1000, 1000, 96, bf16): ["attention_bwd_dq_tma_kernel", "attention_bwd_dkdv_tma_kernel"],
+        (1000, 1000, 72, bf16): ["attention_bwd_dq_tma_kernel", "attention_bwd_dkdv_tma_kernel"],
+        (12, 9243, 96, bf16): ["attention_bwd_delta_kernel", "attention_bwd_dkdv_kernel"],
+        (300, 300, 128, bf16): [
+            "attention_bwd_delta_kernel",
+            "attention_bwd_dkdv_tma_kernel",
+            "attention_bwd_dq_ds_kernel",
+        ],
+        (1000, 1000, 96, fp32): ["attention_bwd_delta_kernel", "attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"],
+    }
+    with tuning.planning_as(tuning.MODELS["sm_90"]):
+        for (nq, nk, d, dtype), kernels in want.items():
+            q = torch.randn(1, 4, nq, d, dtype=dtype)
+            k, v = (torch.randn(1, 2, nk, d, dtype=dtype) for _ in range(2))
+            o, lse = torch.randn_like(q), torch.zeros(1, 4, nq)
+            launched.clear()
+            tk.backward(torch.randn_like(q), q, k, v, o, lse, True, d**-0.5)
+            order = [n for n in launched if any(part in n for part in ("delta", "dq", "dkdv"))]  # not sums, zeros
+            assert order == kernels, (nq, nk, d, dtype, launched)
+
+
+@needs_triton
+@pytest.mark.parametrize("d", [24, 72])
+def test_delta_of_the_dq_kernel_reads_o_in_any_layout(d: int) -> None:
+    """The dQ kernel that writes delta (forced on in fp32, which the interpreter runs) reads O by its strides: q, k,
+    v sliced from (B, N, H, d) projections (so O is laid out in q's order, `output_like`), GQA 4 -> 2, 37 queries
+    over 45 keys (no multiple of a block), causal and not, a head dim in one chunk (24) and in two (72 = 64 + 8 past
+    64): dQ, dK and dV against float64, and bitwise the same on a repeat. (Not bitwise those of the delta kernel's
+    path: that sums a padded row in one tile, this one chunk by chunk.)"""
+    from fuselab.ops.attention import triton_kernels as tk
+
+    gen = torch.Generator(device="cpu").manual_seed(d)
+    plans = {"dkdv": tk.Plan(16, 16, 1, 1), "dq": tk.Plan(16, 16, 1, 1)}
+    with tk.forced_plans(plans), tk.forced_delta_in_dq(True):
+        for causal in (False, True):
+            q = torch.randn(2, 37, 4, d, generator=gen).to(DEVICE).transpose(1, 2)
+            k, v = (torch.randn(2, 45, 2, d, generator=gen).to(DEVICE).transpose(1, 2) for _ in range(2))
+            dout = torch.randn(2, 4, 37, d, generator=gen, dtype=torch.float64)
+            xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            out = attention(*xs, causal=causal, impl="triton")
+            assert out.stride() == xs[0].stride()  # O in q's layout, not contiguous
+            out.backward(dout.to(DEVICE, torch.float32))
+            xs64 = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+            reference(*xs64, causal=causal).backward(dout.to(DEVICE))
+            err = gradient_error([x.grad for x in xs], [x.grad for x in xs64])
+            assert err < ATTENTION.tolerance[torch.float32], (d, causal, err)
+            again = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+            attention(*again, causal=causal, impl="triton").backward(dout.to(DEVICE, torch.float32))
+            assert all(torch.equal(a.grad, b.grad) for a, b in zip(xs, again, strict=True)), (d, causal)
+
+
 def test_the_tma_forward_of_two_chunks_takes_two_stages_at_128_keys(monkeypatch) -> None:
     """Planned as the H200 (the launches noted, not run), a TMA forward forced to 64 x 128 on 1 stage launches on 2
     where the head is two chunks (d 80 = 64 + 16, d 96 = 64 + 32: Triton 3.6 reads shared memory out of bounds there
@@ -885,8 +949,10 @@ from fuselab.ops.attention import triton_kernels as tk
 POINTERS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
 FP32_POINTERS = {"LSE", "DELTA", "DKP", "DVP"}
 CONSTANTS = {"HEAD_DIM": 80, "D_PAD": 128, "DA": 64, "DB": 16, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True,
-             "QSPLIT": True, "PREC": "tf32", "WIDTH": 80, "BLOCK_R": 64, "WRITE_DQ": True, "STORE_DS": True}
-# d 80 in two chunks (64 + 16); dK/dV into partials, and their sum; dK/dV writing dQ; dK/dV storing dS
+             "QSPLIT": True, "PREC": "tf32", "WIDTH": 80, "BLOCK_R": 64, "WRITE_DQ": True, "STORE_DS": True,
+             "WRITE_DELTA": True}
+# d 80 in two chunks (64 + 16); dK/dV into partials, and their sum; dK/dV writing dQ; dK/dV storing dS; dQ writing
+# delta
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4, "num_stages": 2})

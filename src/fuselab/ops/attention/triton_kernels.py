@@ -422,6 +422,44 @@ def attention_bwd_delta_kernel(
 
 
 @triton.jit
+def _block_delta(
+    O,  # noqa: E741  (the papers' name)
+    DELTA,
+    do_a,
+    do_b,
+    z,
+    h,
+    bh,
+    m0,
+    soz,
+    soh,
+    son,
+    sod,
+    NQ,
+    HEAD_DIM: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """delta = rowsum(O * dO) of the query block at m0 of head (z, h), in fp32, from O read by pointers and dO's tiles
+    (do_a, do_b: zeros past HEAD_DIM and NQ); stored to DELTA[bh, m0:] for the dK/dV kernel, and returned. The dQ
+    kernels, which load dO anyway, do this in place of `attention_bwd_delta_kernel`, which reads dO once more and
+    costs a launch (`delta_in_dq`)."""
+    rows = tl.arange(0, BLOCK_M)
+    in_m = (m0 + rows) < NQ
+    o_ptrs = O + z.to(tl.int64) * soz + h.to(tl.int64) * soh + m0.to(tl.int64) * son + rows[:, None] * son
+    offs_a = tl.arange(0, DA)
+    o_a = _tile(o_ptrs + offs_a[None, :] * sod, in_m, offs_a < HEAD_DIM, True, HEAD_DIM < DA)
+    delta = tl.sum(o_a.to(tl.float32) * do_a.to(tl.float32), 1)
+    if DB > 0:
+        offs_b = DA + tl.arange(0, DB)
+        o_b = _tile(o_ptrs + offs_b[None, :] * sod, in_m, offs_b < HEAD_DIM, True, HEAD_DIM < DA + DB)
+        delta += tl.sum(o_b.to(tl.float32) * do_b.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * NQ + m0 + rows, delta, mask=in_m)
+    return delta
+
+
+@triton.jit
 def _dkdv_step(
     dk_a,
     dk_b,
@@ -1047,6 +1085,7 @@ def attention_bwd_dq_kernel(
     DO,
     LSE,
     DELTA,
+    O,  # noqa: E741  (the papers' name)
     DQ,
     sqz,
     sqh,
@@ -1064,6 +1103,10 @@ def attention_bwd_dq_kernel(
     sdh,
     sdn,
     sdd,
+    soz,
+    soh,
+    son,
+    sod,
     sdqz,
     sdqh,
     sdqn,
@@ -1083,8 +1126,11 @@ def attention_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
+    WRITE_DELTA: tl.constexpr,
 ):
-    """dQ of BLOCK_M queries of head (z, h), looping over key blocks. Grid: (NUM_M * Z * HQ,)."""
+    """dQ of BLOCK_M queries of head (z, h), looping over key blocks. Grid: (NUM_M * Z * HQ,). WRITE_DELTA: their
+    delta = rowsum(O * dO) from O here, stored for the dK/dV kernel launched after (`_block_delta`); else read from
+    DELTA (O unused)."""
     SPLIT: tl.constexpr = DB > 0
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
@@ -1100,7 +1146,6 @@ def attention_bwd_dq_kernel(
     do_ptrs = DO + z.to(tl.int64) * sdz + h.to(tl.int64) * sdh + m0.to(tl.int64) * sdn + rows[:, None] * sdn
     dq_ptrs = DQ + z.to(tl.int64) * sdqz + h.to(tl.int64) * sdqh + m0.to(tl.int64) * sdqn + rows[:, None] * sdqn
     lse = tl.load(LSE + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0) * 1.4426950408889634
-    delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0)
     k_base = K + z.to(tl.int64) * skz + hk.to(tl.int64) * skh
     v_base = V + z.to(tl.int64) * svz + hk.to(tl.int64) * svh
     offs_a = tl.arange(0, DA)
@@ -1120,6 +1165,10 @@ def attention_bwd_dq_kernel(
         dq_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
     else:  # placeholders, never read
         ok_b, q_b, do_b, k_offs_b, v_offs_b, dq_b = ok_a, q_a, do_a, k_offs_a, v_offs_a, dq_a
+    if WRITE_DELTA:
+        delta = _block_delta(O, DELTA, do_a, do_b, z, h, bh, m0, soz, soh, son, sod, NQ, HEAD_DIM, DA, DB, BLOCK_M)
+    else:
+        delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0)
     full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
     dq_a, dq_b = _dq_inner(
         dq_a, dq_b, q_a, q_b, do_a, do_b, lse, delta, k_base, v_base, k_offs_a, k_offs_b, v_offs_a, v_offs_b, skn,
@@ -1200,6 +1249,11 @@ def attention_bwd_dq_tma_kernel(
     do_db,
     LSE,
     DELTA,
+    O,  # noqa: E741  (the papers' name)
+    soz,
+    soh,
+    son,
+    sod,
     dq_da,
     dq_db,
     HQ,
@@ -1210,15 +1264,17 @@ def attention_bwd_dq_tma_kernel(
     ORDER_HEADS,
     qk_scale,
     sm_scale,
+    HEAD_DIM: tl.constexpr,
     DA: tl.constexpr,
     DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
+    WRITE_DELTA: tl.constexpr,
 ):
     """`attention_bwd_dq_kernel` through tensor descriptors (blocks [1, 1, BLOCK_M or BLOCK_N, DA or DB]; the b
-    descriptors unused when DB = 0). Same grid, outputs and math."""
+    descriptors unused when DB = 0; O, WRITE_DELTA, by pointers: any strides). Same grid, outputs and math."""
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     bh, z, h, block = _program(NUM_M, HQ, ORDER_HEADS, CAUSAL, CAUSAL)
     hk = h // GROUP
@@ -1227,7 +1283,6 @@ def attention_bwd_dq_tma_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     in_m = offs_m < NQ
     lse = tl.load(LSE + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0) * 1.4426950408889634
-    delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0)
     q_a = q_da.load([z, h, m0, 0]).reshape(BLOCK_M, DA)
     do_a = do_da.load([z, h, m0, 0]).reshape(BLOCK_M, DA)
     dq_a = tl.zeros([BLOCK_M, DA], dtype=tl.float32)
@@ -1237,6 +1292,10 @@ def attention_bwd_dq_tma_kernel(
         dq_b = tl.zeros([BLOCK_M, DB], dtype=tl.float32)
     else:  # placeholders, never read
         q_b, do_b, dq_b = q_a, do_a, dq_a
+    if WRITE_DELTA:
+        delta = _block_delta(O, DELTA, do_a, do_b, z, h, bh, m0, soz, soh, son, sod, NQ, HEAD_DIM, DA, DB, BLOCK_M)
+    else:
+        delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0)
     full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
     dq_a, dq_b = _dq_inner_tma(
         dq_a, dq_b, q_a, q_b, do_a, do_b, lse, delta, k_da, k_db, v_da, v_db, z, hk, offs_m, offs_n, 0, full_hi, NK,
@@ -1541,6 +1600,30 @@ def table_plan(
     return Plan(**tuned) if tuned else rule_plan(kernel, d, dtype, causal)
 
 
+_FORCED_DELTA: list[bool] = []  # the rule overridden by `forced_delta_in_dq` (A/B runs, tests): innermost last
+
+
+@contextlib.contextmanager
+def forced_delta_in_dq(on: bool) -> Iterator[None]:
+    """Within the block, the recomputing dQ kernel writes delta (True) or reads the delta kernel's (False), whatever
+    `delta_in_dq` says."""
+    _FORCED_DELTA.append(on)
+    try:
+        yield
+    finally:
+        _FORCED_DELTA.pop()
+
+
+def delta_in_dq(dtype: torch.dtype) -> bool:
+    """Whether the dQ kernel that recomputes S and dP computes delta = rowsum(O * dO) itself (it loads dO anyway) and
+    runs before the dK/dV kernel, in place of `attention_bwd_delta_kernel`: for 16-bit tiles. fp32's tiles fill the
+    registers already: with O's tile too, the dQ kernel at d 128 (16 x 32 on 4 warps, sm_90) spilled 548 bytes a
+    thread, so fp32 keeps the delta kernel."""
+    if _FORCED_DELTA:
+        return _FORCED_DELTA[-1]
+    return dtype.itemsize == 2
+
+
 _FORCED_STORE: list[bool] = []  # the rule overridden by `forced_stored_scores` (sweeps, tests): innermost last
 SCORES_MAX_BYTES = 256 * 2**20  # the stored dS's size limit (heads x nk x nq 16-bit values), a workspace kept
 
@@ -1778,12 +1861,6 @@ def backward(
         delta = launcher.workspace("attention delta", z * hq * nq, torch.float32, q.device, zeros=False)
         lse4 = lse.reshape(z, hq, nq)
         small = _interpreter_plans()
-        block = 16 if small else 64
-        num = triton.cdiv(nq, block)
-        _launch(
-            attention_bwd_delta_kernel, (num * z * hq,), o4, do4, delta, *o4.stride(), *do4.stride(), hq, nq, num,
-            plan=Plan(block, block, 1 if small else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=block,
-        )  # fmt: skip
         prec = _precision(q.dtype)
         da, db = d_chunks(d)
         # fitted to the keys some query sees: 12 causal queries over 9243 keys are one block of 16 keys, not 64
@@ -1805,6 +1882,16 @@ def backward(
         sms = gpu[1] if gpu is not None else 0
         splits = query_splits(num * z * hkv, nq, plan.block_m, sms)
         store_ds = descriptors and not one_block and stores_scores(d, z * hq, nq, nk)
+        write_delta = not one_block and not store_ds and delta_in_dq(q.dtype)
+        if write_delta:  # the dQ kernel that recomputes S and dP runs first and writes delta for the dK/dV kernel
+            _backward_dq(q4, k4, v4, do4, o4, lse4, delta, dq, causal, scale, tma, sms, True)
+        else:  # the dK/dV kernel runs first: delta of its own kernel
+            block = 16 if small else 64
+            rows = triton.cdiv(nq, block)
+            _launch(
+                attention_bwd_delta_kernel, (rows * z * hq,), o4, do4, delta, *o4.stride(), *do4.stride(), hq, nq,
+                rows, plan=Plan(block, block, 1 if small else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=block,
+            )  # fmt: skip
         ds = ds_out = None
         if store_ds:  # dS^T of each query head: its keys' rows, its queries' columns (rounded up to 16 bytes)
             nq8 = triton.cdiv(nq, 8) * 8
@@ -1857,23 +1944,48 @@ def backward(
                 hq, hq // hkv, nq, nk, num, order_heads(sms, num), scale,
                 plan=plan, DA=ta, DB=tb, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
             )  # fmt: skip
-            return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
-        plan = choose_plan("dq", d, q.dtype, causal, q.device, nq, nk, z * hq)
-        num = triton.cdiv(nq, plan.block_m)
-        if tma:
-            _launch(
-                attention_bwd_dq_tma_kernel, (num * z * hq,), *_descriptors(q4, plan.block_m, da, db),
-                *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
-                *_descriptors(do4, plan.block_m, da, db), lse4, delta, *_descriptors(dq, plan.block_m, da, db),
-                hq, hq // hkv, nq, nk, num, order_heads(sms, num), scale * LOG2E, scale,
-                plan=plan, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=prec,
-            )  # fmt: skip
-        else:
-            _launch(
-                attention_bwd_dq_kernel, (num * z * hq,), q4, k4, v4, do4, lse4, delta, dq,
-                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq.stride(),
-                hq, hq // hkv, nq, nk, num, order_heads(sms, num), scale * LOG2E, scale,
-                plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-                PREC=prec,
-            )  # fmt: skip
+        elif not write_delta:
+            _backward_dq(q4, k4, v4, do4, o4, lse4, delta, dq, causal, scale, tma, sms, False)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+def _backward_dq(
+    q4: torch.Tensor,
+    k4: torch.Tensor,
+    v4: torch.Tensor,
+    do4: torch.Tensor,
+    o4: torch.Tensor,
+    lse4: torch.Tensor,
+    delta: torch.Tensor,
+    dq: torch.Tensor,
+    causal: bool,
+    scale: float,
+    tma: bool,
+    sms: int,
+    write_delta: bool,
+) -> None:
+    """Launch the dQ kernel that recomputes S and dP (by TMA where `tma`), which also writes delta (z * hq * nq
+    fp32) for the dK/dV kernel where `write_delta`, and reads it if not. Tensors (Z, H, N, d); dq (Z, HQ, NQ, d) is
+    written."""
+    z, hq, nq, d = q4.shape
+    hkv, nk = k4.shape[1], k4.shape[2]
+    da, db = d_chunks(d)
+    plan = choose_plan("dq", d, q4.dtype, causal, q4.device, nq, nk, z * hq)
+    num = triton.cdiv(nq, plan.block_m)
+    if tma:
+        _launch(
+            attention_bwd_dq_tma_kernel, (num * z * hq,), *_descriptors(q4, plan.block_m, da, db),
+            *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
+            *_descriptors(do4, plan.block_m, da, db), lse4, delta, o4, *o4.stride(),
+            *_descriptors(dq, plan.block_m, da, db), hq, hq // hkv, nq, nk, num, order_heads(sms, num),
+            scale * LOG2E, scale, plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+            CAUSAL=causal, PREC=_precision(q4.dtype), WRITE_DELTA=write_delta,
+        )  # fmt: skip
+    else:
+        _launch(
+            attention_bwd_dq_kernel, (num * z * hq,), q4, k4, v4, do4, lse4, delta, o4, dq,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *o4.stride(), *dq.stride(),
+            hq, hq // hkv, nq, nk, num, order_heads(sms, num), scale * LOG2E, scale,
+            plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
+            PREC=_precision(q4.dtype), WRITE_DELTA=write_delta,
+        )  # fmt: skip
