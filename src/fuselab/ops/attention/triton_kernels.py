@@ -1600,18 +1600,23 @@ def table_plan(
     return Plan(**tuned) if tuned else rule_plan(kernel, d, dtype, causal)
 
 
-_FORCED_DELTA: list[bool] = []  # the rule overridden by `forced_delta_in_dq` (A/B runs, tests): innermost last
-
-
 @contextlib.contextmanager
-def forced_delta_in_dq(on: bool) -> Iterator[None]:
-    """Within the block, the recomputing dQ kernel writes delta (True) or reads the delta kernel's (False), whatever
-    `delta_in_dq` says."""
-    _FORCED_DELTA.append(on)
+def _overriding(stack: list[bool], value: bool) -> Iterator[None]:
+    """Within the block, a rule's answer is `value` (its override `stack`, innermost last), whatever it would say."""
+    stack.append(value)
     try:
         yield
     finally:
-        _FORCED_DELTA.pop()
+        stack.pop()
+
+
+_FORCED_DELTA: list[bool] = []  # the rule overridden by `forced_delta_in_dq` (A/B runs, tests): innermost last
+
+
+def forced_delta_in_dq(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Within the block, the recomputing dQ kernel writes delta (True) or reads the delta kernel's (False), whatever
+    `delta_in_dq` says."""
+    return _overriding(_FORCED_DELTA, on)
 
 
 def delta_in_dq(dtype: torch.dtype) -> bool:
@@ -1628,14 +1633,9 @@ _FORCED_STORE: list[bool] = []  # the rule overridden by `forced_stored_scores` 
 SCORES_MAX_BYTES = 256 * 2**20  # the stored dS's size limit (heads x nk x nq 16-bit values), a workspace kept
 
 
-@contextlib.contextmanager
-def forced_stored_scores(store: bool) -> Iterator[None]:
+def forced_stored_scores(store: bool) -> contextlib.AbstractContextManager[None]:
     """Within the block, the TMA backward stores dS for dQ (True) or recomputes it (False), whatever the rule says."""
-    _FORCED_STORE.append(store)
-    try:
-        yield
-    finally:
-        _FORCED_STORE.pop()
+    return _overriding(_FORCED_STORE, store)
 
 
 def stores_scores(d: int, heads: int, nq: int, nk: int) -> bool:
