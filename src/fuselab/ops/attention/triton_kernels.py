@@ -405,28 +405,22 @@ def attention_bwd_delta_kernel(
     NQ,
     NUM_M,
     HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """DELTA[z*HQ + h, i] = sum_d O[z, h, i, d] * DO[z, h, i, d] in fp32. Grid: (NUM_M * Z * HQ,)."""
+    """DELTA[z*HQ + h, i] = sum_d O[z, h, i, d] * DO[z, h, i, d] in fp32 (`_block_delta`). Grid: (NUM_M * Z * HQ,)."""
     bh, z, h, block = _program(NUM_M, HQ, 1, False, False)
-    m0 = block * BLOCK_M
-    rows = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    mask = ((m0 + rows) < NQ)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o_ptrs = O + z.to(tl.int64) * soz + h.to(tl.int64) * soh + m0.to(tl.int64) * son
-    do_ptrs = DO + z.to(tl.int64) * sdz + h.to(tl.int64) * sdh + m0.to(tl.int64) * sdn
-    o = tl.load(o_ptrs + rows[:, None] * son + offs_d[None, :] * sod, mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(do_ptrs + rows[:, None] * sdn + offs_d[None, :] * sdd, mask=mask, other=0.0).to(tl.float32)
-    tl.store(DELTA + bh.to(tl.int64) * NQ + m0 + rows, tl.sum(o * do, 1), mask=(m0 + rows) < NQ)
+    _block_delta(
+        O, DO, DELTA, z, h, bh, block * BLOCK_M, soz, soh, son, sod, sdz, sdh, sdn, sdd, NQ, HEAD_DIM, DA, DB, BLOCK_M
+    )  # fmt: skip
 
 
 @triton.jit
 def _block_delta(
     O,  # noqa: E741  (the papers' name)
+    DO,
     DELTA,
-    do_a,
-    do_b,
     z,
     h,
     bh,
@@ -435,25 +429,33 @@ def _block_delta(
     soh,
     son,
     sod,
+    sdz,
+    sdh,
+    sdn,
+    sdd,
     NQ,
     HEAD_DIM: tl.constexpr,
     DA: tl.constexpr,
     DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """delta = rowsum(O * dO) of the query block at m0 of head (z, h), in fp32, from O read by pointers and dO's tiles
-    (do_a, do_b: zeros past HEAD_DIM and NQ); stored to DELTA[bh, m0:] for the dK/dV kernel, and returned. The dQ
-    kernels, which load dO anyway, do this in place of `attention_bwd_delta_kernel`, which reads dO once more and
-    costs a launch (`delta_in_dq`)."""
+    """delta = rowsum(O * dO) of the query block at m0 of head (z, h), in fp32, from O and dO read by pointers (any
+    strides) in the head dim's chunks DA, DB; stored to DELTA[bh, m0:] for the dK/dV kernel, and returned. The delta
+    kernel and the dQ kernels (`delta_in_dq`) alike sum here, by pointers, on BLOCK_M rows: the same layout and so the
+    same bits wherever delta is made, as the TMA and pointer paths must give the same gradients (the TMA dQ kernel's
+    dO tile, summed as it came, made its delta and so dQ and dK differ in the last bit)."""
     rows = tl.arange(0, BLOCK_M)
     in_m = (m0 + rows) < NQ
     o_ptrs = O + z.to(tl.int64) * soz + h.to(tl.int64) * soh + m0.to(tl.int64) * son + rows[:, None] * son
+    do_ptrs = DO + z.to(tl.int64) * sdz + h.to(tl.int64) * sdh + m0.to(tl.int64) * sdn + rows[:, None] * sdn
     offs_a = tl.arange(0, DA)
     o_a = _tile(o_ptrs + offs_a[None, :] * sod, in_m, offs_a < HEAD_DIM, True, HEAD_DIM < DA)
+    do_a = _tile(do_ptrs + offs_a[None, :] * sdd, in_m, offs_a < HEAD_DIM, True, HEAD_DIM < DA)
     delta = tl.sum(o_a.to(tl.float32) * do_a.to(tl.float32), 1)
     if DB > 0:
         offs_b = DA + tl.arange(0, DB)
         o_b = _tile(o_ptrs + offs_b[None, :] * sod, in_m, offs_b < HEAD_DIM, True, HEAD_DIM < DA + DB)
+        do_b = _tile(do_ptrs + offs_b[None, :] * sdd, in_m, offs_b < HEAD_DIM, True, HEAD_DIM < DA + DB)
         delta += tl.sum(o_b.to(tl.float32) * do_b.to(tl.float32), 1)
     tl.store(DELTA + bh.to(tl.int64) * NQ + m0 + rows, delta, mask=in_m)
     return delta
@@ -1166,7 +1168,9 @@ def attention_bwd_dq_kernel(
     else:  # placeholders, never read
         ok_b, q_b, do_b, k_offs_b, v_offs_b, dq_b = ok_a, q_a, do_a, k_offs_a, v_offs_a, dq_a
     if WRITE_DELTA:
-        delta = _block_delta(O, DELTA, do_a, do_b, z, h, bh, m0, soz, soh, son, sod, NQ, HEAD_DIM, DA, DB, BLOCK_M)
+        delta = _block_delta(
+            O, DO, DELTA, z, h, bh, m0, soz, soh, son, sod, sdz, sdh, sdn, sdd, NQ, HEAD_DIM, DA, DB, BLOCK_M
+        )  # fmt: skip
     else:
         delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0)
     full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
@@ -1254,6 +1258,11 @@ def attention_bwd_dq_tma_kernel(
     soh,
     son,
     sod,
+    DO,
+    sdz,
+    sdh,
+    sdn,
+    sdd,
     dq_da,
     dq_db,
     HQ,
@@ -1274,7 +1283,8 @@ def attention_bwd_dq_tma_kernel(
     WRITE_DELTA: tl.constexpr,
 ):
     """`attention_bwd_dq_kernel` through tensor descriptors (blocks [1, 1, BLOCK_M or BLOCK_N, DA or DB]; the b
-    descriptors unused when DB = 0; O, WRITE_DELTA, by pointers: any strides). Same grid, outputs and math."""
+    descriptors unused when DB = 0; O and DO by pointers (any strides) for delta, WRITE_DELTA). Same grid, outputs and
+    math."""
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     bh, z, h, block = _program(NUM_M, HQ, ORDER_HEADS, CAUSAL, CAUSAL)
     hk = h // GROUP
@@ -1293,7 +1303,9 @@ def attention_bwd_dq_tma_kernel(
     else:  # placeholders, never read
         q_b, do_b, dq_b = q_a, do_a, dq_a
     if WRITE_DELTA:
-        delta = _block_delta(O, DELTA, do_a, do_b, z, h, bh, m0, soz, soh, son, sod, NQ, HEAD_DIM, DA, DB, BLOCK_M)
+        delta = _block_delta(
+            O, DO, DELTA, z, h, bh, m0, soz, soh, son, sod, sdz, sdh, sdn, sdd, NQ, HEAD_DIM, DA, DB, BLOCK_M
+        )  # fmt: skip
     else:
         delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=in_m, other=0.0)
     full_hi, hi = _key_ranges(m0, NK, BLOCK_M, BLOCK_N, CAUSAL)
@@ -1886,12 +1898,7 @@ def backward(
         if write_delta:  # the dQ kernel that recomputes S and dP runs first and writes delta for the dK/dV kernel
             _backward_dq(q4, k4, v4, do4, o4, lse4, delta, dq, causal, scale, tma, sms, True)
         else:  # the dK/dV kernel runs first: delta of its own kernel
-            block = 16 if small else 64
-            rows = triton.cdiv(nq, block)
-            _launch(
-                attention_bwd_delta_kernel, (rows * z * hq,), o4, do4, delta, *o4.stride(), *do4.stride(), hq, nq,
-                rows, plan=Plan(block, block, 1 if small else 4, 1), HEAD_DIM=d, D_PAD=d_pad(d), BLOCK_M=block,
-            )  # fmt: skip
+            _backward_delta(o4, do4, delta, causal, nk, small)
         ds = ds_out = None
         if store_ds:  # dS^T of each query head: its keys' rows, its queries' columns (rounded up to 16 bytes)
             nq8 = triton.cdiv(nq, 8) * 8
@@ -1949,6 +1956,25 @@ def backward(
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
+def _backward_delta(
+    o4: torch.Tensor, do4: torch.Tensor, delta: torch.Tensor, causal: bool, nk: int, small: bool
+) -> None:
+    """Launch the delta kernel: delta (z * hq * nq fp32) = rowsum(O * dO) of o4 and do4 (Z, HQ, NQ, d). On 16-bit
+    tiles on the rows and warps of the dQ kernel that would write it (`delta_in_dq`), so that it sums as that kernel
+    does: a path that stores the scores (TMA only) gives the gradients of the pointer path, which recomputes them."""
+    z, hq, nq, d = o4.shape
+    plan = Plan(16 if small else 64, 1, 1 if small else 4, 1)
+    if delta_in_dq(o4.dtype):
+        dq = choose_plan("dq", d, o4.dtype, causal, o4.device, nq, nk, z * hq)
+        plan = Plan(dq.block_m, 1, dq.warps, 1)
+    num = triton.cdiv(nq, plan.block_m)
+    da, db = d_chunks(d)
+    _launch(
+        attention_bwd_delta_kernel, (num * z * hq,), o4, do4, delta, *o4.stride(), *do4.stride(), hq, nq, num,
+        plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m,
+    )  # fmt: skip
+
+
 def _backward_dq(
     q4: torch.Tensor,
     k4: torch.Tensor,
@@ -1976,7 +2002,7 @@ def _backward_dq(
         _launch(
             attention_bwd_dq_tma_kernel, (num * z * hq,), *_descriptors(q4, plan.block_m, da, db),
             *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
-            *_descriptors(do4, plan.block_m, da, db), lse4, delta, o4, *o4.stride(),
+            *_descriptors(do4, plan.block_m, da, db), lse4, delta, o4, *o4.stride(), do4, *do4.stride(),
             *_descriptors(dq, plan.block_m, da, db), hq, hq // hkv, nq, nk, num, order_heads(sms, num),
             scale * LOG2E, scale, plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
             CAUSAL=causal, PREC=_precision(q4.dtype), WRITE_DELTA=write_delta,
