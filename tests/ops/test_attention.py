@@ -372,7 +372,7 @@ def test_delta_of_the_dq_kernel_reads_o_in_any_layout(d: int) -> None:
     v sliced from (B, N, H, d) projections (so O is laid out in q's order, `output_like`), GQA 4 -> 2, 37 queries
     over 45 keys (no multiple of a block), causal and not, a head dim in one chunk (24) and in two (72 = 64 + 8 past
     64): dQ, dK and dV against float64, and bitwise the same on a repeat. (Not bitwise those of the delta kernel's
-    path: that sums a padded row in one tile, this one chunk by chunk.)"""
+    path on a GPU: that kernel may run on other rows and warps, so its sum may take another layout.)"""
     from fuselab.ops.attention import triton_kernels as tk
 
     gen = torch.Generator(device="cpu").manual_seed(d)
