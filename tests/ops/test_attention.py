@@ -365,6 +365,33 @@ def test_the_recomputing_dq_kernel_writes_delta_before_the_dkdv_kernel_reads_it(
             assert order == kernels, (nq, nk, d, dtype, launched)
 
 
+def test_the_delta_kernel_sums_as_the_dq_kernel_where_the_scores_are_stored(monkeypatch) -> None:
+    """Planned as sm_90 (launches noted, not run): where dS is stored (TMA only), the delta kernel takes the rows and
+    warps of the dQ kernel that writes delta on the pointer path, so both paths sum delta in one layout and give the
+    same gradients; elsewhere 64 rows on 4 warps, or few queries' count rounded up to a power of 2 on 2 warps."""
+    pytest.importorskip("triton")
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    launched: dict = {}
+    monkeypatch.setattr(tk, "_launch", lambda kernel, grid, *a, plan, **c: launched.setdefault(kernel.__name__, plan))
+    bf16, fp32 = torch.bfloat16, torch.float32
+    with tuning.planning_as(tuning.MODELS["sm_90"]):
+        dq = tk.choose_plan("dq", 128, bf16, True, torch.device("cpu"), 300, 300, 4)
+        for (nq, nk, d, dtype), (rows, warps) in {
+            (300, 300, 128, bf16): (dq.block_m, dq.warps),  # stored scores
+            (12, 9243, 96, bf16): (16, 2),  # one key block, 12 queries
+            (6661, 2, 128, bf16): (64, 4),
+            (1000, 1000, 96, fp32): (64, 4),
+        }.items():
+            q = torch.randn(1, 4, nq, d, dtype=dtype)
+            k, v = (torch.randn(1, 2, nk, d, dtype=dtype) for _ in range(2))
+            launched.clear()
+            tk.backward(torch.randn_like(q), q, k, v, torch.randn_like(q), torch.zeros(1, 4, nq), True, d**-0.5)
+            plan = launched["attention_bwd_delta_kernel"]
+            assert (plan.block_m, plan.warps) == (rows, warps), (nq, nk, d, dtype, plan)
+
+
 @needs_triton
 @pytest.mark.parametrize("d", [24, 72])
 def test_delta_of_the_dq_kernel_reads_o_in_any_layout(d: int) -> None:

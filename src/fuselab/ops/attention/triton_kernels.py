@@ -1898,7 +1898,7 @@ def backward(
         if write_delta:  # the dQ kernel that recomputes S and dP runs first and writes delta for the dK/dV kernel
             _backward_dq(q4, k4, v4, do4, o4, lse4, delta, dq, causal, scale, tma, sms, True)
         else:  # the dK/dV kernel runs first: delta of its own kernel
-            _backward_delta(o4, do4, delta, causal, nk, small)
+            _backward_delta(o4, do4, delta, causal, nk, small, like_dq=store_ds)
         ds = ds_out = None
         if store_ds:  # dS^T of each query head: its keys' rows, its queries' columns (rounded up to 16 bytes)
             nq8 = triton.cdiv(nq, 8) * 8
@@ -1957,14 +1957,18 @@ def backward(
 
 
 def _backward_delta(
-    o4: torch.Tensor, do4: torch.Tensor, delta: torch.Tensor, causal: bool, nk: int, small: bool
+    o4: torch.Tensor, do4: torch.Tensor, delta: torch.Tensor, causal: bool, nk: int, small: bool, like_dq: bool
 ) -> None:
-    """Launch the delta kernel: delta (z * hq * nq fp32) = rowsum(O * dO) of o4 and do4 (Z, HQ, NQ, d). On 16-bit
-    tiles on the rows and warps of the dQ kernel that would write it (`delta_in_dq`), so that it sums as that kernel
-    does: a path that stores the scores (TMA only) gives the gradients of the pointer path, which recomputes them."""
+    """Launch the delta kernel: delta (z * hq * nq fp32) = rowsum(O * dO) of o4 and do4 (Z, HQ, NQ, d). `like_dq`
+    (the scores stored, TMA only): on the rows and warps of the dQ kernel that writes delta on the pointer path
+    (`delta_in_dq`), so that it sums as that kernel does and both paths give the same gradients. Else 64 rows on 4
+    warps, or where the queries are fewer, their count rounded up to a power of 2 (16 at least) on 2 warps: 64 rows
+    over 3 queries read mostly masked lanes, and the dQ kernel's 128 rows on 2 warps left 6661 queries of 8 heads in
+    a quarter of a wave (docs/ops/attention.md, session 65)."""
     z, hq, nq, d = o4.shape
-    plan = Plan(16 if small else 64, 1, 1 if small else 4, 1)
-    if delta_in_dq(o4.dtype):
+    rows = min(64, max(16, 1 << (nq - 1).bit_length()))
+    plan = Plan(16, 1, 1, 1) if small else Plan(rows, 1, 4 if rows == 64 else 2, 1)
+    if like_dq and delta_in_dq(o4.dtype):
         dq = choose_plan("dq", d, o4.dtype, causal, o4.device, nq, nk, z * hq)
         plan = Plan(dq.block_m, 1, dq.warps, 1)
     num = triton.cdiv(nq, plan.block_m)
