@@ -1507,7 +1507,9 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
     """The plan by rule, from the bytes one tile row holds (d_work x element size).
 
     16-bit rows up to 256 bytes (d <= 128): what tuning chose at d 80, 96 and 128 on the H200 and what timing found
-    best at d 48 too (docs/ops/attention.md): forward 64 x 64, dK/dV 32 queries x 64 keys, dQ 64 x 64, 4 warps. Past
+    best at d 48 too (docs/ops/attention.md): forward 64 x 64, dK/dV 32 queries x 64 keys, dQ 64 x 64, 4 warps; rows
+    up to 64 bytes (d <= 32), whose accumulators are small, dK/dV on 128 keys (0.87-0.95x forward + backward at d 24
+    and 32 on an H100, 7 of 8 settings; docs/ops/attention.md, session 66). Past
     d 128, so that K/V stages fit: forward 64 x 32, dK/dV 32 x 64 (32 x 32 on 2 stages past d 192, where 64 keys'
     accumulators spill), dQ 64 x 32, 4 warps; halved past d 256. fp32 to d 64 (its registers): forward 128 x 64 (4
     warps to 128-byte rows, 8 past), dK/dV 64 x 128 (8 warps; 32 x 128 past 128 bytes), dQ 128 x 64 (8 warps; 128 x
@@ -1519,7 +1521,8 @@ def rule_plan(kernel: str, d: int, dtype: torch.dtype, causal: bool) -> Plan:
     row = d_work(d) * dtype.itemsize
     if dtype.itemsize == 2:
         if row <= 256:
-            return {"fwd": Plan(64, 64, 4, 3), "dkdv": Plan(32, 64, 4, 3), "dq": Plan(64, 64, 4, 3)}[kernel]
+            dkdv = Plan(32, 128, 4, 3) if row <= 64 else Plan(32, 64, 4, 3)
+            return {"fwd": Plan(64, 64, 4, 3), "dkdv": dkdv, "dq": Plan(64, 64, 4, 3)}[kernel]
         if row <= 512:  # past d 128: tiles halved so that K/V stages fit in shared memory; dK/dV's fp32
             # accumulators (2 x keys x d_work) at most 192 values a thread: 32 keys past d 192
             dkdv = Plan(32, 64, 4, 1) if row <= 384 else Plan(32, 32, 4, 2)
