@@ -1104,6 +1104,30 @@ def test_16_bit_rows_past_d_128_keep_their_own_plans() -> None:
         assert tk.rule_plan("fwd", 96, torch.float32, True) == tk.Plan(16, 32, 4, 1)
 
 
+def test_dkdv_programs_of_short_query_loops_take_2_stages() -> None:
+    """On a GPU's plans, a 16-bit dK/dV plan of 3 stages drops to 2 where its programs visit at most 12 query blocks
+    on average (nq / block_m, half that causal): the GPT block's 1024 tokens causal, not 2048 nor 1024 unmasked;
+    fp32 and forced plans keep theirs."""
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    def dkdv(nq: int, causal: bool, dtype: torch.dtype = torch.bfloat16, d: int = 64) -> tk.Plan:
+        return tk.choose_plan("dkdv", d, dtype, causal, torch.device("cuda"), nq, nq, 96)
+
+    with tuning.planning_as(tuning.GPUModel("nvidia-h100-80gb-hbm3-sm90", 132, 9)):
+        assert dkdv(1024, True) == tk.Plan(64, 64, 4, 2)  # 8 blocks on average
+        assert dkdv(1536, True) == tk.Plan(64, 64, 4, 2)  # 12
+        assert dkdv(2048, True) == tk.Plan(64, 64, 4, 3)  # 16
+        assert dkdv(16384, True) == tk.Plan(64, 64, 4, 3)
+        assert dkdv(1024, False).stages == 3  # 16 blocks unmasked
+        assert dkdv(700, False, d=80).stages == 2
+        assert dkdv(1024, True, torch.float32, d=32).stages == 3  # fp32's plans are its own (64 x 128 x 8 x 3)
+        assert tk.choose_plan("dq", 64, torch.bfloat16, True, torch.device("cuda"), 1024, 1024, 96).stages == 3
+        with tk.forced_plans({"dkdv": tk.Plan(64, 64, 4, 3)}):
+            assert dkdv(1024, True).stages == 3
+    assert tk.short_loop_stages(tk.Plan(32, 64, 4, 1), 100, True).stages == 1  # never more stages
+
+
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) -> None:

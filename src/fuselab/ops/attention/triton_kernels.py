@@ -1603,7 +1603,25 @@ def _choose_plan(
         return rule_plan(kernel, d, dtype, causal)
     key, sms, _ = gpu
     plan = table_plan(kernel, d, dtype, causal, tuning.load_table(FOLDER, key), n_class(nq, nk))
-    return fit_plan(kernel, plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
+    plan = fit_plan(kernel, plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
+    if kernel == "dkdv" and dtype.itemsize == 2:
+        plan = short_loop_stages(plan, nq, causal)
+    return plan
+
+
+SHORT_LOOP_BLOCKS = 12  # query blocks a dK/dV program visits on average, at most, for it to take 2 stages
+
+
+def short_loop_stages(plan: Plan, nq: int, causal: bool) -> Plan:
+    """A 16-bit dK/dV plan of 3 stages or more, where its programs' query loops are short (on average at most
+    SHORT_LOOP_BLOCKS blocks of block_m: nq / block_m, half that under the causal mask), on 2 stages: the pipeline's
+    fill and drain are a large share of a short loop. On an H100 (causal, d 48-64, 64 x 64 tiles), 2 stages took
+    0.955-0.983x the forward + backward time of 3 at loops of 8-12 blocks, 1.016-1.080x at 16-128
+    (docs/ops/attention.md, session 66)."""
+    blocks = triton.cdiv(nq, plan.block_m) / (2 if causal else 1)
+    if plan.stages >= 3 and blocks <= SHORT_LOOP_BLOCKS:
+        return Plan(plan.block_m, plan.block_n, plan.warps, 2)
+    return plan
 
 
 def table_plan(
