@@ -15,7 +15,8 @@ kernels at their own plans ("plan", what `choose_plan` picks: table or rule, fit
 `--plans` (as given, not fitted to the shape; dqds: the dQ kernel of stored scores, timed with them stored; dq: the
 recomputing dQ kernel, timed with dS recomputed, the only backward it runs in), with the dS stored for dQ ("stored",
 `--stored-scores`) or recomputed ("recomputed", where the rule stores it), and with the head dim held in other chunks
-("chunks64+0", `--chunks`; own plans, as the table keys them). Each line of `--out` (JSON) is one shape's medians in ms,
+("chunks64+0", `--chunks`; own plans, as the table keys them), and by pointers where they would take TMA descriptors
+("pointers", and "<variant> pointers"; `--pointers`). Each line of `--out` (JSON) is one shape's medians in ms,
 with the GPU, torch, Triton and git revision. A variant that fails to compile or gives a wrong result is recorded with
 its error. Exploration: what it finds goes into the rules or the tuner's candidates (docs/ops/attention.md).
 """
@@ -29,7 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -65,11 +66,12 @@ def parse_shape(text: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class Variant:
     """One way to run the Triton kernels: plans forced by kernel, dS stored or not (None: the rule), the head dim's
-    chunks (None: `d_chunks`)."""
+    chunks (None: `d_chunks`), by pointers where TMA descriptors would be used (`pointers`)."""
 
     plans: dict[str, tk.Plan] = field(default_factory=dict)
     stored: bool | None = None
     chunks: tuple[int, int] | None = None
+    pointers: bool = False
 
 
 @contextlib.contextmanager
@@ -87,6 +89,9 @@ def running(variant: Variant, d: int) -> Iterator[None]:
             tk._PLANS = CHUNKED_PLANS.setdefault(variant.chunks, tuning.Prepared())
             stack.callback(setattr, tk, "d_chunks", original)
             stack.callback(setattr, tk, "_PLANS", plans)
+        if variant.pointers:
+            stack.callback(setattr, tk, "tma_ready", tk.tma_ready)
+            tk.tma_ready = lambda *tensors: False
         yield
 
 
@@ -189,6 +194,8 @@ def main() -> int:
     p.add_argument("--shape", type=parse_shape, action="append", required=True)
     p.add_argument("--causal", choices=("yes", "no", "both"), default="yes")
     p.add_argument("--forward-only", action="store_true", help="time the forward alone (the backward not run)")
+    p.add_argument("--pointers", action="store_true", help="also run the own plans and each variant by pointers, "
+                   "where they would take TMA descriptors")  # fmt: skip
     p.add_argument("--rep-ms", type=float, default=150.0)
     p.add_argument("--out", type=Path, required=True, help="JSON lines, appended")
     args = p.parse_args()
@@ -208,8 +215,11 @@ def main() -> int:
     for text in (t for t in args.chunks.split(",") if t):
         da, db = (int(x) for x in text.split("+"))
         variants[f"chunks{da}+{db}"] = Variant(chunks=(da, db))
+    if args.pointers:
+        by_pointers = {f"{name} pointers": replace(variant, pointers=True) for name, variant in variants.items()}
+        variants = {**variants, "pointers": Variant(pointers=True), **by_pointers}
     if not variants:
-        p.error("nothing to time beside the own plans: give --plans, --stored-scores or --chunks")
+        p.error("nothing to time beside the own plans: give --plans, --stored-scores, --chunks or --pointers")
     if args.forward_only and (args.stored_scores or args.kernel not in (None, "fwd")):
         p.error("--forward-only times the forward: --kernel fwd or --chunks only")
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]

@@ -150,21 +150,23 @@ def test_attention_plan_sweep_times_every_variant_it_is_given(tmp_path) -> None:
 
 def test_attention_plan_sweep_times_the_forward_alone_when_asked(tmp_path) -> None:
     """`--forward-only`: one JSON line per shape and mask of the forward's medians (own plans and a forced forward
-    plan), its plan alone among the own plans, nothing stored; backward variants are refused with a message."""
+    plan, and with `--pointers` both again by pointers: the interpreter has no TMA, so here that only shows they are
+    timed), its plan alone among the own plans, nothing stored; backward variants are refused with a message."""
     import json
 
     out = tmp_path / "sweep.jsonl"
     script = [sys.executable, str(ROOT / "scripts" / "attention_plan_sweep.py"), "--forward-only"]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(
-        [*script, "--kernel", "fwd", "--plans", "16x16x1x1", "--shape", "3x2x1x19x23x40", "--causal", "no",
-         "--rep-ms", "1", "--out", str(out)],
+        [*script, "--kernel", "fwd", "--plans", "16x16x1x1", "--pointers", "--shape", "3x2x1x19x23x40", "--causal",
+         "no", "--rep-ms", "1", "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["pass"] == "forward" and row["causal"] is False and row["shape"] == [3, 2, 1, 19, 23, 40], row
-    assert set(row["ms"]) == {"plan", "fwd 16x16x1x1"} and all(ms > 0 for ms in row["ms"].values()), row
+    assert set(row["ms"]) == {"plan", "fwd 16x16x1x1", "pointers", "fwd 16x16x1x1 pointers"}, row
+    assert all(ms > 0 for ms in row["ms"].values()), row
     assert set(row["own_plans"]) == {"fwd"} and row["stores_scores"] is False, row
     refused = subprocess.run(
         [*script, "--stored-scores", "--shape", "1x1x1x9x9x16", "--out", str(tmp_path / "no.jsonl")],
@@ -172,6 +174,26 @@ def test_attention_plan_sweep_times_the_forward_alone_when_asked(tmp_path) -> No
     )  # fmt: skip
     assert refused.returncode == 2 and "--forward-only times the forward" in refused.stderr, refused.stderr
     assert not (tmp_path / "no.jsonl").exists()
+
+
+def test_attention_plan_sweep_pointers_variant_turns_tma_off_within_its_block_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A `pointers` variant runs the kernels as if no tensor were TMA-ready (the pointer kernels, on any GPU), and
+    puts `tma_ready` back as it leaves, also when the block raises."""
+    spec = importlib.util.spec_from_file_location("_sweep", ROOT / "scripts" / "attention_plan_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "_sweep", sweep)  # its dataclasses look their module up
+    spec.loader.exec_module(sweep)
+    tk, original = sweep.tk, sweep.tk.tma_ready
+    with sweep.running(sweep.Variant(pointers=True), 40):
+        assert tk.tma_ready is not original and tk.tma_ready() is False
+    assert tk.tma_ready is original
+    with pytest.raises(RuntimeError), sweep.running(sweep.Variant(pointers=True), 40):
+        raise RuntimeError("a variant that fails")
+    assert tk.tma_ready is original
+    with sweep.running(sweep.Variant(), 40):
+        assert tk.tma_ready is original
 
 
 def test_impl_map_reduces_a_run_and_compares_two_shape_by_shape(tmp_path) -> None:
