@@ -15,6 +15,7 @@ OUT=$OUT FUSELAB_REVISION=$REV AFTER="pending/softmax-backward-hold-32/*.patch" 
 echo "ab: $(( $(date +%s) - T_START )) s"
 cd /tmp/ab-trees/after || exit 1
 T_BENCH=$(( (${CALL_S:-300} - $(date +%s) + T_START - 15) / 3 ))
+[ "$T_BENCH" -ge 30 ] || T_BENCH=30  # each variant at least 30 s (`timeout 0` would be no limit at all)
 FUSELAB_EXT_DIR=/tmp/ab-trees/ext-after LIGER=$ROOT/explore/liger FUSELAB_REVISION=$REV+hold32 \
   TABLE=src/fuselab/ops/softmax/plans/nvidia-h200-sm90.json DTYPES="fp32 bf16 fp16" IMPLS=cuda,liger MEASURED=cuda \
   T_BENCH=$T_BENCH OUT=$OUT \
