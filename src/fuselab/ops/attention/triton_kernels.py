@@ -1619,9 +1619,7 @@ def short_loop_stages(plan: Plan, nq: int, causal: bool) -> Plan:
     0.955-0.983x the forward + backward time of 3 at loops of 8-12 blocks, 1.016-1.080x at 16-128
     (docs/ops/attention.md, session 66)."""
     blocks = triton.cdiv(nq, plan.block_m) / (2 if causal else 1)
-    if plan.stages >= 3 and blocks <= SHORT_LOOP_BLOCKS:
-        return Plan(plan.block_m, plan.block_n, plan.warps, 2)
-    return plan
+    return replace(plan, stages=2) if plan.stages >= 3 and blocks <= SHORT_LOOP_BLOCKS else plan
 
 
 def table_plan(
@@ -1987,7 +1985,7 @@ def _backward_delta(
     over 3 queries read mostly masked lanes, and the dQ kernel's 128 rows on 2 warps left 6661 queries of 8 heads in
     a quarter of a wave (docs/ops/attention.md, session 65)."""
     z, hq, nq, d = o4.shape
-    rows = min(64, max(16, 1 << (nq - 1).bit_length()))
+    rows = min(64, d_pad(nq))
     plan = Plan(16, 1, 1, 1) if small else Plan(rows, 1, 4 if rows == 64 else 2, 1)
     if like_dq and delta_in_dq(o4.dtype):
         dq = choose_plan("dq", d, o4.dtype, causal, o4.device, nq, nk, z * hq)
