@@ -1128,6 +1128,35 @@ def test_dkdv_programs_of_short_query_loops_take_2_stages() -> None:
     assert tk.short_loop_stages(tk.Plan(32, 64, 4, 1), 100, True).stages == 1  # never more stages
 
 
+def test_heads_of_33_to_40_columns_take_the_padded_heads_forward() -> None:
+    """On a GPU's plans, the 16-bit forward of heads of 33-40 columns at long sequences takes 128 x 64 on 3 stages
+    (fitted to the shape) in place of the d-64 key's tiles; 41-64 columns, short sequences, the backward's kernels,
+    fp32 and forced plans keep theirs."""
+    from fuselab.ops import tuning
+    from fuselab.ops.attention import triton_kernels as tk
+
+    def plan(kernel: str, d: int, nq: int, nk: int, dtype: torch.dtype = torch.bfloat16, causal: bool = True):
+        return tk.choose_plan(kernel, d, dtype, causal, torch.device("cuda"), nq, nk, 48)
+
+    with tuning.planning_as(tuning.GPUModel("nvidia-h200-sm90", 132, 9)):
+        d64 = plan("fwd", 64, 2500, 2500)
+        assert d64 == tk.Plan(64, 128, 4, 2)  # the table's
+        for d in (33, 36, 40):
+            assert plan("fwd", d, 2500, 2500) == tk.Plan(128, 64, 4, 3)
+            assert plan("fwd", d, 4096, 4096, torch.float16, causal=False) == tk.Plan(128, 64, 4, 3)
+            assert plan("fwd", d, 4096, 77) == tk.Plan(128, 64, 4, 3)  # long by its queries; 64 keys fit 77
+        assert plan("fwd", 40, 3000, 40) == tk.Plan(128, 64, 4, 3)
+        for d in (41, 48, 56):
+            assert plan("fwd", d, 2500, 2500) == d64
+        assert plan("fwd", 40, 700, 700) == plan("fwd", 64, 700, 700)  # short: the table's short plan
+        assert plan("dkdv", 40, 2500, 2500) == plan("dkdv", 64, 2500, 2500)
+        assert plan("dq", 40, 2500, 2500) == plan("dq", 64, 2500, 2500)
+        assert plan("fwd", 40, 2500, 2500, torch.float32) == plan("fwd", 64, 2500, 2500, torch.float32)
+        assert plan("fwd", 24, 2500, 2500) == plan("fwd", 32, 2500, 2500)  # d_work 32: not padded to 64
+        with tk.forced_plans({"fwd": tk.Plan(64, 128, 4, 2)}):
+            assert plan("fwd", 40, 2500, 2500) == tk.Plan(64, 128, 4, 2)
+
+
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) -> None:

@@ -1602,11 +1602,25 @@ def _choose_plan(
     if gpu is None:
         return rule_plan(kernel, d, dtype, causal)
     key, sms, _ = gpu
-    plan = table_plan(kernel, d, dtype, causal, tuning.load_table(FOLDER, key), n_class(nq, nk))
+    length = n_class(nq, nk)
+    plan = table_plan(kernel, d, dtype, causal, tuning.load_table(FOLDER, key), length)
+    if kernel == "fwd" and dtype.itemsize == 2 and length == "long":
+        plan = padded_head_forward(plan, d)
     plan = fit_plan(kernel, plan, nq, nk, heads, sms, d_work(d) * dtype.itemsize)
     if kernel == "dkdv" and dtype.itemsize == 2:
         plan = short_loop_stages(plan, nq, causal)
     return plan
+
+
+PADDED_HEAD_FORWARD = Plan(128, 64, 4, 3)  # the 16-bit forward of heads of 33-40 columns, long sequences
+
+
+def padded_head_forward(plan: Plan, d: int) -> Plan:
+    """PADDED_HEAD_FORWARD for heads of 33-40 columns (Stable Diffusion's 40), which run the d-64 key's tiles padded
+    to 64: 128 queries x 64 keys on 3 stages, in place of the table's 64 x 128 on 2 (tuned at d 64). On an H100, at
+    long sequences, it took 0.58-0.64x the forward's time at d 40 (six shapes, both masks), 0.81-0.88x forward +
+    backward; at d 56 0.86-0.89x, at d 48 0.99-1.10x, at d 64 1.13-1.22x (docs/ops/attention.md, sessions 67-68)."""
+    return PADDED_HEAD_FORWARD if d_work(d) == 64 and d <= 40 else plan
 
 
 SHORT_LOOP_BLOCKS = 12  # query blocks a dK/dV program visits on average, at most, for it to take 2 stages
