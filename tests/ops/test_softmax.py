@@ -939,9 +939,11 @@ SMALL_SPAN_RULES = {"threads": 128, "hold": 8, "backward_hold": 8, "min_span_byt
 def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() -> None:
     """`cuda.configure` hands other span rules to the launchers without a rebuild: blocks of 128 threads holding 8
     values, rows cut from 16 KiB into spans down to 4 KiB, one block per SM, no rows staged; then blocks of 1024
-    threads, rows read one element at a time leaving the warp kernels past 256 columns, and rows staged up to 2 KiB
-    in tiles of 16 KiB (bf16 3001 x 900: 57 600 bytes of shared memory a backward block). Every span shape stays
-    right forward and backward under them, rows on and off 16-byte boundaries, fp32 and bf16. Rules beyond the
+    threads, backward blocks holding 32 values (bf16 305 x 11 008: 512 threads x 3 packs, 16 x 16 384: 512 x 4,
+    3 x 28 672: 1024 x 4, 16-bit packs held as stored), rows read one element at a time leaving the warp kernels past
+    256 columns, and rows staged up to 2 KiB in tiles of 16 KiB (bf16 3001 x 900: 57 600 bytes of shared memory a
+    backward block). Every span shape stays right forward and backward under them, rows on and off 16-byte
+    boundaries, fp32 and bf16. Rules beyond the
     kernels' limits are a ValueError naming them (raised in Python before the binding is called); the table's rules
     are put back at the end."""
     fl = torch.ops.fuselab
@@ -949,12 +951,14 @@ def test_gpu_cuda_span_rules_set_at_run_time_change_the_plans_not_the_results() 
     table = cuda.span_rules(index)
     assert set(table) == set(cuda.SPAN_RULES)
     small = SMALL_SPAN_RULES
-    wide = {**table, "threads": 1024, "scalar_warp_width_fp32": 256, "scalar_warp_width_16bit": 256,
-            "staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048, "staged_packed_row_bytes": 2048,
+    wide = {**table, "threads": 1024, "backward_hold": 32, "scalar_warp_width_fp32": 256,
+            "scalar_warp_width_16bit": 256, "staged_row_bytes_fp32": 2048, "staged_row_bytes_16bit": 2048,
+            "staged_packed_row_bytes": 2048,
             "staged_tile_bytes": 16384, "staged_blocks_per_sm": 1, "edge_warp_row_bytes": 4096,
             "single_column_elementwise": 1, "one_wave": 1}  # fmt: skip
     shapes = ((1, 1025), (6, 5500), (7, 20001), (131, 5000), (613, 22711), (300, 16385), (129, 945), (2, 694237),
-              (3, 1100001), (3001, 900), (20001, 7), (40001, 8), (5001, 301))  # fmt: skip
+              (3, 1100001), (3001, 900), (20001, 7), (40001, 8), (5001, 301), (305, 11008), (16, 16384),
+              (3, 28672))  # fmt: skip
     try:
         for rules, dtype, (rows, width), offset in itertools.product(
             (small, wide), (torch.float32, torch.bfloat16), shapes, (0, 1)
@@ -1521,8 +1525,9 @@ def cuda_plans(tmp_path_factory: pytest.TempPathFactory):
 
 
 def wide_hold(vec: int, backward: bool) -> int:
-    """Values a thread of a block past 512 threads holds at most (softmax_plan.h: what 64 registers keep unspilled)."""
-    return 8 if vec == 1 else 16 if backward else 32
+    """Values a thread of a block past 512 threads holds at most (softmax_plan.h: what 64 registers keep unspilled;
+    the backward holds 16-bit packs, 8 values each, as stored)."""
+    return 8 if vec == 1 else (32 if vec == 8 else 16) if backward else 32
 
 
 @pytest.mark.parametrize("threads", [512, 1024])
@@ -1591,6 +1596,27 @@ def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cud
     assert plan(3, 20000, 4, 4, 132, False, r1024)[0] == 1 and plan(3, 20000, 1, 4, 132, False, r1024)[0] == 9
     assert route(3, 20000, 4, False, r1024) == ("spans", True, True, 1, (0, 0))
     assert route(3, 20000, 4, False, r1024, offsets=(4, 0)) == ("spans", False, False, 9, (4, 2 * 3 * 9))
+
+
+def test_cuda_backward_holds_up_to_32_values_a_thread(cuda_plans) -> None:
+    """backward_hold may be up to 32 (the kernels are compiled for it): blocks of up to 512 threads then hold 32
+    values of y and of dy a thread, as the forward's hold 32 of x (bf16 305 x 11 008: 512 threads x 3 packs, the
+    forward's plan and the shape of Liger's kernel, not 1024 x 2; docs/ops/softmax.md, session 67). Blocks of 1024
+    (64 registers) hold 32 16-bit values too, packs held as stored, so 16-bit rows of up to 32 768 are held whole by
+    one block (3 x 28 672: not 21 spans that meet); fp32 ones 16, so fp32 rows past 512 x 32 are cut. 33 is refused.
+    The defaults keep 16."""
+    plan, _, valid, *_ = cuda_plans
+    h32 = {"backward_hold": 32}
+    assert plan(305, 11008, 8, 2, 132, True) == (1, 11008, 1024, 2)  # the defaults: 16 values a thread
+    assert plan(305, 11008, 8, 2, 132, True, h32) == (1, 11008, 512, 3)
+    assert plan(305, 11008, 8, 2, 132, False) == (1, 11008, 512, 3)  # the forward's
+    assert plan(6, 11008, 4, 4, 132, True, h32) == (1, 11008, 512, 6)  # fp32: 24 values of 32
+    assert plan(16, 16384, 8, 2, 132, True, h32) == (1, 16384, 512, 4)
+    assert plan(200, 32768, 8, 2, 132, True, h32) == (1, 32768, 1024, 4)  # 1024 threads x 32 16-bit values
+    assert plan(3, 28672, 8, 2, 132, True, h32) == (1, 28672, 1024, 4)  # one block a row, no meeting
+    assert plan(3, 28672, 8, 2, 132, True)[0] == 7  # the defaults: 21 spans of 512 x 16 values or fewer
+    assert plan(200, 32768, 4, 4, 132, True, h32) == (2, 16384, 512, 8)  # fp32: 1024 threads hold 16, so cut
+    assert valid({**DEFAULT_SPAN_RULES, **h32}) and not valid({**DEFAULT_SPAN_RULES, "backward_hold": 33})
 
 
 def test_cuda_one_wave_cuts_few_rows_finer_where_that_makes_the_grid_run_at_once(cuda_plans) -> None:
@@ -1677,7 +1703,7 @@ def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(
     assert plan(6, 5500, 4, 4, 132, False, {"split_row_bytes": 16384}) == (2, 2752, 128, 6)
     assert route(6, 5500, 4, False, {"split_row_bytes": 16384}).scratch == (7, 2 * 6 * 2)
     assert plan(2, 694237, 4, 4, 132, False, {"blocks_per_sm": 1})[0] == 66  # two rows on one block per SM
-    for bad in ({"threads": 2048}, {"threads": 384}, {"threads": 64}, {"hold": 33}, {"backward_hold": 17},
+    for bad in ({"threads": 2048}, {"threads": 384}, {"threads": 64}, {"hold": 33}, {"backward_hold": 33},
                 {"hold": 0}, {"min_span_bytes": 8}, {"blocks_per_sm": 0}, {"scalar_warp_width_fp32": 0},
                 {"scalar_warp_width_16bit": 1025}, {"staged_row_bytes_fp32": -1}, {"staged_row_bytes_16bit": 2049},
                 {"staged_tile_bytes": 255}, {"staged_tile_bytes": 16385},

@@ -56,7 +56,7 @@ SPAN_RULES = (
 SPAN_LIMITS: dict[str, tuple[int, int | None]] = {
     "threads": (128, 1024),
     "hold": (1, 32),
-    "backward_hold": (1, 16),
+    "backward_hold": (1, 32),
     "min_span_bytes": (16, None),
     "split_row_bytes": (1, None),
     "blocks_per_sm": (1, None),

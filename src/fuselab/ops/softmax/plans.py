@@ -80,7 +80,7 @@ DEFAULTS: dict[str, object] = {
     # the grid one wave (softmax_plan.h's resident_blocks: by registers alone). Staged forward rows of up to
     # `staged_lane_columns` columns (at most 16) go one to a lane (no shuffles), wider ones to groups of lanes holding
     # up to 4 values each (0: all to groups).
-    # The kernels are compiled for threads <= 1024, hold <= 32, backward_hold <= 16, scalar warp widths <= 1024,
+    # The kernels are compiled for threads <= 1024, hold <= 32, backward_hold <= 32, scalar warp widths <= 1024,
     # staged rows <= 2048 bytes, staged tiles of 256-16384 bytes and edge warp rows <= 4096 bytes.
     "cuda_spans": {
         "threads": 1024,

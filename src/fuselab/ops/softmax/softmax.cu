@@ -391,21 +391,81 @@ __global__ void __launch_bounds__(span_bound<T, VEC, ITERS, false>())
   forward_span<T, VEC, ITERS>(x + row * x_stride, y + row * y_stride, width, span, row, part, parts, m);
 }
 
-// dx = y * (dy - sum(y * dy)) over one span of a row, the span's partial sum meeting the row's others (parts > 1).
+// Two 16-bit values held in one 32-bit word, as fp32: `unpack` for y * dy's sum, `unpack_again` for dx. They give the
+// same values by different instructions (byte permutes), so that ptxas does not keep the first's results live across
+// the block's reduction (twice the registers of the words) in place of converting again: a backward block of 1024
+// threads then holds 32 16-bit values of y and of dy a thread in 64 registers (with one conversion ptxas spilled
+// 192-302 bytes a thread).
+__device__ __forceinline__ float2 unpack(unsigned w, __nv_bfloat16) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+__device__ __forceinline__ float2 unpack_again(unsigned w, __nv_bfloat16) {
+  return make_float2(__uint_as_float(__byte_perm(w, 0, 0x1044)), __uint_as_float(__byte_perm(w, 0, 0x3244)));
+}
+__device__ __forceinline__ float2 unpack(unsigned w, __half) {
+  __half2 h;
+  memcpy(&h, &w, sizeof(h));
+  return __half22float2(h);
+}
+__device__ __forceinline__ float2 unpack_again(unsigned w, __half) {
+  return make_float2(__half2float(__ushort_as_half((unsigned short)__byte_perm(w, 0, 0x4410))),
+                     __half2float(__ushort_as_half((unsigned short)__byte_perm(w, 0, 0x4432))));
+}
+
+// Thread t's packs of a span as stored, as 32-bit words (zeros past the span's end).
 template <typename T, int VEC, int ITERS>
-__device__ __forceinline__ void backward_span(const T* yr, const T* dyr, T* dxr, int64_t width, int64_t span,
-                                              int64_t row, int part, int parts, const Meeting& m) {
-  constexpr int N = ITERS * VEC;
-  const Span s = span_of<T, VEC>(yr, width, span, part);
-  const ThreadPacks t = packs_of<VEC>(s);
-  float a[N], g[N];
-  load_span<T, VEC, ITERS>(yr, t, a, 0.f);
-  load_span<T, VEC, ITERS>(dyr, t, g, 0.f);
-  const float ea = s.edge >= 0 ? to_float(yr[s.edge]) : 0.f;
-  const float eg = s.edge >= 0 ? to_float(dyr[s.edge]) : 0.f;
-  float dot = ea * eg;
+__device__ __forceinline__ void load_span_words(const T* row, const ThreadPacks& t, unsigned (*w)[VEC / 2]) {
+  const T* p = row + t.first;
 #pragma unroll
-  for (int i = 0; i < N; ++i) dot += a[i] * g[i];
+  for (int it = 0; it < ITERS; ++it) {
+    if (it < t.count) {  // one access a pack (a memcpy from p itself went out as byte loads: 1.3-1.6x the time)
+      const Pack<T, VEC> pack = *reinterpret_cast<const Pack<T, VEC>*>(p + it * blockDim.x * VEC);
+      memcpy(w[it], &pack, sizeof(w[it]));
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC / 2; ++i) w[it][i] = 0u;
+    }
+  }
+}
+
+// dx = y * (dy - dot) of 16-bit packs held as words, the values in the order the fp32 path takes them (the same sum
+// and the same results, bit for bit).
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ float sum_of_words(const unsigned (*a)[VEC / 2], const unsigned (*g)[VEC / 2], float dot) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int i = 0; i < VEC / 2; ++i) {
+      const float2 y = unpack(a[it][i], T{}), dy = unpack(g[it][i], T{});
+      dot += y.x * dy.x;
+      dot += y.y * dy.y;
+    }
+  }
+  return dot;
+}
+
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void store_span_words(T* row, const ThreadPacks& t, const unsigned (*a)[VEC / 2],
+                                                 const unsigned (*g)[VEC / 2], float dot) {
+  T* p = row + t.first;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    if (it < t.count) {
+      float out[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC / 2; ++i) {
+        const float2 y = unpack_again(a[it][i], T{}), dy = unpack_again(g[it][i], T{});
+        out[2 * i] = y.x * (dy.x - dot);
+        out[2 * i + 1] = y.y * (dy.y - dot);
+      }
+      store<T, VEC>(p + it * blockDim.x * VEC, out, 1.f);
+    }
+  }
+}
+
+// The row's sum of y * dy from this thread's share of its span (`dot`): over the block, then, where the row is cut
+// (parts > 1), over the row's spans, met in a fixed order.
+__device__ __forceinline__ float row_dot(float dot, const Meeting& m, int64_t row, int part, int parts) {
   dot = block_reduce(dot, Sum{}, 0.f);
   if (parts > 1) {
     meet(m, row, part, parts, make_float2(dot, 0.f));
@@ -413,9 +473,40 @@ __device__ __forceinline__ void backward_span(const T* yr, const T* dyr, T* dxr,
     for (int i = threadIdx.x; i < parts; i += blockDim.x) total += partial_of(m, row, parts, i).x;
     dot = block_reduce(total, Sum{}, 0.f);
   }
+  return dot;
+}
+
+// dx = y * (dy - sum(y * dy)) over one span of a row, the span's partial sum meeting the row's others (parts > 1).
+// 16-bit packs are held as stored (half the registers of their fp32 values: `wide_hold`), other values as fp32.
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void backward_span(const T* yr, const T* dyr, T* dxr, int64_t width, int64_t span,
+                                              int64_t row, int part, int parts, const Meeting& m) {
+  const Span s = span_of<T, VEC>(yr, width, span, part);
+  const ThreadPacks t = packs_of<VEC>(s);
+  float ea, eg, dot;
+  if constexpr (sizeof(T) == 2 && VEC >= 2) {
+    unsigned a[ITERS][VEC / 2], g[ITERS][VEC / 2];
+    load_span_words<T, VEC, ITERS>(yr, t, a);
+    load_span_words<T, VEC, ITERS>(dyr, t, g);
+    ea = s.edge >= 0 ? to_float(yr[s.edge]) : 0.f;
+    eg = s.edge >= 0 ? to_float(dyr[s.edge]) : 0.f;
+    dot = row_dot(sum_of_words<T, VEC, ITERS>(a, g, ea * eg), m, row, part, parts);
+    store_span_words<T, VEC, ITERS>(dxr, t, a, g, dot);
+  } else {
+    constexpr int N = ITERS * VEC;
+    float a[N], g[N];
+    load_span<T, VEC, ITERS>(yr, t, a, 0.f);
+    load_span<T, VEC, ITERS>(dyr, t, g, 0.f);
+    ea = s.edge >= 0 ? to_float(yr[s.edge]) : 0.f;
+    eg = s.edge >= 0 ? to_float(dyr[s.edge]) : 0.f;
+    dot = ea * eg;
 #pragma unroll
-  for (int i = 0; i < N; ++i) a[i] *= g[i] - dot;
-  store_span<T, VEC, ITERS>(dxr, t, a, 1.f);
+    for (int i = 0; i < N; ++i) dot += a[i] * g[i];
+    dot = row_dot(dot, m, row, part, parts);
+#pragma unroll
+    for (int i = 0; i < N; ++i) a[i] *= g[i] - dot;
+    store_span<T, VEC, ITERS>(dxr, t, a, 1.f);
+  }
   if (s.edge >= 0) dxr[s.edge] = from_float<T>(ea * (eg - dot));
 }
 
@@ -1001,7 +1092,7 @@ cudaError_t backward_warp(const T* y, const T* dy, T* dx, int64_t rows, int64_t 
     constexpr int GROUP = decltype(group)::value;
     return with_pow2(short_row ? 1 : next_pow2(ceil_div(packs, 32)), [&](auto iters) {
       constexpr int ITERS = decltype(iters)::value;
-      if constexpr (ITERS * VEC > kBackwardMaxElemsPerThread || (GROUP < 32 && ITERS > 1)) {
+      if constexpr (ITERS * VEC > kBackwardWarpMaxElems || (GROUP < 32 && ITERS > 1)) {
         return cudaErrorInvalidValue;
       } else {
         constexpr int ROWS_PER_BLOCK = kWarpKernelThreads / GROUP * rows_per_group<T>(ITERS * VEC);

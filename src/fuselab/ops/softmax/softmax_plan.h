@@ -16,9 +16,10 @@ namespace softmax_plan {
 constexpr int kSpanThreads = 1024;                // most threads of a span kernel's block
 constexpr int kFullHoldThreads = 512;             // blocks up to this many threads: a thread holds up to the limits below
 constexpr int kMaxElemsPerThread = 32;            // forward: fp32 values a thread holds at most
-constexpr int kBackwardMaxElemsPerThread = 16;    // backward: values of y (and as many of dy) a thread holds at most
+constexpr int kBackwardMaxElemsPerThread = 32;    // backward: values of y (and as many of dy) a thread holds at most
 constexpr int64_t kWarpMaxWidth = 1024;           // forward rows up to this: the warp kernel
 constexpr int64_t kBackwardWarpMaxWidth = 512;    // backward rows up to this: its warp kernel
+constexpr int kBackwardWarpMaxElems = 16;         // ... whose rows a group of 32 lanes holds in 16 values a lane
 constexpr int kStagedThreads = 256;               // threads of a staged kernel's block
 constexpr int64_t kStagedMaxRowBytes = 2048;      // staged rows are at most this long (the warp kernels' widths)
 constexpr int64_t kStagedMinTileBytes = 256;      // the rules' staged_tile_bytes: within these bounds
@@ -29,16 +30,18 @@ constexpr int64_t kEdgeWarpLeastRowBytes = 512;   // edge warp rows: at least a 
 
 // Values a thread of a block of more than kFullHoldThreads threads holds at most: such kernels are compiled for
 // 1024 threads, 64 registers a thread, and these are the most they keep without spilling at sm_90 (ptxas -v): packs
-// of 16 bytes, forward 32 values, backward 16 of y and 16 of dy; read one by one (vec 1), 8.
+// of 16 bytes, forward 32 values, backward 16 fp32 values of y and 16 of dy, or 32 16-bit ones (8 to a pack, held as
+// stored); read one by one (vec 1), 8.
 constexpr int wide_hold(int vec, bool backward) {
-  return vec == 1 ? 8 : backward ? 16 : 32;
+  return vec == 1 ? 8 : backward ? (vec == 8 ? 32 : 16) : 32;
 }
 
 // The span rules' parameters (plan-table data; the binding checks them against the limits above).
 struct SpanRules {
   int threads;                      // most threads of a span block: a power of 2 in 128..kSpanThreads
   int hold;                         // forward: values a thread holds at most (about as many given), <= 32
-  int backward_hold;                // backward: values of y (and of dy) a thread holds, <= 16
+  int backward_hold;                // backward: values of y (and of dy) a thread holds, <= 32 (blocks past 512
+                                    // threads: 16 fp32 ones, `wide_hold`)
   int64_t min_span_bytes;           // few rows: spans no shorter than this
   int64_t split_row_bytes;          // few rows: rows at least this long are cut
   int64_t blocks_per_sm;            // few rows: cut into spans while at most this many blocks run per SM
