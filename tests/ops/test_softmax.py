@@ -1542,7 +1542,7 @@ def test_cuda_span_plans_cover_every_row_and_fit_the_gpu(cuda_plans, threads: in
     plan, *_ = cuda_plans
     rules = {"threads": threads}
     for sms, backward, (itemsize, vec) in itertools.product((132, 78, 16), (False, True), ((4, 4), (2, 8), (4, 1))):
-        hold = 16 if backward else 32
+        hold = (32 if itemsize == 2 else 16) if backward else 32  # the defaults' backward_hold: 32 16-bit values
         wide = min(hold, wide_hold(vec, backward))
         whole = threads * wide if threads > 512 else 0  # a row a block of more than 512 threads holds whole
         for rows, width in itertools.product(
@@ -1576,8 +1576,10 @@ def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cud
     assert plan(7, 11987, 8, 2, 132, False)[0] == 1
     assert plan(15, 22769, 4, 4, 132, False, r512)[0] == 11  # cut anyway (22 769 > 16 384): as finely as 8 KiB allows
     assert plan(613, 22711, 4, 4, 132, False, r512)[0] == 2  # many rows: only as far as a block's hold asks
-    assert plan(87, 10984, 8, 2, 132, True, r512)[0] == 2  # the backward holds 8192 columns a block
-    # blocks of 1024 threads hold 32 values a thread in packs, 16 of y and dy backward, 8 one by one
+    assert plan(87, 10984, 8, 2, 132, True, r512)[0] == 1  # the backward holds 16 384 16-bit columns a block
+    assert plan(87, 10984, 4, 4, 132, True, r512)[0] == 3  # and 8 192 fp32 ones: cut anyway, as finely as 8 KiB
+    # blocks of 1024 threads hold 32 values a thread in packs, 16 fp32 values of y and dy backward (32 16-bit ones),
+    # 8 one by one
     r1024 = {"threads": 1024}
     assert plan(613, 22711, 4, 4, 132, False, r1024) == (1, 22712, 1024, 6)
     assert plan(1898, 18944, 8, 2, 132, False, r1024) == (1, 18944, 1024, 3)
@@ -1598,25 +1600,27 @@ def test_cuda_span_plans_cut_few_long_rows_finely_and_leave_short_ones_whole(cud
     assert route(3, 20000, 4, False, r1024, offsets=(4, 0)) == ("spans", False, False, 9, (4, 2 * 3 * 9))
 
 
-def test_cuda_backward_holds_up_to_32_values_a_thread(cuda_plans) -> None:
-    """backward_hold may be up to 32 (the kernels are compiled for it): blocks of up to 512 threads then hold 32
-    values of y and of dy a thread, as the forward's hold 32 of x (bf16 305 x 11 008: 512 threads x 3 packs, the
-    forward's plan and the shape of Liger's kernel, not 1024 x 2; docs/ops/softmax.md, session 67). Blocks of 1024
-    (64 registers) hold 32 16-bit values too, packs held as stored, so 16-bit rows of up to 32 768 are held whole by
-    one block (3 x 28 672: not 21 spans that meet); fp32 ones 16, so fp32 rows past 512 x 32 are cut. 33 is refused.
-    The defaults keep 16."""
+def test_cuda_backward_holds_up_to_32_16_bit_values_a_thread_and_half_as_many_fp32(cuda_plans) -> None:
+    """backward_hold counts 16-bit values of y and of dy a thread, up to 32 (the kernels are compiled for it), and
+    fp32 rows hold half as many, the same registers (16-bit packs are held as stored). The defaults' 32: blocks of
+    up to 512 threads hold 32 16-bit values a thread, as the forward's hold 32 of x (bf16 305 x 11 008: 512 threads
+    x 3 packs, the forward's plan and the shape of Liger's kernel, not 1024 x 2; docs/ops/softmax.md, session 69);
+    blocks of 1024 (64 registers) too, so 16-bit rows of up to 32 768 are held whole by one block (3 x 28 672: not
+    7 spans that meet); fp32 rows 16 values, as before the count was in 16-bit values (fp32 rows past 512 x 16 are
+    cut). 33 is refused."""
     plan, _, valid, *_ = cuda_plans
-    h32 = {"backward_hold": 32}
-    assert plan(305, 11008, 8, 2, 132, True) == (1, 11008, 1024, 2)  # the defaults: 16 values a thread
-    assert plan(305, 11008, 8, 2, 132, True, h32) == (1, 11008, 512, 3)
+    h16 = {"backward_hold": 16}
+    assert plan(305, 11008, 8, 2, 132, True) == (1, 11008, 512, 3)  # the defaults: 32 values a thread
+    assert plan(305, 11008, 8, 2, 132, True, h16) == (1, 11008, 1024, 2)
     assert plan(305, 11008, 8, 2, 132, False) == (1, 11008, 512, 3)  # the forward's
-    assert plan(6, 11008, 4, 4, 132, True, h32) == (1, 11008, 512, 6)  # fp32: 24 values of 32
-    assert plan(16, 16384, 8, 2, 132, True, h32) == (1, 16384, 512, 4)
-    assert plan(200, 32768, 8, 2, 132, True, h32) == (1, 32768, 1024, 4)  # 1024 threads x 32 16-bit values
-    assert plan(3, 28672, 8, 2, 132, True, h32) == (1, 28672, 1024, 4)  # one block a row, no meeting
-    assert plan(3, 28672, 8, 2, 132, True)[0] == 7  # the defaults: 21 spans of 512 x 16 values or fewer
-    assert plan(200, 32768, 4, 4, 132, True, h32) == (2, 16384, 512, 8)  # fp32: 1024 threads hold 16, so cut
-    assert valid({**DEFAULT_SPAN_RULES, **h32}) and not valid({**DEFAULT_SPAN_RULES, "backward_hold": 33})
+    assert plan(16, 16384, 8, 2, 132, True) == (1, 16384, 512, 4)
+    assert plan(200, 32768, 8, 2, 132, True) == (1, 32768, 1024, 4)  # 1024 threads x 32 16-bit values
+    assert plan(3, 28672, 8, 2, 132, True) == (1, 28672, 1024, 4)  # one block a row, no meeting
+    assert plan(3, 28672, 8, 2, 132, True, h16)[0] == 7  # 16 values a thread: 7 spans that meet
+    assert plan(6, 11008, 4, 4, 132, True) == (1, 11008, 1024, 3)  # fp32: 16 values, 1024 threads hold it whole
+    assert plan(6, 11008, 4, 4, 132, True, h16)[0] == 5  # fp32 under 16: 8 values a thread
+    assert plan(200, 32768, 4, 4, 132, True) == (4, 8192, 512, 4)  # fp32: 512 threads x 16 values a span
+    assert valid({**DEFAULT_SPAN_RULES, "backward_hold": 32}) and not valid({**DEFAULT_SPAN_RULES, "backward_hold": 33})
 
 
 def test_cuda_one_wave_cuts_few_rows_finer_where_that_makes_the_grid_run_at_once(cuda_plans) -> None:
@@ -1673,11 +1677,13 @@ def test_cuda_routes_pick_the_launchers_kernels_and_scratch_only_where_spans_mee
     assert route(1000, 5_000_001, 4, False) == ("looped", False, True, 0, (0, 0))  # no whole packs: one by one
     assert route(1000, 5_000_000, 2, True)[:4] == ("looped", True, True, 0)
     # few wide rows under the H200's rules: a 1024-thread block holds 29 x 28 672 bf16 rows whole (no scratch);
-    # the backward of 52 x 32 000 is cut into 5 spans (264 // 52), which meet
+    # its backward too (32 16-bit values a thread); fp32's (16 values a thread) is cut into 5 spans (264 // 52), which
+    # meet
     assert route(29, 28672, 2, False, rules) == ("spans", True, True, 1, (0, 0))
     assert route(52, 32000, 2, False, rules).scratch == (0, 0)
     assert route(52, 32000, 4, False, rules) == ("spans", True, True, 1, (0, 0))  # fp32: 32 values a thread, whole
-    assert route(52, 32000, 2, True, rules) == ("spans", True, True, 5, (53, 2 * 52 * 5))
+    assert route(52, 32000, 2, True, rules) == ("spans", True, True, 1, (0, 0))
+    assert route(52, 32000, 4, True, rules) == ("spans", True, True, 5, (53, 2 * 52 * 5))
     assert route(102, 11008, 2, True, rules) == ("spans", True, True, 1, (0, 0))
     # x two bytes off a boundary, y on one: read one by one, 8 values a thread, so cut, with scratch
     scalar = route(29, 28672, 2, False, rules, offsets=(2, 0))

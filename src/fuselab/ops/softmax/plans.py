@@ -62,21 +62,20 @@ DEFAULTS: dict[str, object] = {
     # smallest giving programs_per_sm programs per SM, within [min, max]), partial sums of y * dy met in a second kernel
     "backward_split": {"below_rows_per_sm": 2, "programs_per_sm": 4, "blocks": [1024, 4096]},
     # The CUDA impl's span rules (softmax_plan.h's SpanRules, handed to its launchers by cuda.configure): a row wider
-    # than its warp kernels take is cut into the fewest spans a block of at most `threads` holds (`hold` values a
-    # thread forward, `backward_hold` of y and of dy backward); where rows are fewer than SMs and a row is cut anyway
-    # or at least `split_row_bytes` long, finer, down to spans of `min_span_bytes`, while at most `blocks_per_sm`
-    # blocks per SM run. Blocks of up to 512 threads cut rows; one of more (fewer values a thread: softmax_plan.h's
-    # wide_hold, 64 registers) is used where it holds a row whole. Rows read one element at a time go to the warp
-    # kernels up to `scalar_warp_width_fp32` / `_16bit` columns. Contiguous rows of no whole number of 16-byte
-    # packs, up to `staged_row_bytes_fp32` / `_16bit` long (0: none), and of whole packs up to
-    # `staged_packed_row_bytes`, are
-    # staged: a block copies about `staged_tile_bytes` of each tensor's rows (fewer where that leaves fewer than
-    # `staged_blocks_per_sm` blocks per SM) into shared memory in packs and back. Rows of no whole number of packs,
-    # whose tensors' rows all start at one offset from a 16-byte boundary, from 512 bytes up to 1024 columns and
-    # `edge_warp_row_bytes` (0: none), go to the edge warp kernels: a warp a row, its aligned bulk in packs and its
-    # edges one element a lane. Rows of one column run elementwise (y = 1, or NaN where x is not finite) where
-    # `single_column_elementwise` is 1. With `one_wave` 1, few rows whose spans' blocks would not all run at once (a
-    # second wave, mostly idle, waiting out the first) are cut finer where smaller blocks, more of them an SM, make
+    # than its warp kernels take is cut into the fewest spans a block of at most `threads` holds (`hold` values a thread
+    # forward, `backward_hold` 16-bit values of y and of dy backward, half as many fp32 ones); where rows are fewer than
+    # SMs and a row is cut anyway or at least `split_row_bytes` long, finer, down to spans of `min_span_bytes`, while at
+    # most `blocks_per_sm` blocks per SM run. Blocks of up to 512 threads cut rows; one of more (fewer values a thread:
+    # softmax_plan.h's wide_hold, 64 registers) is used where it holds a row whole. Rows read one element at a time go
+    # to the warp kernels up to `scalar_warp_width_fp32` / `_16bit` columns. Contiguous rows of no whole number of
+    # 16-byte packs, up to `staged_row_bytes_fp32` / `_16bit` long (0: none), and of whole packs up to
+    # `staged_packed_row_bytes`, are staged: a block copies about `staged_tile_bytes` of each tensor's rows (fewer where
+    # that leaves fewer than `staged_blocks_per_sm` blocks per SM) into shared memory in packs and back. Rows of no
+    # whole number of packs, whose tensors' rows all start at one offset from a 16-byte boundary, from 512 bytes up to
+    # 1024 columns and `edge_warp_row_bytes` (0: none), go to the edge warp kernels: a warp a row, its aligned bulk in
+    # packs and its edges one element a lane. Rows of one column run elementwise (y = 1, or NaN where x is not finite)
+    # where `single_column_elementwise` is 1. With `one_wave` 1, few rows whose spans' blocks would not all run at once
+    # (a second wave, mostly idle, waiting out the first) are cut finer where smaller blocks, more of them an SM, make
     # the grid one wave (softmax_plan.h's resident_blocks: by registers alone). Staged forward rows of up to
     # `staged_lane_columns` columns (at most 16) go one to a lane (no shuffles), wider ones to groups of lanes holding
     # up to 4 values each (0: all to groups).
@@ -85,7 +84,7 @@ DEFAULTS: dict[str, object] = {
     "cuda_spans": {
         "threads": 1024,
         "hold": 32,
-        "backward_hold": 16,
+        "backward_hold": 32,
         "min_span_bytes": 8192,
         "split_row_bytes": 131072,
         "blocks_per_sm": 2,

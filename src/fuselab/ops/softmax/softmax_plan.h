@@ -40,8 +40,8 @@ constexpr int wide_hold(int vec, bool backward) {
 struct SpanRules {
   int threads;                      // most threads of a span block: a power of 2 in 128..kSpanThreads
   int hold;                         // forward: values a thread holds at most (about as many given), <= 32
-  int backward_hold;                // backward: values of y (and of dy) a thread holds, <= 32 (blocks past 512
-                                    // threads: 16 fp32 ones, `wide_hold`)
+  int backward_hold;                // backward: 16-bit values of y (and of dy) a thread holds, <= 32; fp32 rows
+                                    // half as many (blocks past 512 threads: 16 fp32 ones, `wide_hold`)
   int64_t min_span_bytes;           // few rows: spans no shorter than this
   int64_t split_row_bytes;          // few rows: rows at least this long are cut
   int64_t blocks_per_sm;            // few rows: cut into spans while at most this many blocks run per SM
@@ -129,9 +129,11 @@ inline SpanPlan forward_plan(int64_t rows, int64_t width, int vec, int itemsize,
   return span_plan(rows, width, vec, itemsize, std::min(r.hold, kMaxElemsPerThread), false, sms, r);
 }
 
-// The backward's plan for rows wider than kBackwardWarpMaxWidth (r.backward_hold values of y and of dy a thread).
+// The backward's plan for rows wider than kBackwardWarpMaxWidth: r.backward_hold 16-bit values of y and of dy a thread,
+// or half as many fp32 ones (the same registers: 16-bit packs are held as stored).
 inline SpanPlan backward_plan(int64_t rows, int64_t width, int vec, int itemsize, int sms, const SpanRules& r) {
-  return span_plan(rows, width, vec, itemsize, std::min(r.backward_hold, kBackwardMaxElemsPerThread), true, sms, r);
+  const int hold = std::max(1, r.backward_hold * 2 / itemsize);
+  return span_plan(rows, width, vec, itemsize, std::min(hold, kBackwardMaxElemsPerThread), true, sms, r);
 }
 
 // Whether rows of `width` go to the warp kernels: up to their limit where read in 16-byte packs (`vectorized`),
