@@ -885,14 +885,19 @@ def test_gpu_cuda_spans_on_a_side_stream_and_in_a_cuda_graph() -> None:
         assert rel_err(y_graph, reference(x)) <= tol
 
 
+# (impl, backward, shape, dtype, fills, warm_on_capture_stream): captured calls, and the fills of PyTorch's their
+# replays run (1 where the plan cuts rows into spans that meet; the CUDA cases' plans are pinned by
+# test_the_capture_cases_fill_where_the_cuda_plans_cut_rows, on the CPU)
+CAPTURE_CASES = [
+    ("cuda", False, (29, 28672), torch.bfloat16, 0, False), ("cuda", False, (2, 694237), torch.float32, 1, False),
+    ("cuda", True, (52, 48000), torch.bfloat16, 1, False), ("cuda", True, (52, 32000), torch.bfloat16, 0, False),
+    ("triton", False, (2, 300001), torch.float32, 1, False), ("triton", False, (2, 300001), torch.float32, 1, True),
+    ("triton", True, (2, 300001), torch.float32, 0, False), ("triton", False, (37, 325), torch.bfloat16, 0, False),
+]  # fmt: skip
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("impl", "backward", "shape", "dtype", "fills", "warm_on_capture_stream"),
-    [("cuda", False, (29, 28672), torch.bfloat16, 0, False), ("cuda", False, (2, 694237), torch.float32, 1, False),
-     ("cuda", True, (52, 32000), torch.bfloat16, 1, False), ("triton", False, (2, 300001), torch.float32, 1, False),
-     ("triton", False, (2, 300001), torch.float32, 1, True), ("triton", True, (2, 300001), torch.float32, 0, False),
-     ("triton", False, (37, 325), torch.bfloat16, 0, False)],
-)  # fmt: skip
+@pytest.mark.parametrize(("impl", "backward", "shape", "dtype", "fills", "warm_on_capture_stream"), CAPTURE_CASES)
 def test_gpu_a_captured_call_zeroes_only_the_counters_its_spans_meet_by(
     impl: str, backward: bool, shape: tuple[int, int], dtype: torch.dtype, fills: int, warm_on_capture_stream: bool
 ) -> None:
@@ -1689,6 +1694,20 @@ def test_cuda_routes_pick_the_launchers_kernels_and_scratch_only_where_spans_mee
     scalar = route(29, 28672, 2, False, rules, offsets=(2, 0))
     assert scalar[:3] == ("spans", False, False) and scalar.parts > 1
     assert scalar.scratch == (30, 2 * 29 * scalar.parts)
+
+
+def test_the_capture_cases_fill_where_the_cuda_plans_cut_rows(cuda_plans) -> None:
+    """The CUDA cases of the GPU capture test (CAPTURE_CASES) expect a fill exactly where the plan cuts their rows
+    into spans that meet (counters in the launch's scratch), under the defaults and under the H200's table (which an
+    H100 reads), so that a change of the rules that moves a case across is caught here, not only on the GPU."""
+    _, route, *_ = cuda_plans
+    h200 = json.loads((Path(plans.__file__).parent / "plans" / "nvidia-h200-sm90.json").read_text())
+    cases = [case for case in CAPTURE_CASES if case[0] == "cuda"]
+    assert {fills for *_, fills, _ in cases} == {0, 1}
+    for rules in (None, h200["params"]["cuda_spans"]):
+        for _, backward, (rows, width), dtype, fills, _ in cases:
+            counters = route(rows, width, dtype.itemsize, backward, rules).scratch[0]
+            assert (counters > 0) == (fills == 1), (rules is None, backward, rows, width, dtype, counters)
 
 
 def test_cuda_span_rules_are_plan_table_data_and_out_of_limit_rules_are_refused(cuda_plans) -> None:
