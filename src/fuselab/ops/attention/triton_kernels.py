@@ -1698,6 +1698,58 @@ def stores_scores(d: int, heads: int, nq: int, nk: int) -> bool:
     return d_work(d) >= 128 and heads * nk * nq * 2 <= SCORES_MAX_BYTES
 
 
+def score_slices(d: int, z: int, hq: int, hkv: int, nq: int, nk: int) -> list[tuple[slice, slice]] | None:
+    """Where the backward would store dS at tiles of more than 128 columns but the scores of all heads pass
+    SCORES_MAX_BYTES, while those of one KV head's query heads fit: the (batch, KV head) slices, in order, that the
+    backward runs one after another, each storing its own scores in the same workspace (memory stays within the
+    budget). Whole batches at a time where a batch's heads fit, else one batch at a time in KV-head groups; the slices
+    as even as the budget allows (16 heads of which 15 fit: 8 and 8, not 15 and 1). None: the backward runs whole.
+    Tiles of 128 columns run whole (their dQ recomputing S and dP): sliced, each slice's grid is a fraction of the
+    whole's, and at d 112-128 that cost more than the recomputation saved (docs/ops/attention.md, session 70)."""
+    group = hq // hkv
+    per_head = group * nq * nk * 2  # bytes of dS a KV head's query heads store
+    if d_work(d) <= 128 or z * hkv * per_head <= SCORES_MAX_BYTES or per_head > SCORES_MAX_BYTES:
+        return None
+    fit = SCORES_MAX_BYTES // per_head  # KV heads whose scores fit at once
+
+    def even(n: int, most: int) -> list[slice]:  # [0, n) in the fewest slices of at most `most`, as even as can be
+        size = -(-n // -(-n // most))
+        return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+
+    if fit >= hkv:
+        return [(b, slice(0, hkv)) for b in even(z, fit // hkv)]
+    return [(slice(b, b + 1), h) for b in range(z) for h in even(hkv, fit)]
+
+
+def _backward_by_slices(
+    slices: list[tuple[slice, slice]],
+    do4: torch.Tensor,
+    q4: torch.Tensor,
+    k4: torch.Tensor,
+    v4: torch.Tensor,
+    o4: torch.Tensor,
+    lse4: torch.Tensor,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    causal: bool,
+    scale: float,
+) -> bool:
+    """The backward of (Z, H, N, d) tensors run slice by slice (`score_slices`), each slice's gradients copied into
+    dq, dk, dv (contiguous). False, with nothing run, where a slice's views would not take TMA descriptors (their
+    bases off 16 bytes): the whole backward then runs as before."""
+    group = q4.shape[1] // k4.shape[1]
+    heads = [(b, slice(h.start * group, h.stop * group), h) for b, h in slices]  # (batch, query heads, KV heads)
+    if not all(tma_ready(q4[b, qh], k4[b, h], v4[b, h]) for b, qh, h in heads):
+        return False
+    for b, qh, h in heads:  # lse's slice made contiguous: the kernels read its rows in order
+        grads = backward(do4[b, qh], q4[b, qh], k4[b, h], v4[b, h], o4[b, qh], lse4[b, qh].contiguous(), causal, scale)
+        dq[b, qh].copy_(grads[0])
+        dk[b, h].copy_(grads[1])
+        dv[b, h].copy_(grads[2])
+    return True
+
+
 def ds_plan(d: int, dtype: torch.dtype, nq: int, nk: int, heads: int, sms: int) -> Plan:
     """The plan of `attention_bwd_dq_ds_kernel`: 64 queries x 64 keys on 4 warps (8 past 256-byte rows: its fp32
     dQ tile), 3 stages; fitted to the shape. Forced as DQ_DS (`forced_plans`)."""
@@ -1900,11 +1952,14 @@ def backward(
         # descriptors: for the TMA kernels where they hold the head dim as the pointer ones do (d <= 192; heads of
         # 193-256 take the pointer kernels), for the stored scores and their dQ kernel (`tma_chunks`) wherever ready
         descriptors = tma_ready(q4, k4, v4, dq, dk, dv)
+        slices = score_slices(d, z, hq, hkv, nq, nk) if descriptors and not _FORCED_STORE else None
+        lse4 = lse.reshape(z, hq, nq)
+        if slices and _backward_by_slices(slices, do4, q4, k4, v4, o4, lse4, dq, dk, dv, causal, scale):
+            return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
         tma = descriptors and tma_chunks(d) == d_chunks(d)
         if tma and not tma_ready(do4):  # a strided or misaligned gradient: one aligned copy, every tile by TMA
             do4 = do4.clone(memory_format=torch.contiguous_format)
         delta = launcher.workspace("attention delta", z * hq * nq, torch.float32, q.device, zeros=False)
-        lse4 = lse.reshape(z, hq, nq)
         small = _interpreter_plans()
         prec = _precision(q.dtype)
         da, db = d_chunks(d)
