@@ -107,13 +107,13 @@ def main() -> None:
     with tuning.planning_as(tuning.GPUModel(args.gpu, args.sms, 9)):
         by_shape = intercept(args.shapes, parse_dtype(args.dtype), dict(args.force), stored)
     compiled = inspect_triton.compile_launches([one.job for launches in by_shape.values() for one in launches], 90)
-    print("shape kernel tile warps registers spilled_bytes shared_kib programs_per_sm grid waves")
+    print("shape kernel tile warps registers spilled_bytes widest_load_bytes shared_kib programs_per_sm grid waves")
     for shape, launches in by_shape.items():
         for one in launches:
             c = compiled[one.job]
             held = inspect_triton.programs_per_sm(c, one.warps)
-            print(f"{shape} {c.name} {tile(one.kwargs)} {one.warps} {c.registers} {c.spills} {c.shared / 1024:.1f} "
-                  f"{held} {one.grid} {one.grid / (held * args.sms):.2f}")  # fmt: skip
+            print(f"{shape} {c.name} {tile(one.kwargs)} {one.warps} {c.registers} {c.spills} {c.widest_load} "
+                  f"{c.shared / 1024:.1f} {held} {one.grid} {one.grid / (held * args.sms):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

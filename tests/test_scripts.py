@@ -101,7 +101,7 @@ def test_attention_offline_audit_compiles_the_h200s_plans_without_a_gpu() -> Non
         "attention_bwd_dkdv_tma_kernel",
         "attention_bwd_dq_tma_kernel",
     }, tuned
-    tile, warps, registers, spilled, _, per_sm, _, _ = forced["attention_bwd_dkdv_tma_kernel"]
+    tile, warps, registers, spilled, _, _, per_sm, _, _ = forced["attention_bwd_dkdv_tma_kernel"]
     assert (tile, warps, spilled) == ("16x64/3", "4", "0") and int(registers) <= 255 and int(per_sm) >= 2, forced
     assert tuned["attention_bwd_dkdv_tma_kernel"][0] != "16x64/3", tuned  # the table's own plan, not the forced one
 
@@ -119,6 +119,25 @@ def test_attention_offline_audit_compiles_the_stored_scores_path() -> None:
     kernels = {line.split()[1]: line.split()[2:] for line in done.stdout.splitlines()[1:]}
     assert "attention_bwd_dq_ds_kernel" in kernels and "attention_bwd_dq_tma_kernel" not in kernels, kernels
     assert int(kernels["attention_bwd_dq_ds_kernel"][3]) == 0, kernels  # no spill
+
+
+@pytest.mark.slow
+def test_the_pointer_kernels_read_heads_of_no_multiple_of_16_columns_16_bytes_at_a_time() -> None:
+    """Heads of 200 columns (bf16 rows of 400 bytes, 16-byte aligned but 8 mod 16 elements) take the backward's
+    pointer kernels; compiled for sm_90 their widest global loads are 16 bytes (`row_align`, `_aligned`), as at 224
+    columns, not the 2-4 bytes Triton issued when it knew nothing of the strides; and the forward of heads of 34 (rows
+    of 68 bytes) reads 4 bytes at a time, not 2."""
+    script = ROOT / "scripts" / "attention_offline_audit.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--dtype", "bf16", "--stored-scores", "no", "1x4x4x999x999x200",
+         "1x4x4x999x999x34"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    widest = {tuple(line.split()[:2]): int(line.split()[6]) for line in done.stdout.splitlines()[1:]}
+    assert widest[("1x4x4x999x999x200", "attention_bwd_dkdv_kernel")] == 16, widest
+    assert widest[("1x4x4x999x999x200", "attention_bwd_dq_kernel")] == 16, widest
+    assert widest[("1x4x4x999x999x34", "attention_fwd_kernel")] == 4, widest
 
 
 @pytest.mark.slow

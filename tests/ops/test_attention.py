@@ -1005,7 +1005,7 @@ POINTERS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
 FP32_POINTERS = {"LSE", "DELTA", "DKP", "DVP"}
 CONSTANTS = {"HEAD_DIM": 80, "D_PAD": 128, "DA": 64, "DB": 16, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True,
              "QSPLIT": True, "PREC": "tf32", "WIDTH": 80, "BLOCK_R": 64, "WRITE_DQ": True, "STORE_DS": True,
-             "WRITE_DELTA": True}
+             "WRITE_DELTA": True, "ALIGN": 8}
 # d 80 in two chunks (64 + 16); dK/dV into partials, and their sum; dK/dV writing dQ; dK/dV storing dS; dQ writing
 # delta
 target = GPUTarget("cuda", 90, 32)

@@ -71,6 +71,15 @@ def _tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constex
 
 
 @triton.jit
+def _aligned(sz, sh, sn, ALIGN: tl.constexpr):
+    """A tensor's batch, head and row strides (elements), known to Triton as multiples of ALIGN, which the launcher
+    checked they are (`row_align`). Triton assumes divisibility only of integer arguments it sees divisible by 16, and
+    `tl.multiple_of` on an argument is lost; so without this, heads of 40 or 200 columns (row strides 8 mod 16) were
+    read 2-4 bytes at a time (sm_90 PTX, scripts/attention_offline_audit.py)."""
+    return sz // ALIGN * ALIGN, sh // ALIGN * ALIGN, sn // ALIGN * ALIGN
+
+
+@triton.jit
 def _program(NUM, H, ORDER_HEADS, LONGEST_FIRST: tl.constexpr, ACROSS_HEADS: tl.constexpr):
     """This program's (bh, z, h, block): program_id = bh * NUM + block over Z x H heads of NUM row blocks each, or
     with ACROSS_HEADS (causal blocks, whose work falls block by block) block by block across groups of ORDER_HEADS
@@ -215,6 +224,7 @@ def attention_fwd_kernel(
     ORDER_HEADS,
     qk_scale,
     HEAD_DIM: tl.constexpr,
+    ALIGN: tl.constexpr,
     DA: tl.constexpr,
     DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -232,6 +242,10 @@ def attention_fwd_kernel(
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
     qk_scale = tl.cast(qk_scale, tl.float32)  # torch.compile passes a Python float as fp64: all math stays fp32
+    sqz, sqh, sqn = _aligned(sqz, sqh, sqn, ALIGN)
+    skz, skh, skn = _aligned(skz, skh, skn, ALIGN)
+    svz, svh, svn = _aligned(svz, svh, svn, ALIGN)
+    soz, soh, son = _aligned(soz, soh, son, ALIGN)
     bh, z, h, block = _program(NUM_M, HQ, ORDER_HEADS, CAUSAL, CAUSAL)
     hk = h // GROUP
     m0 = block * BLOCK_M
@@ -405,11 +419,14 @@ def attention_bwd_delta_kernel(
     NQ,
     NUM_M,
     HEAD_DIM: tl.constexpr,
+    ALIGN: tl.constexpr,
     DA: tl.constexpr,
     DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
     """DELTA[z*HQ + h, i] = sum_d O[z, h, i, d] * DO[z, h, i, d] in fp32 (`_block_delta`). Grid: (NUM_M * Z * HQ,)."""
+    soz, soh, son = _aligned(soz, soh, son, ALIGN)
+    sdz, sdh, sdn = _aligned(sdz, sdh, sdn, ALIGN)
     bh, z, h, block = _program(NUM_M, HQ, 1, False, False)
     _block_delta(
         O, DO, DELTA, z, h, bh, block * BLOCK_M, soz, soh, son, sod, sdz, sdh, sdn, sdd, NQ, HEAD_DIM, DA, DB, BLOCK_M
@@ -680,6 +697,7 @@ def attention_bwd_dkdv_kernel(
     qk_scale,
     sm_scale,
     HEAD_DIM: tl.constexpr,
+    ALIGN: tl.constexpr,
     DA: tl.constexpr,
     DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -697,6 +715,13 @@ def attention_bwd_dkdv_kernel(
     which the launcher sums over S in a fixed order. WRITE_DQ (NUM_N 1: one key block holds every key a query sees):
     each query block's dQ has no other term, so it is written here, whole, into DQ (no dQ kernel, deterministic).
     STORE_DS: every dS^T tile also goes to ds_desc, as in `attention_bwd_dkdv_tma_kernel` (unused otherwise)."""
+    sqz, sqh, sqn = _aligned(sqz, sqh, sqn, ALIGN)
+    skz, skh, skn = _aligned(skz, skh, skn, ALIGN)
+    svz, svh, svn = _aligned(svz, svh, svn, ALIGN)
+    sdz, sdh, sdn = _aligned(sdz, sdh, sdn, ALIGN)
+    sdkz, sdkh, sdkn = _aligned(sdkz, sdkh, sdkn, ALIGN)
+    sdvz, sdvh, sdvn = _aligned(sdvz, sdvh, sdvn, ALIGN)
+    sdqz, sdqh, sdqn = _aligned(sdqz, sdqh, sdqn, ALIGN)
     SPLIT: tl.constexpr = DB > 0
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
@@ -1122,6 +1147,7 @@ def attention_bwd_dq_kernel(
     qk_scale,
     sm_scale,
     HEAD_DIM: tl.constexpr,
+    ALIGN: tl.constexpr,
     DA: tl.constexpr,
     DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -1133,6 +1159,12 @@ def attention_bwd_dq_kernel(
     """dQ of BLOCK_M queries of head (z, h), looping over key blocks. Grid: (NUM_M * Z * HQ,). WRITE_DELTA: their
     delta = rowsum(O * dO) from O here, stored for the dK/dV kernel launched after (`_block_delta`); else read from
     DELTA (O unused)."""
+    sqz, sqh, sqn = _aligned(sqz, sqh, sqn, ALIGN)
+    skz, skh, skn = _aligned(skz, skh, skn, ALIGN)
+    svz, svh, svn = _aligned(svz, svh, svn, ALIGN)
+    sdz, sdh, sdn = _aligned(sdz, sdh, sdn, ALIGN)
+    soz, soh, son = _aligned(soz, soh, son, ALIGN)
+    sdqz, sdqh, sdqn = _aligned(sdqz, sdqh, sdqn, ALIGN)
     SPLIT: tl.constexpr = DB > 0
     MASK_A: tl.constexpr = HEAD_DIM < DA
     MASK_B: tl.constexpr = HEAD_DIM < DA + DB
@@ -1274,6 +1306,7 @@ def attention_bwd_dq_tma_kernel(
     qk_scale,
     sm_scale,
     HEAD_DIM: tl.constexpr,
+    ALIGN: tl.constexpr,
     DA: tl.constexpr,
     DB: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -1285,6 +1318,8 @@ def attention_bwd_dq_tma_kernel(
     """`attention_bwd_dq_kernel` through tensor descriptors (blocks [1, 1, BLOCK_M or BLOCK_N, DA or DB]; the b
     descriptors unused when DB = 0; O and DO by pointers (any strides) for delta, WRITE_DELTA). Same grid, outputs and
     math."""
+    soz, soh, son = _aligned(soz, soh, son, ALIGN)
+    sdz, sdh, sdn = _aligned(sdz, sdh, sdn, ALIGN)
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     bh, z, h, block = _program(NUM_M, HQ, ORDER_HEADS, CAUSAL, CAUSAL)
     hk = h // GROUP
@@ -1433,6 +1468,17 @@ class Plan:
 
 KERNELS = ("fwd", "dkdv", "dq")  # the kernels `fuselab tune attention` tunes
 DQ_DS = "dqds"  # the dQ kernel of stored scores (`ds_plan`): forced by this name, fitted by the rule, not tuned
+
+
+def row_align(*tensors: torch.Tensor) -> int:
+    """ALIGN of the kernels that read by pointers (`_aligned`): the most elements, a power of 2 of at most 16 bytes,
+    that divide every stride of `tensors` but the last (the head dim's). 8 for contiguous 16-bit heads of 40 or 200
+    columns, whose rows Triton would otherwise read 2-4 bytes at a time; 2 for heads of 34."""
+    strides = [s for t in tensors for s in t.stride()[:-1]]
+    align = 16 // tensors[0].element_size()
+    while align > 1 and any(s % align for s in strides):
+        align //= 2
+    return align
 
 
 def d_pad(d: int) -> int:
@@ -1917,8 +1963,8 @@ def forward(
         _launch(
             attention_fwd_kernel, (num_m * z * hq,), q4, k4, v4, o, lse,
             *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(), hq, hq // hkv, nq, nk, num_m, group,
-            scale * LOG2E, plan=plan, HEAD_DIM=d, DA=d_chunks(d)[0], DB=d_chunks(d)[1], BLOCK_M=plan.block_m,
-            BLOCK_N=plan.block_n, CAUSAL=causal, PREC=_precision(q.dtype),
+            scale * LOG2E, plan=plan, HEAD_DIM=d, ALIGN=row_align(q4, k4, v4, o), DA=d_chunks(d)[0],
+            DB=d_chunks(d)[1], BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=_precision(q.dtype),
         )  # fmt: skip
     return o.reshape(q.shape), lse.reshape(q.shape[:-1])
 
@@ -2016,8 +2062,9 @@ def backward(
                 attention_bwd_dkdv_kernel, grid, q4, k4, v4, do4, lse4, delta, dk, dv,
                 *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dv.stride(), dkp, dvp,
                 dq, *dq.stride(), ds_out, hkv, hq // hkv, nq, nk, num, order_heads(sms, num), scale * LOG2E, scale,
-                plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-                QSPLIT=splits > 1, PREC=prec, WRITE_DQ=one_block, STORE_DS=store_ds,
+                plan=plan, HEAD_DIM=d, ALIGN=row_align(q4, k4, v4, do4, dk, dv, dq), DA=da, DB=db,
+                BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, QSPLIT=splits > 1, PREC=prec,
+                WRITE_DQ=one_block, STORE_DS=store_ds,
             )  # fmt: skip
         if splits > 1:  # a sum in a fixed order: deterministic
             rows, block = z * hkv * nk, 16  # 16 rows of fp32 dK and dV a program: 64 spilled its pointers
@@ -2063,7 +2110,7 @@ def _backward_delta(
     da, db = d_chunks(d)
     _launch(
         attention_bwd_delta_kernel, (num * z * hq,), o4, do4, delta, *o4.stride(), *do4.stride(), hq, nq, num,
-        plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m,
+        plan=plan, HEAD_DIM=d, ALIGN=row_align(o4, do4), DA=da, DB=db, BLOCK_M=plan.block_m,
     )  # fmt: skip
 
 
@@ -2096,14 +2143,15 @@ def _backward_dq(
             *_descriptors(k4, plan.block_n, da, db), *_descriptors(v4, plan.block_n, da, db),
             *_descriptors(do4, plan.block_m, da, db), lse4, delta, o4, *o4.stride(), do4, *do4.stride(),
             *_descriptors(dq, plan.block_m, da, db), hq, hq // hkv, nq, nk, num, order_heads(sms, num),
-            scale * LOG2E, scale, plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-            CAUSAL=causal, PREC=_precision(q4.dtype), WRITE_DELTA=write_delta,
+            scale * LOG2E, scale, plan=plan, HEAD_DIM=d, ALIGN=row_align(o4, do4), DA=da, DB=db,
+            BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal, PREC=_precision(q4.dtype),
+            WRITE_DELTA=write_delta,
         )  # fmt: skip
     else:
         _launch(
             attention_bwd_dq_kernel, (num * z * hq,), q4, k4, v4, do4, lse4, delta, o4, dq,
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *o4.stride(), *dq.stride(),
             hq, hq // hkv, nq, nk, num, order_heads(sms, num), scale * LOG2E, scale,
-            plan=plan, HEAD_DIM=d, DA=da, DB=db, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=causal,
-            PREC=_precision(q4.dtype), WRITE_DELTA=write_delta,
+            plan=plan, HEAD_DIM=d, ALIGN=row_align(q4, k4, v4, do4, o4, dq), DA=da, DB=db, BLOCK_M=plan.block_m,
+            BLOCK_N=plan.block_n, CAUSAL=causal, PREC=_precision(q4.dtype), WRITE_DELTA=write_delta,
         )  # fmt: skip
