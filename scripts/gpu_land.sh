@@ -4,7 +4,9 @@
 # To $OUT: gate.json, gate_stdout.log, gatelogs.tgz (the gate's job logs), report.log and report.tgz (REPORT, without
 # lock files, traces and ncu reports: REPORT_TGZ=path (a carried copy of the last call's report.tgz) unpacks it into
 # REPORT first, so the report resumes; done sections are kept). A second call with SKIP_GATE=1 gives all of CALL_S to
-# the report. Built CUDA extensions are kept in $OUT/ext.tgz for the next call (EXT_TGZ=path unpacks one first).
+# the report. Built CUDA extensions are kept in $OUT/ext.tgz for the next call (EXT_TGZ=path, carried, unpacks one
+# first: scripts/ext_cache.sh, which keeps its builds where this tree's C and CUDA sources are the ones they were built
+# from).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -12,7 +14,7 @@ OUT=${OUT:-/tmp/out}
 REPORT=${REPORT:-/tmp/report}
 export FUSELAB_EXT_DIR=${FUSELAB_EXT_DIR:-/tmp/fuselab-ext}
 mkdir -p "$OUT" "$REPORT"
-[ -n "${EXT_TGZ:-}" ] && [ -f "$EXT_TGZ" ] && tar xzf "$EXT_TGZ" -C "$(dirname "$FUSELAB_EXT_DIR")"
+[ -n "${EXT_TGZ:-}" ] && bash scripts/ext_cache.sh unpack "$EXT_TGZ"
 if [ -n "${REPORT_TGZ:-}" ] && [ -f "$REPORT_TGZ" ]; then  # the archive holds one folder, REPORT's name of its call
   tmp=$(mktemp -d) && tar xzf "$REPORT_TGZ" -C "$tmp" && cp -r "$tmp"/*/. "$REPORT"/ && rm -rf "$tmp"
 fi
@@ -26,7 +28,7 @@ if [ "${SKIP_GATE:-0}" != 1 ]; then
   tar czf "$OUT/gatelogs.tgz" -C "$OUT" gate && rm -rf "$OUT/gate"
   grep -E "^gate |^fuselab gate|^FAIL" "$OUT/gate_stdout.log" | cut -c1-400
 fi
-[ -d "$FUSELAB_EXT_DIR" ] && tar czf "$OUT/ext.tgz" -C "$(dirname "$FUSELAB_EXT_DIR")" "$(basename "$FUSELAB_EXT_DIR")"
+bash scripts/ext_cache.sh pack "$OUT/ext.tgz"
 LEFT=$(( ${CALL_S:-570} - $(date +%s) + T0 ))
 echo "report: ${LEFT} s left"
 if [ "$LEFT" -gt 30 ]; then

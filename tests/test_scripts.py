@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -378,3 +379,48 @@ def test_gpt_blocks_kernel_gaps_rank_the_kernels_by_their_difference_a_step(monk
     assert lines[0].startswith("compiled: GPU µs a step, fuselab 728.0, torch.nn 688.0")
     assert [line.split()[-1] for line in lines[1:]] == ["ours_fwd", "cudnn_fwd", "copy"]
     assert lines[1].split()[0] == "+200.0" and lines[2].split()[0] == "-185.0"
+
+
+def test_ext_cache_keeps_builds_made_from_the_same_sources_and_only_those(tmp_path) -> None:
+    """scripts/ext_cache.sh: an archive of builds unpacked into a tree whose C sources were written after them (as a
+    device call's copy is) needs no rebuild where they are the sources it was built from, and a rebuild of what
+    changed where one differs; a build left out of date is packed without the stamp, so it is never kept."""
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        pytest.skip("ninja not found")
+    src, ext = tmp_path / "src", tmp_path / "cache" / "ext"
+    (src / "op").mkdir(parents=True)
+    (src / "op" / "k.cu").write_text("int k;\n")
+    (src / "op" / "plan.h").write_text("int plan;\n")
+    (ext / "op").mkdir(parents=True)
+    rule = "rule cat\n  command = cat $in > $out\n"
+    (ext / "op" / "build.ninja").write_text(f"{rule}build k.o: cat {src}/op/k.cu {src}/op/plan.h\n")
+    env = {**os.environ, "FUSELAB_EXT_DIR": str(ext), "SRC": str(src)}
+
+    def cache(*args: str) -> str:
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "ext_cache.sh"), *args], env=env, capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def up_to_date() -> bool:
+        dry = subprocess.run([ninja, "-C", str(ext / "op"), "-n"], capture_output=True, text=True, check=True)
+        return "no work to do" in dry.stdout
+
+    def rewrite(path: Path, text: str) -> None:  # a later time than any build: the device's copy of the tree
+        path.write_text(text)
+        os.utime(path, (time.time() + 5, time.time() + 5))
+
+    subprocess.run([ninja, "-C", str(ext / "op")], capture_output=True, check=True)
+    archive = str(tmp_path / "ext.tgz")
+    cache("pack", archive)
+    for name in ("k.cu", "plan.h"):
+        rewrite(src / "op" / name, (src / "op" / name).read_text())
+    shutil.rmtree(ext)
+    assert "kept" in cache("unpack", archive) and up_to_date()
+    rewrite(src / "op" / "plan.h", "int plan = 2;\n")  # another header: rebuilt
+    shutil.rmtree(ext)
+    assert "rebuilds" in cache("unpack", archive) and not up_to_date()
+    assert "not stamped" in cache("pack", archive)  # out of date when packed: never kept
+    shutil.rmtree(ext)
+    assert "rebuilds" in cache("unpack", archive) and not up_to_date()
