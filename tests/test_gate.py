@@ -176,3 +176,19 @@ def test_a_failed_check_names_the_seed_and_command_that_reproduce_it(monkeypatch
     again = Selection(impls=["wrong"], device="cpu", layouts="transposed")
     (row,) = check_op(op, again, seed=seed, show_progress=False)
     assert row.rel_err == pytest.approx(check.figure)  # the same inputs again
+
+
+def test_the_gpu_suite_starts_with_its_one_longest_test():
+    """pytest-xdist hands out tests in consecutive chunks in collection order: the test marked `first` (the quick
+    report) is collected first, and only one test is so marked (several would share one worker's chunk)."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+    def collected(*args: str) -> list[str]:
+        out = subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300).stdout
+        return [line for line in out.splitlines() if "::" in line]
+
+    gpu = collected("-m", "gpu", "tests/bench/test_timer.py", "tests/report/test_report.py")
+    assert gpu[0] == "tests/report/test_report.py::test_quick_report_on_the_gpu"
+    assert gpu[1].startswith("tests/bench/test_timer.py::") and len(gpu) > 2
+    assert collected("-m", "first", "tests") == ["tests/report/test_report.py::test_quick_report_on_the_gpu"]

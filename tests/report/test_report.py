@@ -152,6 +152,7 @@ def test_cli_report_only_one_section(tmp_path, capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.first
 @pytest.mark.timeout(420)  # ~160-200 s on an H200, two thirds of it in the counters section under ncu
 def test_quick_report_on_the_gpu(tmp_path):
     records = run_full_report(tmp_path, device="cuda", quick=True, show_progress=False)
