@@ -3,6 +3,7 @@ interface, determinism, bad input; Triton under the CPU interpreter in fp32 at t
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 
@@ -818,7 +819,7 @@ def test_gpu_stored_scores_are_right_and_deterministic(dtype: torch.dtype) -> No
 def test_gpu_scores_past_the_budget_are_stored_a_slice_of_heads_at_a_time(monkeypatch) -> None:
     """With the scores' budget cut to two KV heads' scores, the backward runs slice by slice (`score_slices`: batches,
     or KV-head groups of one batch), TMA throughout, each slice storing its dS: right against float64 at GQA, ragged
-    lengths, Nq != Nk, heads of 136, 160 and 256, causal and not; bitwise the same on repeat."""
+    lengths, Nq != Nk, heads of 136, 160 and 256; bitwise the same on repeat. Causal runs whole, and is right."""
     from fuselab.ops.attention import triton_kernels as tk
 
     ran = []
@@ -829,13 +830,15 @@ def test_gpu_scores_past_the_budget_are_stored_a_slice_of_heads_at_a_time(monkey
         for causal in (False, True):
             ran.clear()
             check_against_reference("triton", (z, hq, hkv, nq, nk, d), causal, torch.bfloat16, "cuda")
-            assert ran == [len(tk.score_slices(d, z, hq, hkv, nq, nk))], ran  # sliced, views ready for TMA
+            slices = tk.score_slices(d, z, hq, hkv, nq, nk, causal)
+            assert (slices is None) == causal  # causal runs whole
+            assert ran == ([len(slices)] if slices else []), ran  # sliced, views ready for TMA
     q, k, v = inputs((2, 6, 2, 700, 530, 160), torch.bfloat16, "cuda")
     monkeypatch.setattr(tk, "SCORES_MAX_BYTES", 2 * 3 * 700 * 530 * 2)
     grads = []
     for _ in range(2):
         xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        attention(*xs, causal=True, impl="triton").square().sum().backward()
+        attention(*xs, causal=False, impl="triton").square().sum().backward()
         grads.append([x.grad for x in xs])
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
@@ -1210,12 +1213,11 @@ def test_the_tma_kernels_match_the_pointer_kernels(causal: bool, monkeypatch) ->
 
 
 @needs_triton
-@pytest.mark.parametrize("causal", [False, True])
-def test_the_backward_by_slices_of_heads_gives_the_whole_backwards_gradients(causal: bool, monkeypatch) -> None:
+def test_the_backward_by_slices_of_heads_gives_the_whole_backwards_gradients(monkeypatch) -> None:
     """Scores past the budget: the backward run a slice of heads at a time (interpreter, TMA forced, the budget cut
     to a few heads' scores) gives the gradients of the whole backward storing every head's scores, bitwise (each
     head's work is the same), at GQA with slices of batches and of KV heads, ragged lengths; only the slices'
-    backwards store, each within the budget."""
+    backwards store, each within the budget. Unmasked: causal runs whole (`score_slices`)."""
     from fuselab.ops.attention import triton_kernels as tk
 
     monkeypatch.setattr(tk, "tma_ready", lambda *ts: True)
@@ -1225,13 +1227,13 @@ def test_the_backward_by_slices_of_heads_gives_the_whole_backwards_gradients(cau
         gen = torch.Generator(device="cpu").manual_seed(nq + nk + d)
         q, do = (torch.randn(z, hq, nq, d, generator=gen).to(DEVICE) for _ in range(2))
         k, v = (torch.randn(z, hkv, nk, d, generator=gen).to(DEVICE) for _ in range(2))
-        o, lse = tk.forward(q, k, v, causal, d**-0.5)
+        o, lse = tk.forward(q, k, v, False, d**-0.5)
         with tk.forced_stored_scores(True):
-            whole = tk.backward(do, q, k, v, o, lse, causal, d**-0.5)
+            whole = tk.backward(do, q, k, v, o, lse, False, d**-0.5)
         per_head = hq // hkv * nq * nk * 2  # bytes of a KV head's scores
         monkeypatch.setattr(tk, "SCORES_MAX_BYTES", fit * per_head)
         stored.clear()
-        sliced = tk.backward(do, q, k, v, o, lse, causal, d**-0.5)
+        sliced = tk.backward(do, q, k, v, o, lse, False, d**-0.5)
         slices = -(-z // (fit // hkv)) if fit >= hkv else z * -(-hkv // fit)  # batches, or KV-head groups of one
         assert len(stored) == slices and all(heads * nq * nk * 2 <= fit * per_head for heads in stored)
         assert all(rule(d, heads, nq, nk) for heads in stored)  # each slice stores its scores
@@ -1300,26 +1302,28 @@ def test_scores_are_stored_for_dq_at_wide_heads_within_a_budget() -> None:
 def test_scores_past_the_budget_are_stored_a_slice_of_heads_at_a_time() -> None:
     """Where dS would be stored but all heads' scores pass SCORES_MAX_BYTES, the backward runs over (batch, KV head)
     slices whose scores each fit: whole batches where a batch's heads fit, else KV-head groups of one batch, as even
-    as the budget allows; every head once, in order. Within the budget, heads of at most 128 columns of work, or one
-    KV head's scores past it: whole (None)."""
+    as the budget allows; every head once, in order. Within the budget, heads of at most 128 columns of work, one
+    KV head's scores past it, or causal: whole (None)."""
     pytest.importorskip("triton")
     from fuselab.ops.attention import triton_kernels as tk
 
     budget = tk.SCORES_MAX_BYTES
-    assert tk.score_slices(160, 2, 10, 10, 3000, 3000) == [(slice(0, 1), slice(0, 10)), (slice(1, 2), slice(0, 10))]
-    assert tk.score_slices(192, 2, 12, 4, 2500, 2500) == [(slice(0, 1), slice(0, 4)), (slice(1, 2), slice(0, 4))]
-    assert tk.score_slices(256, 1, 16, 16, 4096, 4096) == [(slice(0, 1), slice(0, 8)), (slice(0, 1), slice(8, 16))]
-    assert tk.score_slices(144, 1, 16, 16, 2991, 2991) == [(slice(0, 1), slice(0, 8)), (slice(0, 1), slice(8, 16))]
-    assert tk.score_slices(128, 1, 16, 16, 2991, 2991) is None  # tiles of 128 columns: whole, dQ recomputing
-    assert tk.score_slices(112, 1, 32, 8, 3000, 3000) is None
-    assert tk.score_slices(136, 4, 8, 8, 2048, 2048) is None  # 256 MiB: within the budget
-    assert tk.score_slices(96, 4, 32, 32, 4096, 4096) is None  # tiles under 128 columns: recomputed
-    assert tk.score_slices(160, 1, 4, 1, 6000, 6000) is None  # one KV head's 4 query heads: 275 MiB
+    unmasked = functools.partial(tk.score_slices, causal=False)
+    assert unmasked(160, 2, 10, 10, 3000, 3000) == [(slice(0, 1), slice(0, 10)), (slice(1, 2), slice(0, 10))]
+    assert unmasked(192, 2, 12, 4, 2500, 2500) == [(slice(0, 1), slice(0, 4)), (slice(1, 2), slice(0, 4))]
+    assert unmasked(256, 1, 16, 16, 4096, 4096) == [(slice(0, 1), slice(0, 8)), (slice(0, 1), slice(8, 16))]
+    assert unmasked(144, 1, 16, 16, 2991, 2991) == [(slice(0, 1), slice(0, 8)), (slice(0, 1), slice(8, 16))]
+    assert unmasked(128, 1, 16, 16, 2991, 2991) is None  # tiles of 128 columns: whole, dQ recomputing
+    assert unmasked(112, 1, 32, 8, 3000, 3000) is None
+    assert unmasked(136, 4, 8, 8, 2048, 2048) is None  # 256 MiB: within the budget
+    assert unmasked(96, 4, 32, 32, 4096, 4096) is None  # tiles under 128 columns: recomputed
+    assert unmasked(160, 1, 4, 1, 6000, 6000) is None  # one KV head's 4 query heads: 275 MiB
+    assert tk.score_slices(192, 2, 12, 4, 2500, 2500, True) is None  # causal: whole
     gen = random.Random(29)
     for _ in range(300):
         hkv = gen.randint(1, 12)
         z, hq, n, d = gen.randint(1, 6), hkv * gen.choice((1, 2, 3, 4, 8)), gen.randint(500, 9000), gen.randint(97, 256)
-        slices = tk.score_slices(d, z, hq, hkv, n, n + 7)
+        slices = unmasked(d, z, hq, hkv, n, n + 7)
         per_head = hq // hkv * n * (n + 7) * 2
         if slices is None:
             assert z * hkv * per_head <= budget or per_head > budget or tk.d_work(d) <= 128

@@ -1744,17 +1744,18 @@ def stores_scores(d: int, heads: int, nq: int, nk: int) -> bool:
     return d_work(d) >= 128 and heads * nk * nq * 2 <= SCORES_MAX_BYTES
 
 
-def score_slices(d: int, z: int, hq: int, hkv: int, nq: int, nk: int) -> list[tuple[slice, slice]] | None:
-    """Where the backward would store dS at tiles of more than 128 columns but the scores of all heads pass
+def score_slices(d: int, z: int, hq: int, hkv: int, nq: int, nk: int, causal: bool) -> list[tuple[slice, slice]] | None:
+    """Where the unmasked backward would store dS at tiles of more than 128 columns but the scores of all heads pass
     SCORES_MAX_BYTES, while those of one KV head's query heads fit: the (batch, KV head) slices, in order, that the
     backward runs one after another, each storing its own scores in the same workspace (memory stays within the
     budget). Whole batches at a time where a batch's heads fit, else one batch at a time in KV-head groups; the slices
     as even as the budget allows (16 heads of which 15 fit: 8 and 8, not 15 and 1). None: the backward runs whole.
     Tiles of 128 columns run whole (their dQ recomputing S and dP): sliced, each slice's grid is a fraction of the
-    whole's, and at d 112-128 that cost more than the recomputation saved (docs/ops/attention.md, session 70)."""
+    whole's, and at d 112-128 that cost more than the recomputation saved. Causal runs whole: sliced, it took 1.36x
+    the whole's time at d 176 and 192 GQA (docs/ops/attention.md, "Scores past the budget")."""
     group = hq // hkv
     per_head = group * nq * nk * 2  # bytes of dS a KV head's query heads store
-    if d_work(d) <= 128 or z * hkv * per_head <= SCORES_MAX_BYTES or per_head > SCORES_MAX_BYTES:
+    if causal or d_work(d) <= 128 or z * hkv * per_head <= SCORES_MAX_BYTES or per_head > SCORES_MAX_BYTES:
         return None
     fit = SCORES_MAX_BYTES // per_head  # KV heads whose scores fit at once
 
@@ -1778,18 +1779,17 @@ def _backward_by_slices(
     dq: torch.Tensor,
     dk: torch.Tensor,
     dv: torch.Tensor,
-    causal: bool,
     scale: float,
 ) -> bool:
-    """The backward of (Z, H, N, d) tensors run slice by slice (`score_slices`), each slice's gradients copied into
-    dq, dk, dv (contiguous). False, with nothing run, where a slice's views would not take TMA descriptors (their
-    bases off 16 bytes): the whole backward then runs as before."""
+    """The unmasked backward of (Z, H, N, d) tensors run slice by slice (`score_slices`), each slice's gradients
+    copied into dq, dk, dv (contiguous). False, with nothing run, where a slice's views would not take TMA
+    descriptors (their bases off 16 bytes): the whole backward then runs as before."""
     group = q4.shape[1] // k4.shape[1]
     heads = [(b, slice(h.start * group, h.stop * group), h) for b, h in slices]  # (batch, query heads, KV heads)
     if not all(tma_ready(q4[b, qh], k4[b, h], v4[b, h]) for b, qh, h in heads):
         return False
     for b, qh, h in heads:  # lse's slice made contiguous: the kernels read its rows in order
-        grads = backward(do4[b, qh], q4[b, qh], k4[b, h], v4[b, h], o4[b, qh], lse4[b, qh].contiguous(), causal, scale)
+        grads = backward(do4[b, qh], q4[b, qh], k4[b, h], v4[b, h], o4[b, qh], lse4[b, qh].contiguous(), False, scale)
         dq[b, qh].copy_(grads[0])
         dk[b, h].copy_(grads[1])
         dv[b, h].copy_(grads[2])
@@ -1998,9 +1998,9 @@ def backward(
         # descriptors: for the TMA kernels where they hold the head dim as the pointer ones do (d <= 192; heads of
         # 193-256 take the pointer kernels), for the stored scores and their dQ kernel (`tma_chunks`) wherever ready
         descriptors = tma_ready(q4, k4, v4, dq, dk, dv)
-        slices = score_slices(d, z, hq, hkv, nq, nk) if descriptors and not _FORCED_STORE else None
+        slices = score_slices(d, z, hq, hkv, nq, nk, causal) if descriptors and not _FORCED_STORE else None
         lse4 = lse.reshape(z, hq, nq)
-        if slices and _backward_by_slices(slices, do4, q4, k4, v4, o4, lse4, dq, dk, dv, causal, scale):
+        if slices and _backward_by_slices(slices, do4, q4, k4, v4, o4, lse4, dq, dk, dv, scale):
             return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
         tma = descriptors and tma_chunks(d) == d_chunks(d)
         if tma and not tma_ready(do4):  # a strided or misaligned gradient: one aligned copy, every tile by TMA
