@@ -17,10 +17,9 @@ HAS_CUDA = torch.cuda.is_available()
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The test marked `first` first, the rest in their order: pytest-xdist hands out tests in consecutive chunks
-    in the order collected, so the suite's longest test (the quick report: 80 s in a gate on an H100, 176 s on the
-    H200), collected last, ran alone after the others and held the GPU gate's suite past its budget (2026-12-07, an
-    H100 on which the suite ran 2-3x its usual time). One test only: several would share the first worker's chunk.
-    Without a GPU, tests marked `gpu` are skipped."""
+    in the order collected, so the suite's longest test (the quick report), collected last, would run alone after
+    the others and hold the GPU gate's suite past its budget (docs/gate.md). One test only: several would share the
+    first worker's chunk. Without a GPU, tests marked `gpu` are skipped."""
     items.sort(key=lambda item: "first" not in item.keywords)
     if HAS_CUDA:
         return
