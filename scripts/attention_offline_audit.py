@@ -11,12 +11,20 @@ with a plan of your own (a candidate to time). What it found is in docs/ops/atte
     python scripts/attention_offline_audit.py --dtype bf16 16x1x1x16384x16384x64c 1x16x4x11589x11589x128c
     python scripts/attention_offline_audit.py --dtype bf16 --force dkdv=16,64,4,3 3x8x2x7371x7371x128c
     python scripts/attention_offline_audit.py --dtype bf16 --stored-scores yes 8x12x12x1024x1024x64c
+
+`--ptx-digest` prints instead each launch's kernel code as a short digest of its PTX (debug sections and comments
+aside): run it on two trees (PYTHONPATH) to see which kernels a change compiles differently, and so which it can
+change the speed of (docs/ops/attention.md, session 74: a rewrite that compiled to kernels already timed).
+
+    PYTHONPATH=src python scripts/attention_offline_audit.py --ptx-digest 16x1x1x16384x16384x64c 2x8x8x3000x3000x96
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import json
 from dataclasses import dataclass
 from functools import partial
 
@@ -79,6 +87,15 @@ def tile(kwargs: dict) -> str:
     return f"{rows}x{kwargs.get('BLOCK_N', '-')}/{kwargs.get('num_stages')}"
 
 
+def ptx_digest(ptx: str) -> str:
+    """A kernel's PTX code as 12 hex digits: equal wherever two trees compile the kernel alike (the debug sections,
+    which hold source paths and lines, and comments left out)."""
+    code = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
+    lines = (line.split("//")[0].rstrip() for line in code.splitlines())
+    kept = (line for line in lines if line and not line.lstrip().startswith((".loc", ".file")))
+    return hashlib.sha1("\n".join(kept).encode()).hexdigest()[:12]
+
+
 def forced_plan(text: str) -> tuple[str, tk.Plan]:
     """'dkdv=16,64,4,3' -> ("dkdv", Plan(16, 64, 4, 3))."""
     kernel, _, plan = text.partition("=")
@@ -102,10 +119,23 @@ def main() -> None:
     parser.add_argument(
         "--stored-scores", choices=("yes", "no"), help="the backward stores dS for dQ (yes) or not; default: the rule"
     )
+    parser.add_argument(
+        "--ptx-digest", action="store_true", help="print each launch's kernel code as a digest of its PTX instead"
+    )
     args = parser.parse_args()
     stored = None if args.stored_scores is None else args.stored_scores == "yes"
     with tuning.planning_as(tuning.GPUModel(args.gpu, args.sms, 9)):
         by_shape = intercept(args.shapes, parse_dtype(args.dtype), dict(args.force), stored)
+    if args.ptx_digest:
+        jobs = sorted({one.job for launches in by_shape.values() for one in launches})
+        compiled = inspect_triton.compile_jobs_offline([json.loads(job) for job in jobs], 90)
+        digests = {job: ptx_digest(c["asm"]["ptx"]) for job, c in zip(jobs, compiled, strict=True)}
+        names = {job: c["metadata"]["name"] for job, c in zip(jobs, compiled, strict=True)}
+        print("shape kernel tile warps ptx_digest")
+        for shape, launches in by_shape.items():
+            for one in launches:
+                print(f"{shape} {names[one.job]} {tile(one.kwargs)} {one.warps} {digests[one.job]}")
+        return
     compiled = inspect_triton.compile_launches([one.job for launches in by_shape.values() for one in launches], 90)
     print("shape kernel tile warps registers spilled_bytes widest_load_bytes shared_kib programs_per_sm grid waves")
     for shape, launches in by_shape.items():

@@ -108,6 +108,28 @@ def test_attention_offline_audit_compiles_the_h200s_plans_without_a_gpu() -> Non
 
 
 @pytest.mark.slow
+def test_attention_offline_audit_ptx_digests_change_with_the_kernel_code_only() -> None:
+    """`--ptx-digest`: a digest per launch of the kernel's PTX code. A forced dK/dV plan (other tiles, so other code)
+    changes the dK/dV kernel's digest, and the forward's and dQ's, compiled again in the second run, keep theirs."""
+    script = ROOT / "scripts" / "attention_offline_audit.py"
+    runs = []
+    for force in ([], ["--force", "dkdv=16,64,4,3"]):
+        done = subprocess.run(
+            [sys.executable, str(script), "--ptx-digest", *force, "2x4x2x300x300x64c"],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = done.stdout.splitlines()
+        assert lines[0].split() == ["shape", "kernel", "tile", "warps", "ptx_digest"], lines
+        runs.append({r[1]: r[4] for r in (line.split() for line in lines[1:])})
+    tuned, forced = runs
+    assert {"attention_fwd_tma_kernel", "attention_bwd_dkdv_tma_kernel"} <= set(tuned) == set(forced), (tuned, forced)
+    assert all(len(d) == 12 and int(d, 16) >= 0 for d in tuned.values()), tuned
+    changed = {name for name in tuned if tuned[name] != forced[name]}
+    assert changed == {"attention_bwd_dkdv_tma_kernel"}, (tuned, forced)
+
+
+@pytest.mark.slow
 def test_attention_offline_audit_compiles_the_stored_scores_path() -> None:
     """`--stored-scores yes`: the dK/dV kernel storing dS and the dQ kernel of one product that reads it, compiled as
     the H200 would launch them, in place of the dQ kernel that recomputes."""
